@@ -1,0 +1,89 @@
+//! The four ways of dividing a resource's capacity (SPEC §3.3). Each computes a client's
+//! *target* from the band of demands, the client's own new demand already in it; the resource
+//! then caps the target by what is actually free.
+
+use super::band::{Band, Demand};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Everyone gets what they ask for; capacity is ignored.
+    NoAlgorithm,
+    /// Capacity is a per-client ceiling, not a global cap.
+    Static,
+    /// Equal shares, and the capacity left by modest clients goes to the others in proportion
+    /// to how far they are over their share.
+    ProportionalShare,
+    /// Weighted max-min fairness, computed exactly.
+    FairShare,
+}
+
+impl Kind {
+    /// Whether the algorithm divides one global capacity among the clients. Only those have
+    /// outstanding leases to respect, and so a learning mode.
+    pub fn shares_capacity(self) -> bool {
+        matches!(self, Kind::ProportionalShare | Kind::FairShare)
+    }
+}
+
+/// A named algorithm parameter, kept as written (Doorman's `NamedParameter`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Parameter {
+    pub name: String,
+    pub value: Option<String>,
+}
+
+/// How a template's resources are shared, and for how long a grant holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Algorithm {
+    pub kind: Kind,
+    /// Seconds a lease is valid.
+    pub lease_length: i64,
+    /// Seconds after which clients should ask again.
+    pub refresh_interval: i64,
+    pub parameters: Vec<Parameter>,
+    /// Seconds of learning mode after the server starts serving; `None` means `lease_length`.
+    pub learning_mode_duration: Option<i64>,
+}
+
+impl Algorithm {
+    /// Seconds of learning mode, 0 when there is none.
+    pub fn learning_seconds(&self) -> i64 {
+        if self.kind.shares_capacity() {
+            self.learning_mode_duration.unwrap_or(self.lease_length)
+        } else {
+            0
+        }
+    }
+}
+
+/// What `me`, whose demand is already in `band`, should get from `capacity`.
+pub fn target(kind: Kind, capacity: f64, band: &Band, me: &Demand) -> f64 {
+    match kind {
+        Kind::NoAlgorithm => me.wants,
+        Kind::Static => me.wants.min(capacity),
+        Kind::ProportionalShare => proportional_share(capacity, band, me),
+        Kind::FairShare => match band.water_level(capacity) {
+            Some(level) => me.wants.min(level * me.subclients),
+            None => me.wants,
+        },
+    }
+}
+
+fn proportional_share(capacity: f64, band: &Band, me: &Demand) -> f64 {
+    let total = band.sums();
+    if total.wants <= capacity {
+        return me.wants;
+    }
+    let equal = capacity / total.subclients;
+    let entitled = equal * me.subclients;
+    if me.wants <= entitled {
+        return me.wants;
+    }
+    let below = band.sums_up_to(equal);
+    // What the clients under their equal share leave unused...
+    let spare = (equal * below.subclients - below.wants).max(0.0);
+    // ...goes to the clients over it, in proportion to their excess. The excess of all clients
+    // over their shares is the spare plus the total overload, which is positive here.
+    let excess = spare + (total.wants - capacity);
+    entitled + (me.wants - entitled) * spare / excess
+}

@@ -1,0 +1,191 @@
+//! Templates say how the resources whose ids match a glob are shared; a repository is a valid,
+//! ordered list of them (Doorman's `ResourceRepository`).
+
+use std::{collections::HashMap, fmt, sync::Arc};
+
+use globset::{GlobBuilder, GlobMatcher};
+
+use super::algorithm::Algorithm;
+
+/// The glob every repository must end with, matching every resource id.
+pub const CATCH_ALL: &str = "*";
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Template {
+    pub identifier_glob: String,
+    pub capacity: f64,
+    /// What clients may use when they cannot reach a server: −1 unlimited, 0 nothing. `None`
+    /// means capacity divided by the number of clients.
+    pub safe_capacity: Option<f64>,
+    pub description: Option<String>,
+    pub algorithm: Algorithm,
+}
+
+/// Why a list of templates is not a repository. Names the template (by position and glob) and
+/// the field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TemplateError(pub String);
+
+impl fmt::Display for TemplateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TemplateError {}
+
+#[derive(Debug)]
+pub struct Repository {
+    templates: Vec<Arc<Template>>,
+    matchers: Vec<GlobMatcher>,
+    exact: HashMap<String, usize>,
+}
+
+impl Repository {
+    /// Validates the templates (SPEC §3.1) and builds the lookup.
+    pub fn new(templates: Vec<Template>) -> Result<Repository, TemplateError> {
+        let mut matchers = Vec::with_capacity(templates.len());
+        let mut exact = HashMap::with_capacity(templates.len());
+        for (i, t) in templates.iter().enumerate() {
+            let fail = |field: &str, why: String| {
+                TemplateError(format!("resources[{i}] ({:?}): {field}: {why}", t.identifier_glob))
+            };
+            if t.identifier_glob.is_empty() {
+                return Err(fail("identifier_glob", "must not be empty".into()));
+            }
+            if !(t.capacity.is_finite() && t.capacity >= 0.0) {
+                return Err(fail("capacity", format!("must be finite and ≥ 0, got {}", t.capacity)));
+            }
+            if let Some(safe) = t.safe_capacity
+                && !(safe.is_finite() && (safe >= 0.0 || safe == -1.0))
+            {
+                return Err(fail("safe_capacity", format!("must be −1 (unlimited) or finite and ≥ 0, got {safe}")));
+            }
+            let a = &t.algorithm;
+            if a.refresh_interval < 1 {
+                return Err(fail("algorithm.refresh_interval", format!("must be ≥ 1, got {}", a.refresh_interval)));
+            }
+            if a.lease_length < a.refresh_interval {
+                return Err(fail(
+                    "algorithm.lease_length",
+                    format!("must be ≥ refresh_interval ({}), got {}", a.refresh_interval, a.lease_length),
+                ));
+            }
+            if let Some(d) = a.learning_mode_duration
+                && d < 0
+            {
+                return Err(fail("algorithm.learning_mode_duration", format!("must be ≥ 0, got {d}")));
+            }
+            if let Some(p) = a.parameters.iter().find(|p| p.name.is_empty()) {
+                return Err(fail("algorithm.parameters", format!("a parameter has no name (value {:?})", p.value)));
+            }
+            let glob = GlobBuilder::new(&t.identifier_glob)
+                .literal_separator(false)
+                .backslash_escape(true)
+                .build()
+                .map_err(|e| fail("identifier_glob", format!("malformed glob: {}", e.kind())))?;
+            matchers.push(glob.compile_matcher());
+            if let Some(first) = exact.insert(t.identifier_glob.clone(), i) {
+                return Err(fail("identifier_glob", format!("duplicates resources[{first}]")));
+            }
+        }
+        match templates.iter().position(|t| t.identifier_glob == CATCH_ALL) {
+            None => {
+                return Err(TemplateError(format!(
+                    "resources: a template with identifier_glob {CATCH_ALL:?} is required (as the last one)"
+                )));
+            }
+            Some(i) if i + 1 != templates.len() => {
+                return Err(TemplateError(format!(
+                    "resources[{i}] ({CATCH_ALL:?}): identifier_glob: the catch-all template must be the last one"
+                )));
+            }
+            Some(_) => {}
+        }
+        Ok(Repository { templates: templates.into_iter().map(Arc::new).collect(), matchers, exact })
+    }
+
+    /// The template for a resource: the one whose glob is exactly the id, else the first whose
+    /// glob matches. There always is one, since the last template matches everything.
+    pub fn find(&self, resource_id: &str) -> &Arc<Template> {
+        let i = self.exact.get(resource_id).copied().unwrap_or_else(|| {
+            self.matchers
+                .iter()
+                .position(|m| m.is_match(resource_id))
+                .unwrap_or(self.templates.len() - 1)
+        });
+        &self.templates[i]
+    }
+
+    pub fn templates(&self) -> &[Arc<Template>] {
+        &self.templates
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::algorithm::Kind;
+
+    fn template(glob: &str, capacity: f64) -> Template {
+        Template {
+            identifier_glob: glob.into(),
+            capacity,
+            safe_capacity: None,
+            description: None,
+            algorithm: Algorithm {
+                kind: Kind::FairShare,
+                lease_length: 10,
+                refresh_interval: 5,
+                parameters: vec![],
+                learning_mode_duration: None,
+            },
+        }
+    }
+
+    fn error(templates: Vec<Template>) -> String {
+        Repository::new(templates).unwrap_err().0
+    }
+
+    #[test]
+    fn exact_match_wins_then_first_glob_in_order() {
+        let repo = Repository::new(vec![
+            template("db/*", 1.0),
+            template("db/users", 2.0),
+            template("db/u*", 3.0),
+            template("*", 4.0),
+        ])
+        .unwrap();
+        assert_eq!(repo.find("db/users").capacity, 2.0);
+        assert_eq!(repo.find("db/uploads").capacity, 1.0);
+        assert_eq!(repo.find("api").capacity, 4.0);
+        assert_eq!(repo.find("a/b/c").capacity, 4.0, "the catch-all spans slashes");
+    }
+
+    #[test]
+    fn invalid_templates_are_named_with_their_field() {
+        assert_eq!(error(vec![template("a", 1.0)]), "resources: a template with identifier_glob \"*\" is required (as the last one)");
+        assert_eq!(
+            error(vec![template("*", 1.0), template("a", 1.0)]),
+            "resources[0] (\"*\"): identifier_glob: the catch-all template must be the last one"
+        );
+        assert_eq!(
+            error(vec![template("a", 1.0), template("a", 2.0), template("*", 1.0)]),
+            "resources[1] (\"a\"): identifier_glob: duplicates resources[0]"
+        );
+        assert!(error(vec![template("a[", 1.0), template("*", 1.0)]).starts_with("resources[0] (\"a[\"): identifier_glob: malformed glob"));
+        assert_eq!(
+            error(vec![template("*", f64::NAN)]),
+            "resources[0] (\"*\"): capacity: must be finite and ≥ 0, got NaN"
+        );
+        let mut t = template("*", 1.0);
+        t.algorithm.lease_length = 2;
+        assert_eq!(error(vec![t]), "resources[0] (\"*\"): algorithm.lease_length: must be ≥ refresh_interval (5), got 2");
+        let mut t = template("*", 1.0);
+        t.algorithm.refresh_interval = 0;
+        assert_eq!(error(vec![t]), "resources[0] (\"*\"): algorithm.refresh_interval: must be ≥ 1, got 0");
+        let mut t = template("*", 1.0);
+        t.safe_capacity = Some(-2.0);
+        assert!(error(vec![t]).starts_with("resources[0] (\"*\"): safe_capacity:"));
+    }
+}
