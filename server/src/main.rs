@@ -1,1 +1,35 @@
-fn main(){}
+//! `sluice-server`: parses flags, starts the runtime and runs the server.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use sluice_server::{app, cli};
+
+fn main() -> ExitCode {
+    let args = match cli::parse() {
+        Ok(args) => args,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            print!("{e}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("sluice-server: {}", cli::usage_line(&e));
+            return ExitCode::from(64);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("sluice-server: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(app::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("sluice-server: {failure}");
+            ExitCode::from(failure.exit_code())
+        }
+    }
+}

@@ -18,6 +18,16 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The name Doorman's protocol and configuration use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::NoAlgorithm => "NO_ALGORITHM",
+            Kind::Static => "STATIC",
+            Kind::ProportionalShare => "PROPORTIONAL_SHARE",
+            Kind::FairShare => "FAIR_SHARE",
+        }
+    }
+
     /// Whether the algorithm divides one global capacity among the clients. Only those have
     /// outstanding leases to respect, and so a learning mode.
     pub fn shares_capacity(self) -> bool {

@@ -1,0 +1,109 @@
+//! The HTTP debug listener: `/metrics`, `/healthz`, `/readyz`, `/debug/status` (HTML, with a page
+//! per resource) and `/debug/status.json`. It runs on its own thread and runtime so it answers
+//! while the gRPC side is saturated.
+
+use std::{convert::Infallible, sync::Arc, thread};
+
+use http_body_util::Full;
+use hyper::{
+    Method, Request, Response, StatusCode,
+    body::{Bytes, Incoming},
+    header::{CONTENT_TYPE, HeaderValue},
+    server::conn::http1,
+    service::service_fn,
+};
+use hyper_util::rt::TokioIo;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+
+use crate::{
+    defaults::STATUS_LEASES_SHOWN,
+    metrics,
+    state::{self, State},
+    status,
+};
+
+/// Serves the debug listener on a thread of its own until the process exits.
+pub fn spawn(listener: std::net::TcpListener, state: Arc<State>, handle: PrometheusHandle) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    thread::Builder::new().name("sluice-admin".into()).spawn(move || {
+        runtime.block_on(async move {
+            let listener = TcpListener::from_std(listener).expect("a non-blocking listener");
+            loop {
+                let Ok((stream, peer)) = listener.accept().await else { continue };
+                let (state, handle) = (state.clone(), handle.clone());
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let response = route(&req, &state, &handle);
+                        async move { Ok::<_, Infallible>(response) }
+                    });
+                    if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
+                        tracing::debug!(%peer, error = %e, "admin connection ended");
+                    }
+                });
+            }
+        })
+    })?;
+    Ok(())
+}
+
+fn route(req: &Request<Incoming>, state: &State, handle: &PrometheusHandle) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET {
+        return reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "only GET\n".into());
+    }
+    let resource = req.uri().query().and_then(|q| {
+        form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "resource").map(|(_, v)| v.into_owned())
+    });
+    match req.uri().path() {
+        "/metrics" => {
+            let snapshot = status_of(state);
+            metrics::publish(&snapshot);
+            reply(StatusCode::OK, "text/plain; version=0.0.4", handle.render())
+        }
+        "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+        "/readyz" if state.is_ready() => reply(StatusCode::OK, "text/plain", "ready\n".into()),
+        "/readyz" => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n".into()),
+        "/debug/status" => match resource {
+            None => reply(StatusCode::OK, "text/html; charset=utf-8", status::server_html(&status_of(state))),
+            Some(id) => match detail(state, &id) {
+                Some(d) => reply(StatusCode::OK, "text/html; charset=utf-8", status::resource_html(&d)),
+                None => unknown(&id),
+            },
+        },
+        "/debug/status.json" => match resource {
+            None => json(&status_of(state)),
+            Some(id) => match detail(state, &id) {
+                Some(d) => json(&d),
+                None => unknown(&id),
+            },
+        },
+        _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+    }
+}
+
+fn status_of(state: &State) -> status::ServerStatus {
+    let ledger = state.ledger();
+    status::server(&ledger, state::now(), state.is_master(), state.advertise_address())
+}
+
+fn detail(state: &State, id: &str) -> Option<status::ResourceDetail> {
+    status::resource_detail(&state.ledger(), id, state::now(), STATUS_LEASES_SHOWN)
+}
+
+fn unknown(id: &str) -> Response<Full<Bytes>> {
+    reply(StatusCode::NOT_FOUND, "text/plain", format!("no resource {id:?} (no unexpired leases)\n"))
+}
+
+fn json(value: &impl serde::Serialize) -> Response<Full<Bytes>> {
+    let body = serde_json::to_string_pretty(value).expect("status serialises");
+    reply(StatusCode::OK, "application/json", body)
+}
+
+fn reply(code: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = code;
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+

@@ -1,0 +1,149 @@
+//! Wires the server together: configuration, listeners, the gRPC service, the debug listener,
+//! reload and expiry sweeping, and shutdown.
+
+use std::{fmt, sync::Arc};
+
+use sluice_proto::{FILE_DESCRIPTOR_SET, capacity_server::CapacityServer};
+use tokio::{
+    net::TcpListener,
+    signal::unix::{SignalKind, signal},
+    sync::oneshot,
+};
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+
+use crate::{
+    admin,
+    cli::Args,
+    config,
+    defaults::{EMBEDDED_CONFIG, SHUTDOWN_GRACE, SWEEP_BATCH, SWEEP_INTERVAL},
+    metrics,
+    reload::Reloader,
+    service::CapacityService,
+    state::{self, State},
+    telemetry,
+};
+
+/// Why the server did not start or stopped.
+#[derive(Debug)]
+pub enum Failure {
+    /// Bad flags or configuration: exit code 64 (EX_USAGE).
+    Usage(String),
+    /// Anything else, such as an address already in use: exit code 1.
+    Runtime(String),
+}
+
+impl Failure {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Failure::Usage(_) => 64,
+            Failure::Runtime(_) => 1,
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Usage(why) | Failure::Runtime(why) => f.write_str(why),
+        }
+    }
+}
+
+pub async fn run(args: Args) -> Result<(), Failure> {
+    telemetry::init(args.log_format, &args.log).map_err(Failure::Usage)?;
+    let (source, text) = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| Failure::Usage(format!("--config {}: {e}", path.display())))?;
+            (path.display().to_string(), text)
+        }
+        None => ("embedded default configuration".to_owned(), EMBEDDED_CONFIG.to_owned()),
+    };
+    let repository = config::parse(&text).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
+    let tls = args.tls().map(|files| files.load()).transpose().map_err(Failure::Usage)?;
+
+    let grpc = TcpListener::bind(args.grpc_addr)
+        .await
+        .map_err(|e| Failure::Runtime(format!("cannot listen on {} (gRPC): {e}", args.grpc_addr)))?;
+    let admin = std::net::TcpListener::bind(args.admin_addr)
+        .map_err(|e| Failure::Runtime(format!("cannot listen on {} (admin): {e}", args.admin_addr)))?;
+    let local = |l: Result<std::net::SocketAddr, std::io::Error>| l.map_or_else(|e| e.to_string(), |a| a.to_string());
+    let (grpc_addr, admin_addr) = (local(grpc.local_addr()), local(admin.local_addr()));
+
+    let handle = metrics::install().map_err(Failure::Runtime)?;
+    let state = Arc::new(State::new(repository, args.advertise_address(), state::now()));
+    admin::spawn(admin, state.clone(), handle.clone()).map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
+    tokio::spawn(sweep(state.clone(), handle));
+    if let Some(path) = args.config.clone() {
+        let reloader = Reloader::new(path, state.clone(), text.into_bytes());
+        let interval = args.config_poll_interval;
+        tokio::spawn(async move {
+            if let Err(e) = reloader.run(interval).await {
+                tracing::error!(error = %e, "configuration reloading stopped");
+            }
+        });
+    }
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<CapacityServer<CapacityService>>().await;
+    // Both reflection versions: many tools (grpcurl among them) still ask v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_error = |e: tonic_reflection::server::Error| Failure::Runtime(format!("reflection service: {e}"));
+    let reflection_v1 = reflection().build_v1().map_err(reflection_error)?;
+    let reflection_v1alpha = reflection().build_v1alpha().map_err(reflection_error)?;
+    let mut builder = Server::builder().tcp_nodelay(true);
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls).map_err(|e| Failure::Usage(format!("TLS: {e}")))?;
+    }
+    let router = builder
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(CapacityServer::new(CapacityService::new(state.clone())));
+
+    let (stop, stopped) = oneshot::channel::<()>();
+    let serve = router.serve_with_incoming_shutdown(TcpListenerStream::new(grpc), async {
+        let _ = stopped.await;
+    });
+    tokio::pin!(serve);
+    state.set_ready();
+    tracing::info!(grpc = %grpc_addr, admin = %admin_addr, config = %source, "sluice-server serving");
+    let served = tokio::select! {
+        served = &mut serve => served,
+        signal = termination() => {
+            tracing::info!(signal, "shutting down");
+            let _ = stop.send(());
+            tokio::time::timeout(SHUTDOWN_GRACE, &mut serve).await.unwrap_or(Ok(()))
+        }
+    };
+    served.map_err(|e| Failure::Runtime(format!("gRPC server: {e}")))
+}
+
+/// Resolves on SIGTERM or SIGINT, naming it.
+async fn termination() -> &'static str {
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+/// Forgets expired leases in batches, releasing the lock between them.
+async fn sweep(state: Arc<State>, handle: metrics_exporter_prometheus::PrometheusHandle) {
+    let mut ticks = tokio::time::interval(SWEEP_INTERVAL);
+    loop {
+        ticks.tick().await;
+        let now = state::now();
+        while state.ledger().expire(now, SWEEP_BATCH) == SWEEP_BATCH {
+            tokio::task::yield_now().await;
+        }
+        handle.run_upkeep();
+    }
+}
+

@@ -1,0 +1,44 @@
+//! Every default and limit of the server, in one place.
+
+use std::time::Duration;
+
+/// gRPC listener for development; the container image sets 0.0.0.0.
+pub const GRPC_ADDR: &str = "127.0.0.1:7777";
+
+/// HTTP debug listener (/metrics, /healthz, /readyz, /debug/status).
+pub const ADMIN_ADDR: &str = "127.0.0.1:7778";
+
+/// How often the configuration file is checked for changes. Polling the content (not inotify)
+/// also catches Kubernetes' ConfigMap symlink swaps.
+pub const CONFIG_POLL_INTERVAL: &str = "2s";
+
+/// The configuration used when no `--config` is given: one catch-all resource, enough to run the
+/// demo and a single-pod setup.
+pub const EMBEDDED_CONFIG: &str = include_str!("default_config.yaml");
+
+/// Most resources one request may name (SPEC §3.9): bounds the work a single call can cause.
+pub const MAX_RESOURCES_PER_REQUEST: usize = 10_000;
+
+/// Longest client, server or resource id, in bytes: ids are stored per lease.
+pub const MAX_ID_BYTES: usize = 1_024;
+
+/// How often expired leases are swept (they never count once expired; sweeping frees memory
+/// and keeps the gauges current).
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Leases forgotten per hold of the ledger lock while sweeping, so that requests never wait
+/// behind a mass expiry.
+pub const SWEEP_BATCH: usize = 20_000;
+
+/// Per-resource gauges of a resource that has gone away disappear from /metrics after this.
+pub const GAUGE_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Bucket bounds of `sluice_server_request_duration_seconds`, from 25 µs to 2.5 s.
+pub const DURATION_BUCKETS: &[f64] =
+    &[0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5];
+
+/// Leases listed on a resource's debug page; the page says how many more there are.
+pub const STATUS_LEASES_SHOWN: usize = 1_000;
+
+/// Time allowed for in-flight RPCs after SIGTERM.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

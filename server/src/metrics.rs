@@ -1,0 +1,88 @@
+//! The server's Prometheus metrics (SPEC §3.9): names, help texts, and where they are recorded.
+//! Per-resource gauges are set from the ledger when /metrics is scraped, so the request path
+//! pays only for the request counter and histogram.
+
+use std::time::Duration;
+
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_util::MetricKindMask;
+use tonic::Code;
+
+use crate::{
+    defaults::{DURATION_BUCKETS, GAUGE_IDLE_TIMEOUT},
+    status::ServerStatus,
+};
+
+const REQUESTS: &str = "sluice_server_requests_total";
+const DURATION: &str = "sluice_server_request_duration_seconds";
+const CAPACITY: &str = "sluice_server_capacity";
+const HAS: &str = "sluice_server_has";
+const WANTS: &str = "sluice_server_wants";
+const CLIENTS: &str = "sluice_server_clients";
+const LEARNING: &str = "sluice_server_learning_mode";
+const IS_MASTER: &str = "sluice_server_is_master";
+const RELOADS: &str = "sluice_server_config_reloads_total";
+
+/// Installs the process-wide recorder.
+pub fn install() -> Result<PrometheusHandle, String> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(DURATION.into()), DURATION_BUCKETS)
+        .and_then(|b| Ok(b.idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE_TIMEOUT)).install_recorder()?))
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    describe_counter!(REQUESTS, "gRPC requests handled, by method and status code.");
+    describe_histogram!(DURATION, Unit::Seconds, "Time to handle a gRPC request, by method.");
+    describe_gauge!(CAPACITY, "Configured capacity of a resource.");
+    describe_gauge!(HAS, "Sum of the capacity granted on a resource's unexpired leases.");
+    describe_gauge!(WANTS, "Sum of the capacity wanted by a resource's lease holders.");
+    describe_gauge!(CLIENTS, "Clients holding a lease on a resource.");
+    describe_gauge!(LEARNING, "1 while a resource is in learning mode.");
+    describe_gauge!(IS_MASTER, "1 when this server is the master.");
+    describe_counter!(RELOADS, "Configuration reloads, by result (success or failure).");
+    Ok(handle)
+}
+
+pub fn record_request(method: &'static str, code: Code, elapsed: Duration) {
+    counter!(REQUESTS, "method" => method, "code" => code_name(code)).increment(1);
+    histogram!(DURATION, "method" => method).record(elapsed.as_secs_f64());
+}
+
+pub fn record_reload(ok: bool) {
+    counter!(RELOADS, "result" => if ok { "success" } else { "failure" }).increment(1);
+}
+
+/// Sets the gauges from a status snapshot, just before they are rendered.
+pub fn publish(status: &ServerStatus) {
+    gauge!(IS_MASTER).set(f64::from(u8::from(status.is_master)));
+    for r in &status.resources {
+        let id = r.id.clone();
+        gauge!(CAPACITY, "resource" => id.clone()).set(r.capacity);
+        gauge!(HAS, "resource" => id.clone()).set(r.has);
+        gauge!(WANTS, "resource" => id.clone()).set(r.wants);
+        gauge!(CLIENTS, "resource" => id.clone()).set(r.clients as f64);
+        gauge!(LEARNING, "resource" => id).set(f64::from(u8::from(r.learning)));
+    }
+}
+
+/// The canonical gRPC name of a status code, as in the gRPC spec.
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}

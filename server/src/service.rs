@@ -1,0 +1,132 @@
+//! The `doorman.Capacity` gRPC service: validates each request, applies it to the ledger under
+//! one short lock, and answers in Doorman's messages.
+
+use std::{sync::Arc, time::Instant};
+
+use sluice_proto::{
+    self as proto, DiscoveryRequest, DiscoveryResponse, GetCapacityRequest, GetCapacityResponse,
+    GetServerCapacityRequest, GetServerCapacityResponse, Mastership, ReleaseCapacityRequest, ReleaseCapacityResponse,
+    ResourceResponse, ServerCapacityResourceResponse, capacity_server::Capacity,
+};
+use tonic::{Code, Request, Response, Status};
+
+use crate::{
+    core::{Algorithm, Grant},
+    metrics,
+    state::{self, State},
+    validate,
+};
+
+pub struct CapacityService {
+    state: Arc<State>,
+}
+
+impl CapacityService {
+    pub fn new(state: Arc<State>) -> CapacityService {
+        CapacityService { state }
+    }
+}
+
+/// Runs a handler, recording its outcome and duration.
+fn observe<T>(method: &'static str, handle: impl FnOnce() -> Result<T, Status>) -> Result<Response<T>, Status> {
+    let start = Instant::now();
+    let result = handle();
+    let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
+    if let Err(status) = &result {
+        tracing::debug!(method, code = ?code, message = status.message(), "request refused");
+    }
+    metrics::record_request(method, code, start.elapsed());
+    result.map(Response::new)
+}
+
+fn lease(grant: &Grant) -> proto::Lease {
+    proto::Lease { expiry_time: grant.expiry, refresh_interval: grant.refresh_interval, capacity: grant.capacity }
+}
+
+fn algorithm(a: &Algorithm) -> proto::Algorithm {
+    let kind = proto::algorithm::Kind::from_str_name(a.kind.name()).expect("the core's kinds are Doorman's");
+    proto::Algorithm {
+        kind: kind.into(),
+        lease_length: a.lease_length,
+        refresh_interval: a.refresh_interval,
+        parameters: a.parameters.iter().map(|p| proto::NamedParameter { name: p.name.clone(), value: p.value.clone() }).collect(),
+        learning_mode_duration: a.learning_mode_duration,
+    }
+}
+
+#[tonic::async_trait]
+impl Capacity for CapacityService {
+    async fn discovery(&self, _: Request<DiscoveryRequest>) -> Result<Response<DiscoveryResponse>, Status> {
+        observe("Discovery", || {
+            Ok(DiscoveryResponse {
+                mastership: Mastership { master_address: Some(self.state.advertise_address().to_owned()) },
+                is_master: self.state.is_master(),
+            })
+        })
+    }
+
+    async fn get_capacity(&self, request: Request<GetCapacityRequest>) -> Result<Response<GetCapacityResponse>, Status> {
+        observe("GetCapacity", || {
+            let req = request.get_ref();
+            let claims = validate::get_capacity(req)?;
+            let now = state::now();
+            let grants: Vec<Grant> = {
+                let mut ledger = self.state.ledger();
+                claims.iter().map(|(id, claim)| ledger.claim(now, &req.client_id, id, claim)).collect()
+            };
+            let response = claims
+                .iter()
+                .zip(&grants)
+                .map(|((id, _), grant)| ResourceResponse {
+                    resource_id: (*id).to_owned(),
+                    gets: lease(grant),
+                    safe_capacity: Some(grant.safe_capacity),
+                })
+                .collect();
+            Ok(GetCapacityResponse { response, mastership: None })
+        })
+    }
+
+    async fn get_server_capacity(
+        &self,
+        request: Request<GetServerCapacityRequest>,
+    ) -> Result<Response<GetServerCapacityResponse>, Status> {
+        observe("GetServerCapacity", || {
+            let req = request.get_ref();
+            let claims = validate::get_server_capacity(req)?;
+            let now = state::now();
+            let response = {
+                let mut ledger = self.state.ledger();
+                claims
+                    .iter()
+                    .map(|(id, claim)| {
+                        let grant = ledger.claim(now, &req.server_id, id, claim);
+                        let template = ledger.resource(id).expect("a resource exists once claimed").template();
+                        ServerCapacityResourceResponse {
+                            resource_id: (*id).to_owned(),
+                            gets: lease(&grant),
+                            algorithm: Some(algorithm(&template.algorithm)),
+                            safe_capacity: Some(grant.safe_capacity),
+                        }
+                    })
+                    .collect()
+            };
+            Ok(GetServerCapacityResponse { response, mastership: None })
+        })
+    }
+
+    async fn release_capacity(
+        &self,
+        request: Request<ReleaseCapacityRequest>,
+    ) -> Result<Response<ReleaseCapacityResponse>, Status> {
+        observe("ReleaseCapacity", || {
+            let req = request.get_ref();
+            validate::release_capacity(req)?;
+            let mut ledger = self.state.ledger();
+            for id in &req.resource_id {
+                ledger.release(&req.client_id, id);
+            }
+            Ok(ReleaseCapacityResponse { mastership: None })
+        })
+    }
+}

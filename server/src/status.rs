@@ -1,0 +1,239 @@
+//! Snapshots of the server for people and scrapers: the JSON and HTML of `/debug/status` and the
+//! figures behind the per-resource gauges.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::core::{Ledger, Resource, UnixSeconds};
+
+#[derive(Serialize)]
+pub struct ServerStatus {
+    pub is_master: bool,
+    pub master_address: String,
+    pub serving_since: UnixSeconds,
+    pub now: UnixSeconds,
+    pub templates: Vec<TemplateStatus>,
+    pub resources: Vec<ResourceStatus>,
+}
+
+#[derive(Serialize)]
+pub struct TemplateStatus {
+    pub identifier_glob: String,
+    pub capacity: f64,
+    pub algorithm: &'static str,
+    pub lease_length: i64,
+    pub refresh_interval: i64,
+    pub learning_mode_duration: i64,
+    pub safe_capacity: Option<f64>,
+    pub description: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct ResourceStatus {
+    pub id: String,
+    pub template: String,
+    pub algorithm: &'static str,
+    pub capacity: f64,
+    pub safe_capacity: f64,
+    pub has: f64,
+    pub wants: f64,
+    pub clients: usize,
+    pub subclients: f64,
+    pub learning: bool,
+}
+
+#[derive(Serialize)]
+pub struct ResourceDetail {
+    #[serde(flatten)]
+    pub resource: ResourceStatus,
+    /// How many leases there are; `leases` lists at most a page of them.
+    pub lease_count: usize,
+    pub leases: Vec<LeaseStatus>,
+}
+
+#[derive(Serialize)]
+pub struct LeaseStatus {
+    pub client: String,
+    pub has: f64,
+    pub wants: f64,
+    pub subclients: f64,
+    pub expiry_time: UnixSeconds,
+}
+
+pub fn server(ledger: &Ledger, now: UnixSeconds, is_master: bool, master_address: &str) -> ServerStatus {
+    let templates = ledger
+        .repository()
+        .templates()
+        .iter()
+        .map(|t| TemplateStatus {
+            identifier_glob: t.identifier_glob.clone(),
+            capacity: t.capacity,
+            algorithm: t.algorithm.kind.name(),
+            lease_length: t.algorithm.lease_length,
+            refresh_interval: t.algorithm.refresh_interval,
+            learning_mode_duration: t.algorithm.learning_seconds(),
+            safe_capacity: t.safe_capacity,
+            description: t.description.clone(),
+        })
+        .collect();
+    let mut resources: Vec<_> = ledger.resources().map(|(id, r)| resource(ledger, id, r, now)).collect();
+    resources.sort_by(|a, b| a.id.cmp(&b.id));
+    ServerStatus {
+        is_master,
+        master_address: master_address.to_owned(),
+        serving_since: ledger.serving_since(),
+        now,
+        templates,
+        resources,
+    }
+}
+
+pub fn resource_detail(ledger: &Ledger, id: &str, now: UnixSeconds, limit: usize) -> Option<ResourceDetail> {
+    let r = ledger.resource(id)?;
+    let mut leases: Vec<_> = r
+        .leases()
+        .iter()
+        .take(limit)
+        .map(|l| LeaseStatus {
+            client: l.client.to_owned(),
+            has: l.demand.has,
+            wants: l.demand.wants,
+            subclients: l.demand.subclients,
+            expiry_time: l.expiry,
+        })
+        .collect();
+    leases.sort_by(|a, b| a.client.cmp(&b.client));
+    Some(ResourceDetail { resource: resource(ledger, id, r, now), lease_count: r.leases().len(), leases })
+}
+
+fn resource(ledger: &Ledger, id: &str, r: &Resource, now: UnixSeconds) -> ResourceStatus {
+    let sums = r.leases().band().sums();
+    let t = r.template();
+    ResourceStatus {
+        id: id.to_owned(),
+        template: t.identifier_glob.clone(),
+        algorithm: t.algorithm.kind.name(),
+        capacity: t.capacity,
+        safe_capacity: r.safe_capacity(),
+        has: sums.has,
+        wants: sums.wants,
+        clients: r.leases().len(),
+        subclients: sums.subclients,
+        learning: ledger.is_learning(r, now),
+    }
+}
+
+/// `/debug/status`: the server and a table of its resources.
+pub fn server_html(s: &ServerStatus) -> String {
+    let mut html = page_head("Sluice capacity server");
+    let _ = write!(
+        html,
+        "<p>master: <b>{}</b> ({}) · serving since {} · now {}</p>",
+        if s.is_master { "yes" } else { "no" },
+        escape(&s.master_address),
+        s.serving_since,
+        s.now
+    );
+    html.push_str("<h2>Resources</h2><table><tr><th>resource</th><th>template</th><th>algorithm</th><th>capacity</th><th>Σ has</th><th>Σ wants</th><th>clients</th><th>subclients</th><th>safe capacity</th><th>learning</th></tr>");
+    for r in &s.resources {
+        let _ = write!(
+            html,
+            "<tr><td><a href=\"/debug/status?resource={}\">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{:.3}</td><td>{}</td></tr>",
+            query_escape(&r.id),
+            escape(&r.id),
+            escape(&r.template),
+            r.algorithm,
+            r.capacity,
+            r.has,
+            r.wants,
+            r.clients,
+            r.subclients,
+            r.safe_capacity,
+            if r.learning { "yes" } else { "no" }
+        );
+    }
+    html.push_str("</table><h2>Templates</h2><table><tr><th>glob</th><th>capacity</th><th>algorithm</th><th>lease</th><th>refresh</th><th>learning</th><th>safe capacity</th><th>description</th></tr>");
+    for t in &s.templates {
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{} s</td><td>{} s</td><td>{} s</td><td>{}</td><td>{}</td></tr>",
+            escape(&t.identifier_glob),
+            t.capacity,
+            t.algorithm,
+            t.lease_length,
+            t.refresh_interval,
+            t.learning_mode_duration,
+            t.safe_capacity.map_or_else(|| "capacity / subclients".to_owned(), |v| v.to_string()),
+            escape(t.description.as_deref().unwrap_or(""))
+        );
+    }
+    html.push_str("</table><p><a href=\"/debug/status.json\">JSON</a> · <a href=\"/metrics\">metrics</a></p></body></html>");
+    html
+}
+
+/// `/debug/status?resource=ID`: one resource and its leases.
+pub fn resource_html(d: &ResourceDetail) -> String {
+    let r = &d.resource;
+    let mut html = page_head(&format!("Resource {}", r.id));
+    let _ = write!(
+        html,
+        "<p>template <b>{}</b> · {} · capacity {} · Σ has {:.3} · Σ wants {:.3} · {} clients ({} subclients) · safe capacity {:.3} · learning {}</p>",
+        escape(&r.template),
+        r.algorithm,
+        r.capacity,
+        r.has,
+        r.wants,
+        r.clients,
+        r.subclients,
+        r.safe_capacity,
+        if r.learning { "yes" } else { "no" }
+    );
+    if d.lease_count > d.leases.len() {
+        let _ = write!(html, "<p>showing {} of {} leases</p>", d.leases.len(), d.lease_count);
+    }
+    html.push_str("<table><tr><th>client</th><th>has</th><th>wants</th><th>subclients</th><th>expires</th></tr>");
+    for l in &d.leases {
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td></tr>",
+            escape(&l.client),
+            l.has,
+            l.wants,
+            l.subclients,
+            l.expiry_time
+        );
+    }
+    let _ = write!(
+        html,
+        "</table><p><a href=\"/debug/status\">all resources</a> · <a href=\"/debug/status.json?resource={}\">JSON</a></p></body></html>",
+        query_escape(&r.id)
+    );
+    html
+}
+
+fn page_head(title: &str) -> String {
+    format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{0}</title><style>body{{font-family:sans-serif}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}td:first-child{{text-align:left}}</style></head><body><h1>{0}</h1>",
+        escape(title)
+    )
+}
+
+fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn query_escape(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}

@@ -1,0 +1,160 @@
+//! Checks every RPC argument before anything is touched (SPEC §3.9): a bad request gets
+//! INVALID_ARGUMENT naming the field, and the ledger never sees it.
+
+use std::collections::HashSet;
+
+use sluice_proto::{GetCapacityRequest, GetServerCapacityRequest, Lease, ReleaseCapacityRequest};
+use tonic::Status;
+
+use crate::{
+    core::Claim,
+    defaults::{MAX_ID_BYTES, MAX_RESOURCES_PER_REQUEST},
+};
+
+/// A validated claim on one resource.
+pub type ResourceClaim<'a> = (&'a str, Claim);
+
+pub fn get_capacity(req: &GetCapacityRequest) -> Result<Vec<ResourceClaim<'_>>, Status> {
+    id("client_id", &req.client_id)?;
+    let ids = resource_ids(req.resource.iter().map(|r| r.resource_id.as_str()), "resource")?;
+    req.resource
+        .iter()
+        .zip(ids)
+        .enumerate()
+        .map(|(i, (r, resource_id))| {
+            amount(&format!("resource[{i}].wants"), r.wants)?;
+            let has = reported(&format!("resource[{i}].has"), r.has.as_ref())?;
+            Ok((resource_id, Claim { wants: r.wants, subclients: 1.0, has }))
+        })
+        .collect()
+}
+
+/// A lower-level server claims for all its clients: its wants and weight are the sums over its
+/// priority bands. A resource without bands counts as one subclient wanting nothing.
+pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<ResourceClaim<'_>>, Status> {
+    id("server_id", &req.server_id)?;
+    let ids = resource_ids(req.resource.iter().map(|r| r.resource_id.as_str()), "resource")?;
+    req.resource
+        .iter()
+        .zip(ids)
+        .enumerate()
+        .map(|(i, (r, resource_id))| {
+            let (mut wants, mut subclients) = (0.0, 0.0);
+            for (j, band) in r.wants.iter().enumerate() {
+                amount(&format!("resource[{i}].wants[{j}].wants"), band.wants)?;
+                if band.num_clients <= 0 {
+                    return Err(invalid(format!("resource[{i}].wants[{j}].num_clients: must be > 0, got {}", band.num_clients)));
+                }
+                wants += band.wants;
+                subclients += band.num_clients as f64;
+            }
+            amount(&format!("resource[{i}].wants"), wants)?;
+            let has = reported(&format!("resource[{i}].has"), r.has.as_ref())?;
+            Ok((resource_id, Claim { wants, subclients: subclients.max(1.0), has }))
+        })
+        .collect()
+}
+
+pub fn release_capacity(req: &ReleaseCapacityRequest) -> Result<(), Status> {
+    id("client_id", &req.client_id)?;
+    resource_ids(req.resource_id.iter().map(String::as_str), "resource_id").map(drop)
+}
+
+/// The resource ids of a request: each a valid id, no repeats, not too many.
+fn resource_ids<'a>(ids: impl ExactSizeIterator<Item = &'a str>, field: &str) -> Result<Vec<&'a str>, Status> {
+    if ids.len() > MAX_RESOURCES_PER_REQUEST {
+        return Err(invalid(format!("{field}: at most {MAX_RESOURCES_PER_REQUEST} resources per request, got {}", ids.len())));
+    }
+    let mut seen = HashSet::with_capacity(ids.len());
+    ids.enumerate()
+        .map(|(i, resource_id)| {
+            let name = format!("{field}[{i}]");
+            id(&name, resource_id)?;
+            if !seen.insert(resource_id) {
+                return Err(invalid(format!("{name}: resource {resource_id:?} appears twice")));
+            }
+            Ok(resource_id)
+        })
+        .collect()
+}
+
+fn id(field: &str, value: &str) -> Result<(), Status> {
+    if value.is_empty() {
+        return Err(invalid(format!("{field}: must not be empty")));
+    }
+    if value.len() > MAX_ID_BYTES {
+        return Err(invalid(format!("{field}: at most {MAX_ID_BYTES} bytes, got {}", value.len())));
+    }
+    Ok(())
+}
+
+fn amount(field: &str, value: f64) -> Result<(), Status> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(())
+    } else {
+        Err(invalid(format!("{field}: must be finite and ≥ 0, got {value}")))
+    }
+}
+
+fn reported(field: &str, has: Option<&Lease>) -> Result<Option<f64>, Status> {
+    has.map(|lease| amount(&format!("{field}.capacity"), lease.capacity).map(|()| lease.capacity)).transpose()
+}
+
+fn invalid(message: String) -> Status {
+    Status::invalid_argument(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_proto::{PriorityBandAggregate, ResourceRequest, ServerCapacityResourceRequest};
+    use tonic::Code;
+
+    use super::*;
+
+    fn request(resources: &[(&str, f64)]) -> GetCapacityRequest {
+        GetCapacityRequest {
+            client_id: "c".into(),
+            resource: resources
+                .iter()
+                .map(|&(id, wants)| ResourceRequest { resource_id: id.into(), priority: 0, has: None, wants })
+                .collect(),
+        }
+    }
+
+    fn message(result: Result<impl std::fmt::Debug, Status>) -> String {
+        let status = result.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        status.message().to_owned()
+    }
+
+    #[test]
+    fn rejects_bad_amounts_and_ids() {
+        assert_eq!(message(get_capacity(&request(&[("a", f64::NAN)]))), "resource[0].wants: must be finite and ≥ 0, got NaN");
+        assert_eq!(message(get_capacity(&request(&[("a", 1.0), ("b", f64::INFINITY)]))), "resource[1].wants: must be finite and ≥ 0, got inf");
+        assert_eq!(message(get_capacity(&request(&[("a", -1.0)]))), "resource[0].wants: must be finite and ≥ 0, got -1");
+        assert_eq!(message(get_capacity(&request(&[("", 1.0)]))), "resource[0]: must not be empty");
+        assert_eq!(message(get_capacity(&request(&[("a", 1.0), ("a", 2.0)]))), "resource[1]: resource \"a\" appears twice");
+        let mut r = request(&[("a", 1.0)]);
+        r.client_id.clear();
+        assert_eq!(message(get_capacity(&r)), "client_id: must not be empty");
+        r.client_id = "x".repeat(MAX_ID_BYTES + 1);
+        assert!(message(get_capacity(&r)).starts_with("client_id: at most"));
+        let many: Vec<String> = (0..=MAX_RESOURCES_PER_REQUEST).map(|i| i.to_string()).collect();
+        let many: Vec<(&str, f64)> = many.iter().map(|s| (s.as_str(), 1.0)).collect();
+        assert_eq!(message(get_capacity(&request(&many))), "resource: at most 10000 resources per request, got 10001");
+        assert_eq!(get_capacity(&request(&many[..MAX_RESOURCES_PER_REQUEST])).unwrap().len(), MAX_RESOURCES_PER_REQUEST);
+    }
+
+    #[test]
+    fn server_requests_sum_their_bands() {
+        let band = |num_clients, wants| PriorityBandAggregate { priority: 0, num_clients, wants };
+        let mut req = GetServerCapacityRequest {
+            server_id: "leaf".into(),
+            resource: vec![ServerCapacityResourceRequest { resource_id: "r".into(), has: None, wants: vec![band(3, 10.0), band(2, 5.0)] }],
+        };
+        let claims = get_server_capacity(&req).unwrap();
+        assert_eq!(claims[0].1, Claim { wants: 15.0, subclients: 5.0, has: None });
+        req.resource[0].wants.push(band(0, 1.0));
+        assert_eq!(message(get_server_capacity(&req)), "resource[0].wants[2].num_clients: must be > 0, got 0");
+    }
+}
