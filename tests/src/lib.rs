@@ -1,0 +1,7 @@
+//! Support for Sluice's end-to-end tests, load generator and demo: starting the real binaries
+//! and talking to them.
+#![forbid(unsafe_code)]
+
+pub mod demo;
+pub mod harness;
+pub mod loadgen;

@@ -1,0 +1,186 @@
+//! Starts the real `sluice-server` binary on free loopback ports, with its own temporary
+//! directory, and stops it when dropped.
+
+use std::{
+    fs,
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use sluice_proto::capacity_client::CapacityClient;
+use tempfile::TempDir;
+use tonic::transport::Channel;
+
+/// How long a binary may take to become ready.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A built binary of the workspace, found next to the running executable (tests run from
+/// `target/<profile>/deps`, binaries from `target/<profile>`). `make test` builds them first.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current executable");
+    let mut dir = exe.parent().expect("executable directory");
+    if dir.ends_with("deps") {
+        dir = dir.parent().expect("target profile directory");
+    }
+    let path = dir.join(name);
+    assert!(path.exists(), "{} is not built: run `cargo build --workspace --bins` (make test does)", path.display());
+    path
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+}
+
+/// Runs a binary to completion, for tests of start-up failures.
+pub fn run(name: &str, args: &[&str]) -> Output {
+    Command::new(binary(name)).args(args).stdin(Stdio::null()).output().expect("binary runs")
+}
+
+pub struct ServerBuilder {
+    binary: PathBuf,
+    config: Option<String>,
+    args: Vec<String>,
+}
+
+impl ServerBuilder {
+    /// Writes `yaml` to a file and passes it as `--config`.
+    pub fn config(mut self, yaml: &str) -> Self {
+        self.config = Some(yaml.to_owned());
+        self
+    }
+
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Starts the server and waits until `/readyz` answers 200.
+    pub fn start(self) -> Server {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let grpc: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let config_path = dir.path().join("config.yaml");
+        let log_path = dir.path().join("server.log");
+        let mut command = Command::new(&self.binary);
+        command.args(["--grpc-addr", &grpc.to_string(), "--admin-addr", &admin.to_string()]);
+        if let Some(yaml) = &self.config {
+            fs::write(&config_path, yaml).expect("write config");
+            command.arg("--config").arg(&config_path);
+        }
+        let log = fs::File::create(&log_path).expect("log file");
+        command.args(&self.args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        let child = command.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", self.binary.display()));
+        let mut server = Server { child, grpc, admin, config_path, log_path, _dir: dir };
+        server.wait_ready();
+        server
+    }
+}
+
+pub struct Server {
+    child: Child,
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+    config_path: PathBuf,
+    log_path: PathBuf,
+    _dir: TempDir,
+}
+
+impl Server {
+    pub fn builder() -> ServerBuilder {
+        Self::builder_for(binary("sluice-server"))
+    }
+
+    pub fn builder_for(binary: PathBuf) -> ServerBuilder {
+        ServerBuilder { binary, config: None, args: Vec::new() }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn logs(&self) -> String {
+        fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// Replaces the configuration file the way tools do: write aside, then rename over it.
+    pub fn write_config(&self, yaml: &str) {
+        let aside = self.config_path.with_extension("new");
+        fs::write(&aside, yaml).expect("write config");
+        fs::rename(&aside, &self.config_path).expect("replace config");
+    }
+
+    /// Sends a signal by name (e.g. "HUP", "TERM").
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill").args(["-s", name, &self.pid().to_string()]).status().expect("kill runs");
+        assert!(status.success(), "kill -s {name} failed");
+    }
+
+    /// Waits for the process to exit and returns its exit code.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status.code();
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        panic!("server did not exit within {timeout:?}; log:\n{}", self.logs());
+    }
+
+    pub async fn client(&self) -> CapacityClient<Channel> {
+        CapacityClient::connect(format!("http://{}", self.grpc)).await.expect("connect to the server")
+    }
+
+    /// GET on the admin listener: status code and body.
+    pub fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.admin, path).unwrap_or_else(|e| panic!("GET {path}: {e}; log:\n{}", self.logs()))
+    }
+
+    /// The value of one series of /metrics, e.g. `sluice_server_config_reloads_total{result="failure"}`.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics");
+        body.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                panic!("server exited during start-up with {status}; log:\n{}", self.logs());
+            }
+            if matches!(http_get(self.admin, "/readyz"), Ok((200, _))) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "server not ready after {START_TIMEOUT:?}; log:\n{}", self.logs());
+            thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal HTTP/1.0 GET, enough for the debug listener.
+pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    Ok((code, body.to_owned()))
+}

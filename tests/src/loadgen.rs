@@ -1,0 +1,254 @@
+//! The server load generator (`make bench-server`): drives `GetCapacity` for N distinct clients
+//! over a few connections and reports throughput, latency and the server's memory per lease.
+//! It speaks only Doorman's protocol, so it can be pointed at any Doorman-compatible server.
+
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use clap::Parser;
+use hdrhistogram::Histogram;
+use sluice_proto::{DiscoveryRequest, GetCapacityRequest, ResourceRequest, capacity_client::CapacityClient};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::harness::Server;
+
+/// Load generator for Doorman-protocol capacity servers.
+#[derive(Debug, Parser)]
+#[command(name = "sluice-loadgen")]
+pub struct Args {
+    /// Server to drive (ignored with --launch).
+    #[arg(long, default_value = "127.0.0.1:7777")]
+    pub addr: String,
+    /// Numbers of distinct clients to run with, one measurement each.
+    #[arg(long, value_delimiter = ',', default_value = "100,10000,100000,1000000")]
+    pub clients: Vec<usize>,
+    /// Concurrent callers.
+    #[arg(long, default_value_t = 32)]
+    pub callers: usize,
+    /// Connections the callers share.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Measurement time per number of clients, after every client has its lease.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub duration: Duration,
+    /// Resource the clients ask for.
+    #[arg(long, default_value = "bench")]
+    pub resource: String,
+    /// PID of the server, to report its resident memory per lease.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// Start this sluice-server binary afresh for each number of clients (FAIR_SHARE, capacity
+    /// half the total demand, leases that outlive the run, no learning mode) instead of --addr.
+    #[arg(long)]
+    pub launch: Option<PathBuf>,
+}
+
+/// One line of the report.
+pub struct Measurement {
+    pub clients: usize,
+    pub prefill: Duration,
+    pub rpcs: u64,
+    pub elapsed: Duration,
+    pub latency_us: Histogram<u64>,
+    pub errors: u64,
+    pub rss_per_lease: Option<f64>,
+}
+
+impl Measurement {
+    pub fn rate(&self) -> f64 {
+        self.rpcs as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// Client `i`'s steady demand, between 1 and 100, spread so that water-filling has work to do.
+fn wants(i: usize) -> f64 {
+    (1 + (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as f64
+}
+
+fn launched_config(clients: usize) -> String {
+    // Mean demand is ~50 per client: capacity for half of it keeps FAIR_SHARE cutting.
+    format!(
+        "resources:\n  - identifier_glob: \"*\"\n    capacity: {}\n    algorithm: {{kind: FAIR_SHARE, lease_length: 7200, refresh_interval: 60, learning_mode_duration: 0}}\n",
+        clients * 25
+    )
+}
+
+fn rss_bytes(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024.0)
+}
+
+async fn connect(addr: &str, connections: usize) -> Result<Vec<Channel>, String> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| format!("--addr {addr}: {e}"))?
+        .tcp_nodelay(true);
+    let mut channels = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        channels.push(endpoint.connect().await.map_err(|e| format!("cannot connect to {addr}: {e}"))?);
+    }
+    Ok(channels)
+}
+
+/// What the callers do: ask for client `i`'s lease, or the Discovery baseline.
+#[derive(Clone)]
+enum Call {
+    Lease { resource: Arc<str>, prefix: Arc<str> },
+    Discovery,
+}
+
+impl Call {
+    async fn once(&self, client: &mut CapacityClient<Channel>, i: usize) -> bool {
+        match self {
+            Call::Lease { resource, prefix } => {
+                let request = GetCapacityRequest {
+                    client_id: format!("{prefix}{i}"),
+                    resource: vec![ResourceRequest { resource_id: resource.to_string(), priority: 0, has: None, wants: wants(i) }],
+                };
+                client.get_capacity(request).await.is_ok()
+            }
+            Call::Discovery => client.discovery(DiscoveryRequest {}).await.is_ok(),
+        }
+    }
+}
+
+struct Totals {
+    rpcs: u64,
+    errors: u64,
+    latency_us: Histogram<u64>,
+    elapsed: Duration,
+}
+
+/// Every client once, in order, spread over the callers.
+async fn prefill(channels: &[Channel], callers: usize, call: &Call, clients: usize) -> Totals {
+    let next = Arc::new(AtomicUsize::new(0));
+    run_callers(channels, callers, call, move |_| {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        (i < clients).then_some(i)
+    })
+    .await
+}
+
+/// Random clients among `clients` until `duration` has passed.
+async fn measure(channels: &[Channel], callers: usize, call: &Call, clients: usize, duration: Duration) -> Totals {
+    let deadline = Instant::now() + duration;
+    run_callers(channels, callers, call, move |state: &mut u64| {
+        // xorshift64: cheap, and each caller has its own sequence.
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        (Instant::now() < deadline).then_some((*state % clients as u64) as usize)
+    })
+    .await
+}
+
+async fn run_callers<F>(channels: &[Channel], callers: usize, call: &Call, pick: F) -> Totals
+where
+    F: Fn(&mut u64) -> Option<usize> + Send + Sync + 'static,
+{
+    let pick = Arc::new(pick);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..callers)
+        .map(|k| {
+            let mut client = CapacityClient::new(channels[k % channels.len()].clone());
+            let (call, pick) = (call.clone(), pick.clone());
+            tokio::spawn(async move {
+                let mut latency = Histogram::<u64>::new(3).expect("histogram");
+                let (mut rpcs, mut errors) = (0u64, 0u64);
+                let mut state = 0x2545_F491_4F6C_DD1D_u64 ^ (k as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                while let Some(i) = pick(&mut state) {
+                    let sent = Instant::now();
+                    if call.once(&mut client, i).await {
+                        rpcs += 1;
+                        latency.saturating_record(sent.elapsed().as_micros() as u64);
+                    } else {
+                        errors += 1;
+                    }
+                }
+                (rpcs, errors, latency)
+            })
+        })
+        .collect();
+    let mut totals =
+        Totals { rpcs: 0, errors: 0, latency_us: Histogram::new(3).expect("histogram"), elapsed: Duration::ZERO };
+    for task in tasks {
+        let (rpcs, errors, latency) = task.await.expect("caller task");
+        totals.rpcs += rpcs;
+        totals.errors += errors;
+        totals.latency_us.add(latency).expect("histograms add");
+    }
+    totals.elapsed = start.elapsed();
+    totals
+}
+
+fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1000.0
+}
+
+/// Runs every size and prints the report.
+pub async fn run(args: Args) -> Result<(), String> {
+    if args.callers == 0 || args.connections == 0 || args.clients.contains(&0) {
+        return Err("--callers, --connections and every --clients must be > 0".into());
+    }
+    let target = match &args.launch {
+        Some(binary) => format!("{} (started afresh for each size)", binary.display()),
+        None => args.addr.clone(),
+    };
+    println!(
+        "target {target}; resource {:?}; {} callers over {} connections; {:?} per size",
+        args.resource, args.callers, args.connections, args.duration
+    );
+    println!(
+        "{:>9} {:>10} {:>11} {:>9} {:>9} {:>13} {:>13} {:>8}",
+        "clients", "prefill s", "GetCap/s", "p50 ms", "p99 ms", "vs Discovery", "RSS/lease B", "errors"
+    );
+    let mut first_rate = None;
+    for &clients in &args.clients {
+        let server = args.launch.as_ref().map(|binary| {
+            Server::builder_for(binary.clone()).config(&launched_config(clients)).arg("--log").arg("warn").start()
+        });
+        let addr = server.as_ref().map_or_else(|| args.addr.clone(), |s| s.grpc.to_string());
+        let pid = server.as_ref().map(Server::pid).or(args.server_pid);
+        let channels = connect(&addr, args.connections).await?;
+
+        // Baseline in the same run: the cheapest RPC over the same connections and callers.
+        let baseline = measure(&channels, args.callers, &Call::Discovery, 1, args.duration.min(Duration::from_secs(3))).await;
+        let call = Call::Lease { resource: args.resource.as_str().into(), prefix: format!("n{clients}-client-").into() };
+        let rss_before = pid.and_then(rss_bytes);
+        let filled = prefill(&channels, args.callers, &call, clients).await;
+        let rss_after = pid.and_then(rss_bytes);
+        let measured = measure(&channels, args.callers, &call, clients, args.duration).await;
+        let m = Measurement {
+            clients,
+            prefill: filled.elapsed,
+            rpcs: measured.rpcs,
+            elapsed: measured.elapsed,
+            errors: filled.errors + measured.errors,
+            rss_per_lease: rss_before.zip(rss_after).map(|(b, a)| (a - b) / clients as f64),
+            latency_us: measured.latency_us,
+        };
+        let discovery_rate = baseline.rpcs as f64 / baseline.elapsed.as_secs_f64();
+        println!(
+            "{:>9} {:>10.1} {:>11.0} {:>9.3} {:>9.3} {:>12.2}x {:>13} {:>8}",
+            m.clients,
+            m.prefill.as_secs_f64(),
+            m.rate(),
+            ms(&m.latency_us, 0.5),
+            ms(&m.latency_us, 0.99),
+            m.rate() / discovery_rate,
+            m.rss_per_lease.map_or_else(|| "-".to_owned(), |b| format!("{b:.0}")),
+            m.errors
+        );
+        first_rate.get_or_insert(m.rate());
+    }
+    if let (Some(first), Some(&smallest)) = (first_rate, args.clients.first()) {
+        println!("(vs Discovery: GetCapacity rate ÷ Discovery rate on the same connections; baseline size {smallest} ran at {first:.0}/s)");
+    }
+    Ok(())
+}
