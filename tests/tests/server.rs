@@ -1,0 +1,366 @@
+//! End-to-end tests of the real `sluice-server` binary, through a client built from the
+//! generated tonic stubs.
+
+use std::{
+    thread,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use serde_json::Value;
+use sluice_proto::{
+    DiscoveryRequest, GetCapacityRequest, GetServerCapacityRequest, Lease, PriorityBandAggregate, ReleaseCapacityRequest,
+    ResourceRequest, ServerCapacityResourceRequest, algorithm::Kind, capacity_client::CapacityClient,
+};
+use sluice_tests::harness::{self, Server};
+use tonic::{Code, transport::Channel};
+
+fn fair_share(capacity: f64, lease_length: i64, learning: i64) -> String {
+    format!(
+        "resources:\n  - identifier_glob: \"*\"\n    capacity: {capacity}\n    algorithm: {{kind: FAIR_SHARE, lease_length: {lease_length}, refresh_interval: 1, learning_mode_duration: {learning}}}\n"
+    )
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
+}
+
+fn request(client: &str, resource: &str, wants: f64, has: Option<f64>) -> GetCapacityRequest {
+    GetCapacityRequest {
+        client_id: client.into(),
+        resource: vec![ResourceRequest {
+            resource_id: resource.into(),
+            priority: 0,
+            has: has.map(|capacity| Lease { expiry_time: 0, refresh_interval: 0, capacity }),
+            wants,
+        }],
+    }
+}
+
+/// The capacity granted to `client` on `resource`.
+async fn ask(client: &mut CapacityClient<Channel>, id: &str, resource: &str, wants: f64) -> f64 {
+    let response = client.get_capacity(request(id, resource, wants, None)).await.expect("GetCapacity").into_inner();
+    assert_eq!(response.response.len(), 1);
+    assert!(response.mastership.is_none(), "a master answers without a mastership redirect");
+    response.response[0].gets.capacity
+}
+
+fn status_json(server: &Server, query: &str) -> Value {
+    let (code, body) = server.get(&format!("/debug/status.json{query}"));
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).expect("status JSON")
+}
+
+/// Polls until `done` holds, for effects that happen in the background.
+fn eventually(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test]
+async fn clients_get_fair_shares_that_converge() {
+    let server = Server::builder().config(&fair_share(100.0, 30, 0)).start();
+    let mut client = server.client().await;
+    let before = unix_now();
+    let response = client.get_capacity(request("a", "db", 100.0, None)).await.unwrap().into_inner();
+    let lease = &response.response[0].gets;
+    assert_eq!(lease.capacity, 100.0);
+    assert_eq!(lease.refresh_interval, 1);
+    assert!((before + 30..=unix_now() + 30).contains(&lease.expiry_time), "expiry {}", lease.expiry_time);
+    // b's fair half is still held by a: b waits, a shrinks, then b catches up.
+    assert_eq!(ask(&mut client, "b", "db", 100.0).await, 0.0);
+    assert_eq!(ask(&mut client, "a", "db", 100.0).await, 50.0);
+    let response = client.get_capacity(request("b", "db", 100.0, None)).await.unwrap().into_inner();
+    assert_eq!(response.response[0].gets.capacity, 50.0);
+    assert_eq!(response.response[0].safe_capacity, Some(50.0), "capacity / clients");
+
+    let discovery = client.discovery(DiscoveryRequest {}).await.unwrap().into_inner();
+    assert!(discovery.is_master);
+    assert_eq!(discovery.mastership.master_address, Some(server.grpc.to_string()));
+}
+
+#[tokio::test]
+async fn learning_mode_grants_what_clients_hold_after_a_fresh_start() {
+    let server = Server::builder().config(&fair_share(100.0, 30, 2)).start();
+    let mut client = server.client().await;
+    let started = Instant::now();
+    let got = client.get_capacity(request("a", "db", 80.0, Some(30.0))).await.unwrap().into_inner();
+    assert_eq!(got.response[0].gets.capacity, 30.0, "learning: what a reports holding, not its share");
+    let got = client.get_capacity(request("b", "db", 80.0, Some(90.0))).await.unwrap().into_inner();
+    assert_eq!(got.response[0].gets.capacity, 70.0, "learning never goes beyond capacity − Σ other has");
+    assert_eq!(ask(&mut client, "c", "db", 50.0).await, 0.0, "a newcomer reporting nothing gets nothing");
+    assert_eq!(status_json(&server, "").pointer("/resources/0/learning"), Some(&Value::Bool(true)));
+    assert_eq!(server.metric("sluice_server_learning_mode{resource=\"db\"}"), Some(1.0));
+
+    // Whole seconds: learning ends within 3 s of the start.
+    thread::sleep(Duration::from_secs(3).saturating_sub(started.elapsed()) + Duration::from_millis(100));
+    assert_eq!(status_json(&server, "").pointer("/resources/0/learning"), Some(&Value::Bool(false)));
+    // Now the algorithm decides: λ = 100/3 for three clients wanting 80. b, holding the most,
+    // shrinks first, which makes room for the others.
+    let third = 100.0 / 3.0;
+    let b = ask(&mut client, "b", "db", 80.0).await;
+    assert!((b - third).abs() < 1e-9, "b got {b}");
+    let a = ask(&mut client, "a", "db", 80.0).await;
+    assert!((a - third).abs() < 1e-9, "a got {a}");
+    let c = ask(&mut client, "c", "db", 80.0).await;
+    assert!((c - third).abs() < 1e-9, "c got {c}");
+}
+
+#[tokio::test]
+async fn release_frees_capacity() {
+    let server = Server::builder().config(&fair_share(100.0, 30, 0)).start();
+    let mut client = server.client().await;
+    assert_eq!(ask(&mut client, "a", "db", 100.0).await, 100.0);
+    assert_eq!(ask(&mut client, "b", "db", 100.0).await, 0.0);
+    client
+        .release_capacity(ReleaseCapacityRequest { client_id: "a".into(), resource_id: vec!["db".into(), "never-used".into()] })
+        .await
+        .expect("release");
+    assert_eq!(ask(&mut client, "b", "db", 100.0).await, 100.0);
+    assert_eq!(status_json(&server, "").pointer("/resources/0/clients"), Some(&Value::from(1)));
+}
+
+#[tokio::test]
+async fn an_expired_lease_stops_counting() {
+    let server = Server::builder().config(&fair_share(100.0, 2, 0)).start();
+    let mut client = server.client().await;
+    assert_eq!(ask(&mut client, "a", "db", 100.0).await, 100.0);
+    assert_eq!(ask(&mut client, "b", "db", 100.0).await, 0.0);
+    // a does not refresh: within 3 s (2 s lease, whole-second expiry) its lease is gone.
+    thread::sleep(Duration::from_millis(3_100));
+    assert_eq!(ask(&mut client, "b", "db", 100.0).await, 100.0);
+    let detail = status_json(&server, "?resource=db");
+    let clients: Vec<&str> = detail["leases"].as_array().unwrap().iter().map(|l| l["client"].as_str().unwrap()).collect();
+    assert_eq!(clients, ["b"]);
+}
+
+#[tokio::test]
+async fn a_changed_file_changes_capacity_without_restart() {
+    let server = Server::builder().config(&fair_share(100.0, 30, 0)).arg("--config-poll-interval").arg("100ms").start();
+    let mut client = server.client().await;
+    assert_eq!(ask(&mut client, "a", "db", 500.0).await, 100.0);
+    server.write_config(&fair_share(300.0, 30, 0));
+    eventually("the reload", Duration::from_secs(10), || {
+        server.metric("sluice_server_config_reloads_total{result=\"success\"}") == Some(1.0)
+    });
+    assert_eq!(ask(&mut client, "a", "db", 500.0).await, 300.0);
+    assert_eq!(server.metric("sluice_server_capacity{resource=\"db\"}"), Some(300.0));
+}
+
+#[tokio::test]
+async fn sighup_reloads_the_file() {
+    // Polling effectively off: only the signal can bring the change in.
+    let server = Server::builder().config(&fair_share(100.0, 30, 0)).arg("--config-poll-interval").arg("1h").start();
+    let mut client = server.client().await;
+    server.write_config(&fair_share(40.0, 30, 0));
+    assert_eq!(ask(&mut client, "a", "db", 500.0).await, 100.0, "not reloaded before the signal");
+    server.signal("HUP");
+    eventually("the reload", Duration::from_secs(10), || {
+        server.metric("sluice_server_config_reloads_total{result=\"success\"}") == Some(1.0)
+    });
+    assert_eq!(ask(&mut client, "a", "db", 500.0).await, 40.0);
+}
+
+#[tokio::test]
+async fn a_broken_config_is_rejected_and_the_old_one_keeps_serving() {
+    let server = Server::builder().config(&fair_share(100.0, 30, 0)).arg("--config-poll-interval").arg("100ms").start();
+    let mut client = server.client().await;
+    let failures = || server.metric("sluice_server_config_reloads_total{result=\"failure\"}");
+    // Valid YAML, invalid config: no catch-all template.
+    server.write_config(&fair_share(5.0, 30, 0).replace("\"*\"", "db"));
+    eventually("the first rejection", Duration::from_secs(10), || failures() == Some(1.0));
+    assert_eq!(ask(&mut client, "a", "db", 500.0).await, 100.0, "the old configuration stays in force");
+    // Not YAML at all.
+    server.write_config("resources: [");
+    eventually("the second rejection", Duration::from_secs(10), || failures() == Some(2.0));
+    assert_eq!(ask(&mut client, "a", "db", 500.0).await, 100.0);
+    assert!(server.logs().contains("configuration rejected"), "the rejection is logged");
+    assert_eq!(status_json(&server, "").pointer("/templates/0/capacity"), Some(&Value::from(100.0)));
+    assert_eq!(server.metric("sluice_server_config_reloads_total{result=\"success\"}"), None);
+    // Fixed again: accepted.
+    server.write_config(&fair_share(70.0, 30, 0));
+    eventually("the fix", Duration::from_secs(10), || {
+        server.metric("sluice_server_config_reloads_total{result=\"success\"}") == Some(1.0)
+    });
+    assert_eq!(ask(&mut client, "a", "db", 500.0).await, 70.0);
+}
+
+#[tokio::test]
+async fn bad_requests_get_invalid_argument_and_change_nothing() {
+    let server = Server::builder().config(&fair_share(100.0, 30, 0)).start();
+    let mut client = server.client().await;
+    let mut mixed = request("a", "db", 10.0, None);
+    mixed.resource.push(ResourceRequest { resource_id: "other".into(), priority: 0, has: None, wants: f64::NAN });
+    let too_many = GetCapacityRequest {
+        client_id: "a".into(),
+        resource: (0..10_001)
+            .map(|i| ResourceRequest { resource_id: format!("r{i}"), priority: 0, has: None, wants: 1.0 })
+            .collect(),
+    };
+    let bad = [
+        (request("a", "db", f64::NAN, None), "resource[0].wants"),
+        (request("a", "db", f64::INFINITY, None), "resource[0].wants"),
+        (request("a", "db", -1.0, None), "resource[0].wants"),
+        (request("", "db", 1.0, None), "client_id"),
+        (request("a", "", 1.0, None), "resource[0]"),
+        (request("a", "db", 1.0, Some(f64::NAN)), "resource[0].has.capacity"),
+        (mixed, "resource[1].wants"),
+        (too_many, "at most 10000 resources"),
+    ];
+    for (req, field) in bad {
+        let status = client.get_capacity(req).await.expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().contains(field), "{:?} should name {field}", status.message());
+    }
+    let server_request = |num_clients| GetServerCapacityRequest {
+        server_id: "leaf".into(),
+        resource: vec![ServerCapacityResourceRequest {
+            resource_id: "db".into(),
+            has: None,
+            wants: vec![PriorityBandAggregate { priority: 1, num_clients, wants: 10.0 }],
+        }],
+    };
+    for num_clients in [0, -3] {
+        let status = client.get_server_capacity(server_request(num_clients)).await.expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().contains("num_clients"));
+    }
+    let status = client
+        .release_capacity(ReleaseCapacityRequest { client_id: String::new(), resource_id: vec!["db".into()] })
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument);
+
+    assert_eq!(status_json(&server, "")["resources"], Value::Array(vec![]), "nothing reached the ledger");
+    assert_eq!(server.metric("sluice_server_requests_total{method=\"GetCapacity\",code=\"INVALID_ARGUMENT\"}"), Some(8.0));
+    // The server is unharmed.
+    assert_eq!(ask(&mut client, "a", "db", 10.0).await, 10.0);
+}
+
+#[tokio::test]
+async fn a_lower_level_server_gets_capacity_for_its_bands() {
+    let server = Server::builder().config(&fair_share(100.0, 30, 0)).start();
+    let mut client = server.client().await;
+    let response = client
+        .get_server_capacity(GetServerCapacityRequest {
+            server_id: "leaf-1".into(),
+            resource: vec![ServerCapacityResourceRequest {
+                resource_id: "db".into(),
+                has: None,
+                wants: vec![
+                    PriorityBandAggregate { priority: 0, num_clients: 3, wants: 30.0 },
+                    PriorityBandAggregate { priority: 1, num_clients: 2, wants: 20.0 },
+                ],
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let r = &response.response[0];
+    assert_eq!(r.gets.capacity, 50.0);
+    let algorithm = r.algorithm.as_ref().expect("the algorithm for the leaf to apply");
+    assert_eq!((algorithm.kind(), algorithm.lease_length, algorithm.refresh_interval), (Kind::FairShare, 30, 1));
+    assert_eq!(r.safe_capacity, Some(20.0), "100 shared by 5 subclients");
+    // An end client now competes with the leaf's five subclients: λ = 100 / 6.
+    let got = client.get_capacity(request("end", "db", 100.0, None)).await.unwrap().into_inner();
+    assert_eq!(got.response[0].gets.capacity, 50.0, "the leaf is satisfied with 50; the rest is free");
+    assert!((got.response[0].safe_capacity.unwrap() - 100.0 / 6.0).abs() < 1e-9);
+}
+
+#[tokio::test]
+async fn health_reflection_metrics_and_debug_pages() {
+    let server = Server::builder().config(&fair_share(100.0, 30, 0)).start();
+    let mut client = server.client().await;
+    ask(&mut client, "a <b>", "orders/write", 10.0).await;
+
+    let channel = Channel::from_shared(format!("http://{}", server.grpc)).unwrap().connect().await.unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let serving = health
+        .check(tonic_health::pb::HealthCheckRequest { service: "doorman.Capacity".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(serving.status(), tonic_health::pb::health_check_response::ServingStatus::Serving);
+
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let mut reflection = ServerReflectionClient::new(channel);
+    let ask_list = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+    let mut answers = reflection.server_reflection_info(tokio_stream_once(ask_list)).await.unwrap().into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) = answers.message().await.unwrap().unwrap().message_response else {
+        panic!("not a service list");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(names.contains(&"doorman.Capacity".to_owned()), "{names:?}");
+
+    assert_eq!(server.get("/healthz").0, 200);
+    assert_eq!(server.get("/readyz").0, 200);
+    let (code, html) = server.get("/debug/status");
+    assert_eq!(code, 200);
+    assert!(html.contains("orders/write") && html.contains("FAIR_SHARE"), "{html}");
+    let (code, html) = server.get("/debug/status?resource=orders%2Fwrite");
+    assert_eq!(code, 200);
+    assert!(html.contains("a &lt;b&gt;"), "client ids are escaped: {html}");
+    assert_eq!(server.get("/debug/status?resource=nothing").0, 404);
+    let status = status_json(&server, "");
+    assert_eq!(status["resources"][0]["id"], "orders/write");
+    assert_eq!(status["resources"][0]["has"], 10.0);
+    assert_eq!(status["is_master"], true);
+    let (_, metrics) = server.get("/metrics");
+    for name in [
+        "sluice_server_requests_total{method=\"GetCapacity\",code=\"OK\"} 1",
+        "sluice_server_request_duration_seconds_bucket{method=\"GetCapacity\"",
+        "sluice_server_capacity{resource=\"orders/write\"} 100",
+        "sluice_server_has{resource=\"orders/write\"} 10",
+        "sluice_server_wants{resource=\"orders/write\"} 10",
+        "sluice_server_clients{resource=\"orders/write\"} 1",
+        "sluice_server_learning_mode{resource=\"orders/write\"} 0",
+        "sluice_server_is_master 1",
+    ] {
+        assert!(metrics.contains(name), "/metrics lacks {name}:\n{metrics}");
+    }
+    assert_eq!(server.get("/nope").0, 404);
+}
+
+fn tokio_stream_once<T: Send + 'static>(item: T) -> impl tonic::IntoStreamingRequest<Message = T> {
+    tokio_stream::iter([item])
+}
+
+#[tokio::test]
+async fn sigterm_stops_the_server_cleanly() {
+    let mut server = Server::builder().start();
+    let mut client = server.client().await;
+    assert_eq!(ask(&mut client, "a", "anything", 10.0).await, 0.0, "the embedded default starts in learning mode");
+    server.signal("TERM");
+    assert_eq!(server.wait_exit(Duration::from_secs(15)), Some(0));
+}
+
+#[test]
+fn bad_flags_and_configs_exit_64_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("broken.yaml");
+    std::fs::write(&broken, fair_share(-5.0, 30, 0)).unwrap();
+    let broken = broken.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&["--grpc-addr", "nowhere"], "invalid value 'nowhere' for '--grpc-addr"),
+        (&["--no-such-flag"], "unexpected argument '--no-such-flag'"),
+        (&["--config", broken], "capacity: must be finite and ≥ 0, got -5"),
+        (&["--config", "/nonexistent/sluice.yaml"], "--config /nonexistent/sluice.yaml"),
+        (&["--tls-cert", broken, "--tls-key", broken, "--grpc-addr", "127.0.0.1:0"], "is not PEM"),
+    ];
+    for (args, why) in cases {
+        let out = harness::run("sluice-server", args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: one line, got {stderr:?}");
+        assert!(stderr.contains(why), "{args:?}: {stderr:?} should say {why:?}");
+    }
+    // Every flag also comes from the environment.
+    let out = std::process::Command::new(harness::binary("sluice-server")).env("SLUICE_CONFIG", broken).output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(broken));
+}
