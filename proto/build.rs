@@ -8,10 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = protox::compile([proto], ["."])?;
     let out = PathBuf::from(env::var("OUT_DIR")?);
     // The reflection service serves this descriptor set.
-    std::fs::write(
-        out.join("doorman_descriptor.bin"),
-        prost::Message::encode_to_vec(&descriptors),
-    )?;
+    std::fs::write(out.join("doorman_descriptor.bin"), prost::Message::encode_to_vec(&descriptors))?;
     tonic_prost_build::configure().compile_fds(descriptors)?;
     Ok(())
 }

@@ -52,9 +52,10 @@ fn route(req: &Request<Incoming>, state: &State, handle: &PrometheusHandle) -> R
     if req.method() != Method::GET {
         return reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "only GET\n".into());
     }
-    let resource = req.uri().query().and_then(|q| {
-        form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "resource").map(|(_, v)| v.into_owned())
-    });
+    let resource = req
+        .uri()
+        .query()
+        .and_then(|q| form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "resource").map(|(_, v)| v.into_owned()));
     match req.uri().path() {
         "/metrics" => {
             let snapshot = status_of(state);
@@ -106,4 +107,3 @@ fn reply(code: StatusCode, content_type: &'static str, body: String) -> Response
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
 }
-

@@ -54,7 +54,8 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     telemetry::init(args.log_format, &args.log).map_err(Failure::Usage)?;
     let (source, text) = match &args.config {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| Failure::Usage(format!("--config {}: {e}", path.display())))?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Failure::Usage(format!("--config {}: {e}", path.display())))?;
             (path.display().to_string(), text)
         }
         None => ("embedded default configuration".to_owned(), EMBEDDED_CONFIG.to_owned()),
@@ -146,4 +147,3 @@ async fn sweep(state: Arc<State>, handle: metrics_exporter_prometheus::Prometheu
         handle.run_upkeep();
     }
 }
-

@@ -63,7 +63,11 @@ pub struct Args {
 
 impl Args {
     pub fn tls(&self) -> Option<TlsFiles> {
-        Some(TlsFiles { cert: self.tls_cert.clone()?, key: self.tls_key.clone()?, client_ca: self.tls_client_ca.clone() })
+        Some(TlsFiles {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+            client_ca: self.tls_client_ca.clone(),
+        })
     }
 
     pub fn advertise_address(&self) -> String {

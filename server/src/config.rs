@@ -72,7 +72,12 @@ pub fn parse(text: &str) -> Result<Repository, String> {
                 },
                 lease_length: t.algorithm.lease_length,
                 refresh_interval: t.algorithm.refresh_interval,
-                parameters: t.algorithm.parameters.into_iter().map(|p| Parameter { name: p.name, value: p.value }).collect(),
+                parameters: t
+                    .algorithm
+                    .parameters
+                    .into_iter()
+                    .map(|p| Parameter { name: p.name, value: p.value })
+                    .collect(),
                 learning_mode_duration: t.algorithm.learning_mode_duration,
             },
         })
@@ -112,6 +117,12 @@ resources:
         let other = repo.find("anything");
         assert_eq!(other.algorithm.learning_seconds(), 20);
         assert_eq!(other.algorithm.parameters[0].value.as_deref(), Some("ignore"));
+    }
+
+    #[test]
+    fn the_example_in_deploy_is_valid() {
+        let repo = parse(include_str!("../../deploy/examples/server.yaml")).unwrap();
+        assert_eq!(repo.find("orders/write").capacity, 500.0);
     }
 
     #[test]

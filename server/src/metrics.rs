@@ -28,7 +28,7 @@ const RELOADS: &str = "sluice_server_config_reloads_total";
 pub fn install() -> Result<PrometheusHandle, String> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(DURATION.into()), DURATION_BUCKETS)
-        .and_then(|b| Ok(b.idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE_TIMEOUT)).install_recorder()?))
+        .and_then(|b| b.idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE_TIMEOUT)).install_recorder())
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     describe_counter!(REQUESTS, "gRPC requests handled, by method and status code.");
     describe_histogram!(DURATION, Unit::Seconds, "Time to handle a gRPC request, by method.");

@@ -49,7 +49,11 @@ fn algorithm(a: &Algorithm) -> proto::Algorithm {
         kind: kind.into(),
         lease_length: a.lease_length,
         refresh_interval: a.refresh_interval,
-        parameters: a.parameters.iter().map(|p| proto::NamedParameter { name: p.name.clone(), value: p.value.clone() }).collect(),
+        parameters: a
+            .parameters
+            .iter()
+            .map(|p| proto::NamedParameter { name: p.name.clone(), value: p.value.clone() })
+            .collect(),
         learning_mode_duration: a.learning_mode_duration,
     }
 }
@@ -65,7 +69,10 @@ impl Capacity for CapacityService {
         })
     }
 
-    async fn get_capacity(&self, request: Request<GetCapacityRequest>) -> Result<Response<GetCapacityResponse>, Status> {
+    async fn get_capacity(
+        &self,
+        request: Request<GetCapacityRequest>,
+    ) -> Result<Response<GetCapacityResponse>, Status> {
         observe("GetCapacity", || {
             let req = request.get_ref();
             let claims = validate::get_capacity(req)?;

@@ -168,7 +168,9 @@ pub fn server_html(s: &ServerStatus) -> String {
             escape(t.description.as_deref().unwrap_or(""))
         );
     }
-    html.push_str("</table><p><a href=\"/debug/status.json\">JSON</a> · <a href=\"/metrics\">metrics</a></p></body></html>");
+    html.push_str(
+        "</table><p><a href=\"/debug/status.json\">JSON</a> · <a href=\"/metrics\">metrics</a></p></body></html>",
+    );
     html
 }
 

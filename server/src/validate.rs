@@ -43,7 +43,10 @@ pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<Resourc
             for (j, band) in r.wants.iter().enumerate() {
                 amount(&format!("resource[{i}].wants[{j}].wants"), band.wants)?;
                 if band.num_clients <= 0 {
-                    return Err(invalid(format!("resource[{i}].wants[{j}].num_clients: must be > 0, got {}", band.num_clients)));
+                    return Err(invalid(format!(
+                        "resource[{i}].wants[{j}].num_clients: must be > 0, got {}",
+                        band.num_clients
+                    )));
                 }
                 wants += band.wants;
                 subclients += band.num_clients as f64;
@@ -63,7 +66,10 @@ pub fn release_capacity(req: &ReleaseCapacityRequest) -> Result<(), Status> {
 /// The resource ids of a request: each a valid id, no repeats, not too many.
 fn resource_ids<'a>(ids: impl ExactSizeIterator<Item = &'a str>, field: &str) -> Result<Vec<&'a str>, Status> {
     if ids.len() > MAX_RESOURCES_PER_REQUEST {
-        return Err(invalid(format!("{field}: at most {MAX_RESOURCES_PER_REQUEST} resources per request, got {}", ids.len())));
+        return Err(invalid(format!(
+            "{field}: at most {MAX_RESOURCES_PER_REQUEST} resources per request, got {}",
+            ids.len()
+        )));
     }
     let mut seen = HashSet::with_capacity(ids.len());
     ids.enumerate()
@@ -129,11 +135,23 @@ mod tests {
 
     #[test]
     fn rejects_bad_amounts_and_ids() {
-        assert_eq!(message(get_capacity(&request(&[("a", f64::NAN)]))), "resource[0].wants: must be finite and ≥ 0, got NaN");
-        assert_eq!(message(get_capacity(&request(&[("a", 1.0), ("b", f64::INFINITY)]))), "resource[1].wants: must be finite and ≥ 0, got inf");
-        assert_eq!(message(get_capacity(&request(&[("a", -1.0)]))), "resource[0].wants: must be finite and ≥ 0, got -1");
+        assert_eq!(
+            message(get_capacity(&request(&[("a", f64::NAN)]))),
+            "resource[0].wants: must be finite and ≥ 0, got NaN"
+        );
+        assert_eq!(
+            message(get_capacity(&request(&[("a", 1.0), ("b", f64::INFINITY)]))),
+            "resource[1].wants: must be finite and ≥ 0, got inf"
+        );
+        assert_eq!(
+            message(get_capacity(&request(&[("a", -1.0)]))),
+            "resource[0].wants: must be finite and ≥ 0, got -1"
+        );
         assert_eq!(message(get_capacity(&request(&[("", 1.0)]))), "resource[0]: must not be empty");
-        assert_eq!(message(get_capacity(&request(&[("a", 1.0), ("a", 2.0)]))), "resource[1]: resource \"a\" appears twice");
+        assert_eq!(
+            message(get_capacity(&request(&[("a", 1.0), ("a", 2.0)]))),
+            "resource[1]: resource \"a\" appears twice"
+        );
         let mut r = request(&[("a", 1.0)]);
         r.client_id.clear();
         assert_eq!(message(get_capacity(&r)), "client_id: must not be empty");
@@ -142,7 +160,10 @@ mod tests {
         let many: Vec<String> = (0..=MAX_RESOURCES_PER_REQUEST).map(|i| i.to_string()).collect();
         let many: Vec<(&str, f64)> = many.iter().map(|s| (s.as_str(), 1.0)).collect();
         assert_eq!(message(get_capacity(&request(&many))), "resource: at most 10000 resources per request, got 10001");
-        assert_eq!(get_capacity(&request(&many[..MAX_RESOURCES_PER_REQUEST])).unwrap().len(), MAX_RESOURCES_PER_REQUEST);
+        assert_eq!(
+            get_capacity(&request(&many[..MAX_RESOURCES_PER_REQUEST])).unwrap().len(),
+            MAX_RESOURCES_PER_REQUEST
+        );
     }
 
     #[test]
@@ -150,7 +171,11 @@ mod tests {
         let band = |num_clients, wants| PriorityBandAggregate { priority: 0, num_clients, wants };
         let mut req = GetServerCapacityRequest {
             server_id: "leaf".into(),
-            resource: vec![ServerCapacityResourceRequest { resource_id: "r".into(), has: None, wants: vec![band(3, 10.0), band(2, 5.0)] }],
+            resource: vec![ServerCapacityResourceRequest {
+                resource_id: "r".into(),
+                has: None,
+                wants: vec![band(3, 10.0), band(2, 5.0)],
+            }],
         };
         let claims = get_server_capacity(&req).unwrap();
         assert_eq!(claims[0].1, Claim { wants: 15.0, subclients: 5.0, has: None });

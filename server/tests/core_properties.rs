@@ -69,7 +69,11 @@ fn run(ledger: &mut Ledger, ops: &[Op], check_cap: bool) -> Result<UnixSeconds, 
                 now += advance;
                 let claim = Claim { wants, subclients, has: None };
                 let grant = ledger.claim(now, &client(c), RESOURCE, &claim);
-                prop_assert!(grant.capacity >= 0.0 && grant.capacity <= wants, "grant {} for wants {wants}", grant.capacity);
+                prop_assert!(
+                    grant.capacity >= 0.0 && grant.capacity <= wants,
+                    "grant {} for wants {wants}",
+                    grant.capacity
+                );
                 prop_assert_eq!(grant.expiry, now + LEASE_LENGTH);
                 prop_assert!(grant.safe_capacity.is_finite());
             }

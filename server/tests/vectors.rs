@@ -31,7 +31,9 @@ struct Preload {
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum Step {
-    Release { release: String },
+    Release {
+        release: String,
+    },
     Request {
         client: String,
         wants: f64,

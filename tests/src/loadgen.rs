@@ -68,7 +68,7 @@ impl Measurement {
 
 /// Client `i`'s steady demand, between 1 and 100, spread so that water-filling has work to do.
 fn wants(i: usize) -> f64 {
-    (1 + (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as f64
+    (1 + ((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % 100) as f64
 }
 
 fn launched_config(clients: usize) -> String {
@@ -81,14 +81,14 @@ fn launched_config(clients: usize) -> String {
 
 fn rss_bytes(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let kb: f64 =
+        status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
     Some(kb * 1024.0)
 }
 
 async fn connect(addr: &str, connections: usize) -> Result<Vec<Channel>, String> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| format!("--addr {addr}: {e}"))?
-        .tcp_nodelay(true);
+    let endpoint =
+        Endpoint::from_shared(format!("http://{addr}")).map_err(|e| format!("--addr {addr}: {e}"))?.tcp_nodelay(true);
     let mut channels = Vec::with_capacity(connections);
     for _ in 0..connections {
         channels.push(endpoint.connect().await.map_err(|e| format!("cannot connect to {addr}: {e}"))?);
@@ -109,7 +109,12 @@ impl Call {
             Call::Lease { resource, prefix } => {
                 let request = GetCapacityRequest {
                     client_id: format!("{prefix}{i}"),
-                    resource: vec![ResourceRequest { resource_id: resource.to_string(), priority: 0, has: None, wants: wants(i) }],
+                    resource: vec![ResourceRequest {
+                        resource_id: resource.to_string(),
+                        priority: 0,
+                        has: None,
+                        wants: wants(i),
+                    }],
                 };
                 client.get_capacity(request).await.is_ok()
             }
@@ -218,8 +223,10 @@ pub async fn run(args: Args) -> Result<(), String> {
         let channels = connect(&addr, args.connections).await?;
 
         // Baseline in the same run: the cheapest RPC over the same connections and callers.
-        let baseline = measure(&channels, args.callers, &Call::Discovery, 1, args.duration.min(Duration::from_secs(3))).await;
-        let call = Call::Lease { resource: args.resource.as_str().into(), prefix: format!("n{clients}-client-").into() };
+        let baseline =
+            measure(&channels, args.callers, &Call::Discovery, 1, args.duration.min(Duration::from_secs(3))).await;
+        let call =
+            Call::Lease { resource: args.resource.as_str().into(), prefix: format!("n{clients}-client-").into() };
         let rss_before = pid.and_then(rss_bytes);
         let filled = prefill(&channels, args.callers, &call, clients).await;
         let rss_after = pid.and_then(rss_bytes);
@@ -248,7 +255,9 @@ pub async fn run(args: Args) -> Result<(), String> {
         first_rate.get_or_insert(m.rate());
     }
     if let (Some(first), Some(&smallest)) = (first_rate, args.clients.first()) {
-        println!("(vs Discovery: GetCapacity rate ÷ Discovery rate on the same connections; baseline size {smallest} ran at {first:.0}/s)");
+        println!(
+            "(vs Discovery: GetCapacity rate ÷ Discovery rate on the same connections; baseline size {smallest} ran at {first:.0}/s)"
+        );
     }
     Ok(())
 }

@@ -8,8 +8,9 @@ use std::{
 
 use serde_json::Value;
 use sluice_proto::{
-    DiscoveryRequest, GetCapacityRequest, GetServerCapacityRequest, Lease, PriorityBandAggregate, ReleaseCapacityRequest,
-    ResourceRequest, ServerCapacityResourceRequest, algorithm::Kind, capacity_client::CapacityClient,
+    DiscoveryRequest, GetCapacityRequest, GetServerCapacityRequest, Lease, PriorityBandAggregate,
+    ReleaseCapacityRequest, ResourceRequest, ServerCapacityResourceRequest, algorithm::Kind,
+    capacity_client::CapacityClient,
 };
 use sluice_tests::harness::{self, Server};
 use tonic::{Code, transport::Channel};
@@ -115,7 +116,10 @@ async fn release_frees_capacity() {
     assert_eq!(ask(&mut client, "a", "db", 100.0).await, 100.0);
     assert_eq!(ask(&mut client, "b", "db", 100.0).await, 0.0);
     client
-        .release_capacity(ReleaseCapacityRequest { client_id: "a".into(), resource_id: vec!["db".into(), "never-used".into()] })
+        .release_capacity(ReleaseCapacityRequest {
+            client_id: "a".into(),
+            resource_id: vec!["db".into(), "never-used".into()],
+        })
         .await
         .expect("release");
     assert_eq!(ask(&mut client, "b", "db", 100.0).await, 100.0);
@@ -132,7 +136,8 @@ async fn an_expired_lease_stops_counting() {
     thread::sleep(Duration::from_millis(3_100));
     assert_eq!(ask(&mut client, "b", "db", 100.0).await, 100.0);
     let detail = status_json(&server, "?resource=db");
-    let clients: Vec<&str> = detail["leases"].as_array().unwrap().iter().map(|l| l["client"].as_str().unwrap()).collect();
+    let clients: Vec<&str> =
+        detail["leases"].as_array().unwrap().iter().map(|l| l["client"].as_str().unwrap()).collect();
     assert_eq!(clients, ["b"]);
 }
 
@@ -234,7 +239,10 @@ async fn bad_requests_get_invalid_argument_and_change_nothing() {
     assert_eq!(status.code(), Code::InvalidArgument);
 
     assert_eq!(status_json(&server, "")["resources"], Value::Array(vec![]), "nothing reached the ledger");
-    assert_eq!(server.metric("sluice_server_requests_total{method=\"GetCapacity\",code=\"INVALID_ARGUMENT\"}"), Some(8.0));
+    assert_eq!(
+        server.metric("sluice_server_requests_total{method=\"GetCapacity\",code=\"INVALID_ARGUMENT\"}"),
+        Some(8.0)
+    );
     // The server is unharmed.
     assert_eq!(ask(&mut client, "a", "db", 10.0).await, 10.0);
 }
@@ -289,9 +297,13 @@ async fn health_reflection_metrics_and_debug_pages() {
         server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
     };
     let mut reflection = ServerReflectionClient::new(channel);
-    let ask_list = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+    let ask_list = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
     let mut answers = reflection.server_reflection_info(tokio_stream_once(ask_list)).await.unwrap().into_inner();
-    let Some(MessageResponse::ListServicesResponse(list)) = answers.message().await.unwrap().unwrap().message_response else {
+    let Some(MessageResponse::ListServicesResponse(list)) = answers.message().await.unwrap().unwrap().message_response
+    else {
         panic!("not a service list");
     };
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
@@ -360,7 +372,8 @@ fn bad_flags_and_configs_exit_64_with_one_line() {
         assert!(stderr.contains(why), "{args:?}: {stderr:?} should say {why:?}");
     }
     // Every flag also comes from the environment.
-    let out = std::process::Command::new(harness::binary("sluice-server")).env("SLUICE_CONFIG", broken).output().unwrap();
+    let out =
+        std::process::Command::new(harness::binary("sluice-server")).env("SLUICE_CONFIG", broken).output().unwrap();
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains(broken));
 }

@@ -1,6 +1,5 @@
 //! TLS and mTLS on the gRPC listener, with certificates generated for the test.
 
-
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, KeyUsagePurpose};
 use sluice_proto::{DiscoveryRequest, capacity_client::CapacityClient};
 use sluice_tests::harness::Server;

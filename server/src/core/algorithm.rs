@@ -58,11 +58,7 @@ pub struct Algorithm {
 impl Algorithm {
     /// Seconds of learning mode, 0 when there is none.
     pub fn learning_seconds(&self) -> i64 {
-        if self.kind.shares_capacity() {
-            self.learning_mode_duration.unwrap_or(self.lease_length)
-        } else {
-            0
-        }
+        if self.kind.shares_capacity() { self.learning_mode_duration.unwrap_or(self.lease_length) } else { 0 }
     }
 }
 

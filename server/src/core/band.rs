@@ -43,11 +43,7 @@ impl Sums {
     }
 
     fn plus(self, o: Sums) -> Sums {
-        Sums {
-            wants: self.wants + o.wants,
-            subclients: self.subclients + o.subclients,
-            has: self.has + o.has,
-        }
+        Sums { wants: self.wants + o.wants, subclients: self.subclients + o.subclients, has: self.has + o.has }
     }
 }
 

@@ -109,10 +109,7 @@ impl Repository {
     /// glob matches. There always is one, since the last template matches everything.
     pub fn find(&self, resource_id: &str) -> &Arc<Template> {
         let i = self.exact.get(resource_id).copied().unwrap_or_else(|| {
-            self.matchers
-                .iter()
-                .position(|m| m.is_match(resource_id))
-                .unwrap_or(self.templates.len() - 1)
+            self.matchers.iter().position(|m| m.is_match(resource_id)).unwrap_or(self.templates.len() - 1)
         });
         &self.templates[i]
     }
@@ -164,7 +161,10 @@ mod tests {
 
     #[test]
     fn invalid_templates_are_named_with_their_field() {
-        assert_eq!(error(vec![template("a", 1.0)]), "resources: a template with identifier_glob \"*\" is required (as the last one)");
+        assert_eq!(
+            error(vec![template("a", 1.0)]),
+            "resources: a template with identifier_glob \"*\" is required (as the last one)"
+        );
         assert_eq!(
             error(vec![template("*", 1.0), template("a", 1.0)]),
             "resources[0] (\"*\"): identifier_glob: the catch-all template must be the last one"
@@ -173,14 +173,20 @@ mod tests {
             error(vec![template("a", 1.0), template("a", 2.0), template("*", 1.0)]),
             "resources[1] (\"a\"): identifier_glob: duplicates resources[0]"
         );
-        assert!(error(vec![template("a[", 1.0), template("*", 1.0)]).starts_with("resources[0] (\"a[\"): identifier_glob: malformed glob"));
+        assert!(
+            error(vec![template("a[", 1.0), template("*", 1.0)])
+                .starts_with("resources[0] (\"a[\"): identifier_glob: malformed glob")
+        );
         assert_eq!(
             error(vec![template("*", f64::NAN)]),
             "resources[0] (\"*\"): capacity: must be finite and ≥ 0, got NaN"
         );
         let mut t = template("*", 1.0);
         t.algorithm.lease_length = 2;
-        assert_eq!(error(vec![t]), "resources[0] (\"*\"): algorithm.lease_length: must be ≥ refresh_interval (5), got 2");
+        assert_eq!(
+            error(vec![t]),
+            "resources[0] (\"*\"): algorithm.lease_length: must be ≥ refresh_interval (5), got 2"
+        );
         let mut t = template("*", 1.0);
         t.algorithm.refresh_interval = 0;
         assert_eq!(error(vec![t]), "resources[0] (\"*\"): algorithm.refresh_interval: must be ≥ 1, got 0");

@@ -10,7 +10,10 @@ use sluice_tests::loadgen::{self, Args};
 async fn main() -> ExitCode {
     let args = Args::try_parse().unwrap_or_else(|e| {
         if e.use_stderr() {
-            eprintln!("sluice-loadgen: {}", e.to_string().lines().next().unwrap_or_default().trim_start_matches("error: "));
+            eprintln!(
+                "sluice-loadgen: {}",
+                e.to_string().lines().next().unwrap_or_default().trim_start_matches("error: ")
+            );
             std::process::exit(64);
         }
         e.exit()
