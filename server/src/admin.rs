@@ -31,7 +31,15 @@ pub fn spawn(listener: std::net::TcpListener, state: Arc<State>, handle: Prometh
         runtime.block_on(async move {
             let listener = TcpListener::from_std(listener).expect("a non-blocking listener");
             loop {
-                let Ok((stream, peer)) = listener.accept().await else { continue };
+                let (stream, peer) = match listener.accept().await {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of file descriptors, typically: back off instead of spinning.
+                        tracing::warn!(error = %e, "admin listener cannot accept");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
                 let (state, handle) = (state.clone(), handle.clone());
                 tokio::spawn(async move {
                     let service = service_fn(move |req| {

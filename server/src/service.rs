@@ -11,10 +11,10 @@ use sluice_proto::{
 use tonic::{Code, Request, Response, Status};
 
 use crate::{
-    core::{Algorithm, Grant},
+    core::{Algorithm, Grant, Ledger},
     metrics,
     state::{self, State},
-    validate,
+    validate::{self, ResourceClaim},
 };
 
 pub struct CapacityService {
@@ -24,6 +24,24 @@ pub struct CapacityService {
 impl CapacityService {
     pub fn new(state: Arc<State>) -> CapacityService {
         CapacityService { state }
+    }
+
+    /// Grants every claim under one hold of the ledger lock, answering each with `respond`.
+    fn grant<T>(
+        &self,
+        client: &str,
+        claims: &[ResourceClaim<'_>],
+        respond: impl Fn(&str, &Grant, &Ledger) -> T,
+    ) -> Vec<T> {
+        let now = state::now();
+        let mut ledger = self.state.ledger();
+        claims
+            .iter()
+            .map(|(id, claim)| {
+                let grant = ledger.claim(now, client, id, claim);
+                respond(id, &grant, &ledger)
+            })
+            .collect()
     }
 }
 
@@ -76,20 +94,11 @@ impl Capacity for CapacityService {
         observe("GetCapacity", || {
             let req = request.get_ref();
             let claims = validate::get_capacity(req)?;
-            let now = state::now();
-            let grants: Vec<Grant> = {
-                let mut ledger = self.state.ledger();
-                claims.iter().map(|(id, claim)| ledger.claim(now, &req.client_id, id, claim)).collect()
-            };
-            let response = claims
-                .iter()
-                .zip(&grants)
-                .map(|((id, _), grant)| ResourceResponse {
-                    resource_id: (*id).to_owned(),
-                    gets: lease(grant),
-                    safe_capacity: Some(grant.safe_capacity),
-                })
-                .collect();
+            let response = self.grant(&req.client_id, &claims, |id, grant, _| ResourceResponse {
+                resource_id: id.to_owned(),
+                gets: lease(grant),
+                safe_capacity: Some(grant.safe_capacity),
+            });
             Ok(GetCapacityResponse { response, mastership: None })
         })
     }
@@ -101,23 +110,15 @@ impl Capacity for CapacityService {
         observe("GetServerCapacity", || {
             let req = request.get_ref();
             let claims = validate::get_server_capacity(req)?;
-            let now = state::now();
-            let response = {
-                let mut ledger = self.state.ledger();
-                claims
-                    .iter()
-                    .map(|(id, claim)| {
-                        let grant = ledger.claim(now, &req.server_id, id, claim);
-                        let template = ledger.resource(id).expect("a resource exists once claimed").template();
-                        ServerCapacityResourceResponse {
-                            resource_id: (*id).to_owned(),
-                            gets: lease(&grant),
-                            algorithm: Some(algorithm(&template.algorithm)),
-                            safe_capacity: Some(grant.safe_capacity),
-                        }
-                    })
-                    .collect()
-            };
+            let response = self.grant(&req.server_id, &claims, |id, grant, ledger| {
+                let template = ledger.resource(id).expect("a resource exists once claimed").template();
+                ServerCapacityResourceResponse {
+                    resource_id: id.to_owned(),
+                    gets: lease(grant),
+                    algorithm: Some(algorithm(&template.algorithm)),
+                    safe_capacity: Some(grant.safe_capacity),
+                }
+            });
             Ok(GetServerCapacityResponse { response, mastership: None })
         })
     }

@@ -16,29 +16,25 @@ pub type ResourceClaim<'a> = (&'a str, Claim);
 
 pub fn get_capacity(req: &GetCapacityRequest) -> Result<Vec<ResourceClaim<'_>>, Status> {
     id("client_id", &req.client_id)?;
-    let ids = resource_ids(req.resource.iter().map(|r| r.resource_id.as_str()), "resource")?;
-    req.resource
-        .iter()
-        .zip(ids)
-        .enumerate()
-        .map(|(i, (r, resource_id))| {
+    claims(
+        &req.resource,
+        |r| &r.resource_id,
+        |i, r| {
             amount(&format!("resource[{i}].wants"), r.wants)?;
             let has = reported(&format!("resource[{i}].has"), r.has.as_ref())?;
-            Ok((resource_id, Claim { wants: r.wants, subclients: 1.0, has }))
-        })
-        .collect()
+            Ok(Claim { wants: r.wants, subclients: 1.0, has })
+        },
+    )
 }
 
 /// A lower-level server claims for all its clients: its wants and weight are the sums over its
 /// priority bands. A resource without bands counts as one subclient wanting nothing.
 pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<ResourceClaim<'_>>, Status> {
     id("server_id", &req.server_id)?;
-    let ids = resource_ids(req.resource.iter().map(|r| r.resource_id.as_str()), "resource")?;
-    req.resource
-        .iter()
-        .zip(ids)
-        .enumerate()
-        .map(|(i, (r, resource_id))| {
+    claims(
+        &req.resource,
+        |r| &r.resource_id,
+        |i, r| {
             let (mut wants, mut subclients) = (0.0, 0.0);
             for (j, band) in r.wants.iter().enumerate() {
                 amount(&format!("resource[{i}].wants[{j}].wants"), band.wants)?;
@@ -53,9 +49,19 @@ pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<Resourc
             }
             amount(&format!("resource[{i}].wants"), wants)?;
             let has = reported(&format!("resource[{i}].has"), r.has.as_ref())?;
-            Ok((resource_id, Claim { wants, subclients: subclients.max(1.0), has }))
-        })
-        .collect()
+            Ok(Claim { wants, subclients: subclients.max(1.0), has })
+        },
+    )
+}
+
+/// Validates the resource ids of a request, then each resource's claim (`i` is its position).
+fn claims<'a, R>(
+    resources: &'a [R],
+    resource_id: impl Fn(&'a R) -> &'a str,
+    claim: impl Fn(usize, &'a R) -> Result<Claim, Status>,
+) -> Result<Vec<ResourceClaim<'a>>, Status> {
+    let ids = resource_ids(resources.iter().map(&resource_id), "resource")?;
+    resources.iter().zip(ids).enumerate().map(|(i, (r, id))| Ok((id, claim(i, r)?))).collect()
 }
 
 pub fn release_capacity(req: &ReleaseCapacityRequest) -> Result<(), Status> {

@@ -49,6 +49,7 @@ const CLIENTS: [&str; 4] = ["alpha", "bravo", "charlie", "delta"];
 const SCRIPT: &str = "alpha wants 20, bravo 50, charlie 80 · t=14 s charlie drops to 10 · t=20 s delta joins wanting 100 · t=30 s bravo leaves";
 
 struct Holder {
+    wants: f64,
     lease: Option<Lease>,
     next_refresh: Instant,
 }
@@ -73,11 +74,12 @@ pub async fn run(args: Args) -> Result<(), String> {
         for name in CLIENTS {
             match wants(name, t) {
                 Some(w) => {
-                    let holder = holders.entry(name).or_insert(Holder { lease: None, next_refresh: Instant::now() });
+                    let holder =
+                        holders.entry(name).or_insert(Holder { wants: w, lease: None, next_refresh: Instant::now() });
                     // Refresh on schedule, and at once when demand changes.
-                    let changed = wants(name, t.saturating_sub(1)) != Some(w) && t > 0;
-                    if Instant::now() >= holder.next_refresh || (changed && printed != Some(t)) {
+                    if Instant::now() >= holder.next_refresh || holder.wants != w {
                         let lease = ask(&mut client, name, w, holder.lease.as_ref()).await?;
+                        holder.wants = w;
                         holder.next_refresh =
                             Instant::now() + Duration::from_secs(lease.refresh_interval.max(1) as u64);
                         holder.lease = Some(lease);
@@ -124,13 +126,13 @@ fn print_line(server: &Server, t: u64, holders: &BTreeMap<&str, Holder>) {
     let mut line = format!("t={t:>3}s {:<9}", if learning { "learning" } else { "" });
     let mut total = 0.0;
     for name in CLIENTS {
-        match (holders.get(name), wants(name, t)) {
-            (Some(h), Some(w)) => {
+        match holders.get(name) {
+            Some(h) => {
                 let got = h.lease.as_ref().map_or(0.0, |l| l.capacity);
                 total += got;
-                line.push_str(&format!(" {name} {got:>5.1} ({w:>3})"));
+                line.push_str(&format!(" {name} {got:>5.1} ({:>3})", h.wants));
             }
-            _ => line.push_str(&format!(" {name} {:>11}", "-")),
+            None => line.push_str(&format!(" {name} {:>11}", "-")),
         }
     }
     line.push_str(&format!("  Σ {total:>5.1} / 100"));

@@ -58,6 +58,8 @@ pub struct Measurement {
     pub latency_us: Histogram<u64>,
     pub errors: u64,
     pub rss_per_lease: Option<f64>,
+    /// Server CPU time (user + system) per measured RPC.
+    pub cpu_per_rpc: Option<Duration>,
 }
 
 impl Measurement {
@@ -84,6 +86,24 @@ fn rss_bytes(pid: u32) -> Option<f64> {
     let kb: f64 =
         status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
     Some(kb * 1024.0)
+}
+
+/// CPU time the process has used so far (user + system), from /proc.
+fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name start at field 3; utime and stime are 14 and 15.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_secs_f64(ticks as f64 / clock_ticks_per_second()))
+}
+
+fn clock_ticks_per_second() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
+        .unwrap_or(100.0)
 }
 
 async fn connect(addr: &str, connections: usize) -> Result<Vec<Channel>, String> {
@@ -210,8 +230,16 @@ pub async fn run(args: Args) -> Result<(), String> {
         args.resource, args.callers, args.connections, args.duration
     );
     println!(
-        "{:>9} {:>10} {:>11} {:>9} {:>9} {:>13} {:>13} {:>8}",
-        "clients", "prefill s", "GetCap/s", "p50 ms", "p99 ms", "vs Discovery", "RSS/lease B", "errors"
+        "{:>9} {:>10} {:>11} {:>9} {:>9} {:>13} {:>13} {:>14} {:>8}",
+        "clients",
+        "prefill s",
+        "GetCap/s",
+        "p50 ms",
+        "p99 ms",
+        "vs Discovery",
+        "RSS/lease B",
+        "srv CPU µs/RPC",
+        "errors"
     );
     let mut first_rate = None;
     for &clients in &args.clients {
@@ -230,7 +258,9 @@ pub async fn run(args: Args) -> Result<(), String> {
         let rss_before = pid.and_then(rss_bytes);
         let filled = prefill(&channels, args.callers, &call, clients).await;
         let rss_after = pid.and_then(rss_bytes);
+        let cpu_before = pid.and_then(cpu_time);
         let measured = measure(&channels, args.callers, &call, clients, args.duration).await;
+        let cpu_used = pid.and_then(cpu_time).zip(cpu_before).map(|(after, before)| after.saturating_sub(before));
         let m = Measurement {
             clients,
             prefill: filled.elapsed,
@@ -238,11 +268,12 @@ pub async fn run(args: Args) -> Result<(), String> {
             elapsed: measured.elapsed,
             errors: filled.errors + measured.errors,
             rss_per_lease: rss_before.zip(rss_after).map(|(b, a)| (a - b) / clients as f64),
+            cpu_per_rpc: cpu_used.map(|cpu| cpu / measured.rpcs.max(1) as u32),
             latency_us: measured.latency_us,
         };
         let discovery_rate = baseline.rpcs as f64 / baseline.elapsed.as_secs_f64();
         println!(
-            "{:>9} {:>10.1} {:>11.0} {:>9.3} {:>9.3} {:>12.2}x {:>13} {:>8}",
+            "{:>9} {:>10.1} {:>11.0} {:>9.3} {:>9.3} {:>12.2}x {:>13} {:>14} {:>8}",
             m.clients,
             m.prefill.as_secs_f64(),
             m.rate(),
@@ -250,6 +281,7 @@ pub async fn run(args: Args) -> Result<(), String> {
             ms(&m.latency_us, 0.99),
             m.rate() / discovery_rate,
             m.rss_per_lease.map_or_else(|| "-".to_owned(), |b| format!("{b:.0}")),
+            m.cpu_per_rpc.map_or_else(|| "-".to_owned(), |c| format!("{:.1}", c.as_secs_f64() * 1e6)),
             m.errors
         );
         first_rate.get_or_insert(m.rate());

@@ -342,13 +342,22 @@ fn tokio_stream_once<T: Send + 'static>(item: T) -> impl tonic::IntoStreamingReq
     tokio_stream::iter([item])
 }
 
-#[tokio::test]
-async fn sigterm_stops_the_server_cleanly() {
-    let mut server = Server::builder().start();
+// Multi-threaded, so that the client's connection answers the server's goodbye while the test
+// thread waits for the exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_the_server_cleanly_and_logs_are_json() {
+    let mut server = Server::builder().arg("--log-format").arg("json").start();
     let mut client = server.client().await;
     assert_eq!(ask(&mut client, "a", "anything", 10.0).await, 0.0, "the embedded default starts in learning mode");
     server.signal("TERM");
+    let signalled = Instant::now();
     assert_eq!(server.wait_exit(Duration::from_secs(15)), Some(0));
+    assert!(signalled.elapsed() < Duration::from_secs(5), "an idle connection does not hold up the exit");
+    let logs = server.logs();
+    let events: Vec<Value> = logs.lines().map(|l| serde_json::from_str(l).expect("a JSON log line")).collect();
+    let messages: Vec<&str> = events.iter().filter_map(|e| e["message"].as_str()).collect();
+    assert!(messages.contains(&"sluice-server serving") && messages.contains(&"shutting down"), "{logs}");
+    assert!(events.iter().any(|e| e["grpc"] == server.grpc.to_string()), "fields are structured: {logs}");
 }
 
 #[test]

@@ -336,6 +336,17 @@ mod tests {
     }
 
     #[test]
+    fn overflowing_sums_heal_when_the_demand_goes() {
+        let mut band = Band::default();
+        let a = band.insert(demand(f64::MAX, 1.0));
+        band.insert(demand(f64::MAX, 1.0));
+        assert_eq!(band.sums().wants, f64::INFINITY);
+        assert_eq!(band.water_level(100.0), Some(50.0));
+        band.remove(a);
+        assert_eq!(band.sums().wants, f64::MAX, "recomputed, not decremented");
+    }
+
+    #[test]
     fn stays_shallow_with_equal_keys() {
         // Equal demands are ordered by id alone, the worst case for a tree keyed by insertion.
         let mut band = Band::default();
