@@ -16,7 +16,7 @@ use crate::{
     admin,
     cli::Args,
     config,
-    defaults::{EMBEDDED_CONFIG, SHUTDOWN_GRACE, SWEEP_BATCH, SWEEP_INTERVAL},
+    defaults::{EMBEDDED_CONFIG, MAX_REQUEST_BYTES, SHUTDOWN_GRACE, SWEEP_BATCH, SWEEP_INTERVAL},
     metrics,
     reload::Reloader,
     service::CapacityService,
@@ -75,14 +75,16 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let state = Arc::new(State::new(repository, args.advertise_address(), state::now()));
     admin::spawn(admin, state.clone(), handle.clone()).map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
     tokio::spawn(sweep(state.clone(), handle));
-    if let Some(path) = args.config.clone() {
-        let reloader = Reloader::new(path, state.clone(), text.into_bytes());
-        let interval = args.config_poll_interval;
-        tokio::spawn(async move {
-            if let Err(e) = reloader.run(interval).await {
-                tracing::error!(error = %e, "configuration reloading stopped");
-            }
-        });
+    // Installed before serving: SIGHUP's default action would end the process.
+    let hangup = signal(SignalKind::hangup()).map_err(|e| Failure::Runtime(format!("SIGHUP handler: {e}")))?;
+    match args.config.clone() {
+        Some(path) => {
+            let reloader = Reloader::new(path, state.clone(), text.into_bytes());
+            tokio::spawn(reloader.run(args.config_poll_interval, hangup));
+        }
+        None => {
+            tokio::spawn(Reloader::without_file(hangup));
+        }
     }
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -100,11 +102,11 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     if let Some(tls) = tls {
         builder = builder.tls_config(tls).map_err(|e| Failure::Usage(format!("TLS: {e}")))?;
     }
-    let router = builder
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(CapacityServer::new(CapacityService::new(state.clone())));
+    let router =
+        builder.add_service(health_service).add_service(reflection_v1).add_service(reflection_v1alpha).add_service(
+            CapacityServer::new(CapacityService::new(state.clone(), args.max_resources))
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+        );
 
     let (stop, stopped) = oneshot::channel::<()>();
     let serve = router.serve_with_incoming_shutdown(TcpListenerStream::new(grpc), async {

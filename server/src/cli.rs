@@ -36,9 +36,14 @@ pub struct Args {
     pub advertise_address: Option<String>,
 
     /// How often to check the configuration file for changes, e.g. "2s" or "500ms".
-    #[arg(long, env = "SLUICE_CONFIG_POLL_INTERVAL", value_parser = humantime::parse_duration,
+    #[arg(long, env = "SLUICE_CONFIG_POLL_INTERVAL", value_parser = positive_duration,
           default_value = defaults::CONFIG_POLL_INTERVAL)]
     pub config_poll_interval: Duration,
+
+    /// Most resources this server keeps at once; a request that would add more gets
+    /// RESOURCE_EXHAUSTED. Bounds memory and the per-resource metric series.
+    #[arg(long, env = "SLUICE_MAX_RESOURCES", default_value_t = defaults::MAX_RESOURCES)]
+    pub max_resources: usize,
 
     /// PEM certificate chain for TLS on the gRPC listener.
     #[arg(long, env = "SLUICE_TLS_CERT", requires = "tls_key")]
@@ -72,6 +77,14 @@ impl Args {
 
     pub fn advertise_address(&self) -> String {
         self.advertise_address.clone().unwrap_or_else(|| self.grpc_addr.to_string())
+    }
+}
+
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if d.is_zero() => Err("must be greater than 0".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -19,6 +19,21 @@ pub const EMBEDDED_CONFIG: &str = include_str!("default_config.yaml");
 /// Most resources one request may name (SPEC §3.9): bounds the work a single call can cause.
 pub const MAX_RESOURCES_PER_REQUEST: usize = 10_000;
 
+/// Most resources a server keeps at once (`--max-resources`): every resource costs memory and
+/// five metric series, and clients choose resource ids freely.
+pub const MAX_RESOURCES: usize = 100_000;
+
+/// Largest request the gRPC listener decodes: room for 10,000 resources with 1 KiB ids.
+pub const MAX_REQUEST_BYTES: usize = 16 << 20;
+
+/// Longest lease length, refresh interval or learning period a template may set: a year. Also
+/// keeps the arithmetic on unix times far from overflow.
+pub const MAX_TEMPLATE_SECONDS: i64 = 366 * 24 * 3600;
+
+/// Expired leases a claim forgets before it is granted. The sweeper forgets the rest; until then
+/// they only make grants smaller. Bounds the lock hold of a claim after a mass expiry.
+pub const EXPIRY_PER_CLAIM: usize = 1_000;
+
 /// Longest client, server or resource id, in bytes: ids are stored per lease.
 pub const MAX_ID_BYTES: usize = 1_024;
 

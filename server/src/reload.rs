@@ -4,7 +4,7 @@
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::Signal;
 
 use crate::{config, metrics, state::State};
 
@@ -22,9 +22,8 @@ impl Reloader {
         Reloader { path, state, last: Some(loaded) }
     }
 
-    /// Checks the file every `interval` and on every SIGHUP, until the process ends.
-    pub async fn run(mut self, interval: Duration) -> std::io::Result<()> {
-        let mut hangup = signal(SignalKind::hangup())?;
+    /// Checks the file every `interval` (> 0) and on every SIGHUP, until the process ends.
+    pub async fn run(mut self, interval: Duration, mut hangup: Signal) {
         let mut ticks = tokio::time::interval(interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -35,6 +34,13 @@ impl Reloader {
                     self.check(true);
                 }
             }
+        }
+    }
+
+    /// Answers SIGHUP when there is no file to reload.
+    pub async fn without_file(mut hangup: Signal) {
+        while hangup.recv().await.is_some() {
+            tracing::info!("SIGHUP ignored: running on the embedded default configuration (no --config)");
         }
     }
 

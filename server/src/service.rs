@@ -19,29 +19,38 @@ use crate::{
 
 pub struct CapacityService {
     state: Arc<State>,
+    max_resources: usize,
 }
 
 impl CapacityService {
-    pub fn new(state: Arc<State>) -> CapacityService {
-        CapacityService { state }
+    pub fn new(state: Arc<State>, max_resources: usize) -> CapacityService {
+        CapacityService { state, max_resources }
     }
 
-    /// Grants every claim under one hold of the ledger lock, answering each with `respond`.
+    /// Grants every claim under one hold of the ledger lock, answering each with `respond`; or
+    /// none, if the new resources would not fit.
     fn grant<T>(
         &self,
         client: &str,
         claims: &[ResourceClaim<'_>],
         respond: impl Fn(&str, &Grant, &Ledger) -> T,
-    ) -> Vec<T> {
+    ) -> Result<Vec<T>, Status> {
         let now = state::now();
         let mut ledger = self.state.ledger();
-        claims
+        let new = claims.iter().filter(|(id, _)| ledger.resource(id).is_none()).count();
+        if ledger.len() + new > self.max_resources {
+            return Err(Status::resource_exhausted(format!(
+                "this server keeps at most {} resources; the {new} new ones in this request do not fit",
+                self.max_resources
+            )));
+        }
+        Ok(claims
             .iter()
             .map(|(id, claim)| {
                 let grant = ledger.claim(now, client, id, claim);
                 respond(id, &grant, &ledger)
             })
-            .collect()
+            .collect())
     }
 }
 
@@ -98,7 +107,7 @@ impl Capacity for CapacityService {
                 resource_id: id.to_owned(),
                 gets: lease(grant),
                 safe_capacity: Some(grant.safe_capacity),
-            });
+            })?;
             Ok(GetCapacityResponse { response, mastership: None })
         })
     }
@@ -118,7 +127,7 @@ impl Capacity for CapacityService {
                     algorithm: Some(algorithm(&template.algorithm)),
                     safe_capacity: Some(grant.safe_capacity),
                 }
-            });
+            })?;
             Ok(GetServerCapacityResponse { response, mastership: None })
         })
     }

@@ -248,6 +248,26 @@ async fn bad_requests_get_invalid_argument_and_change_nothing() {
 }
 
 #[tokio::test]
+async fn resources_beyond_the_limit_are_refused_whole() {
+    let server = Server::builder().config(&fair_share(100.0, 30, 0)).arg("--max-resources").arg("2").start();
+    let mut client = server.client().await;
+    let three = GetCapacityRequest {
+        client_id: "a".into(),
+        resource: ["r1", "r2", "r3"]
+            .map(|id| ResourceRequest { resource_id: id.into(), priority: 0, has: None, wants: 1.0 })
+            .to_vec(),
+    };
+    let status = client.get_capacity(three).await.expect_err("refused");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(status_json(&server, "")["resources"], Value::Array(vec![]), "nothing was added");
+    assert_eq!(ask(&mut client, "a", "r1", 1.0).await, 1.0);
+    assert_eq!(ask(&mut client, "a", "r2", 1.0).await, 1.0);
+    let status = client.get_capacity(request("a", "r3", 1.0, None)).await.expect_err("refused");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(ask(&mut client, "b", "r1", 1.0).await, 1.0, "known resources still serve");
+}
+
+#[tokio::test]
 async fn a_lower_level_server_gets_capacity_for_its_bands() {
     let server = Server::builder().config(&fair_share(100.0, 30, 0)).start();
     let mut client = server.client().await;
@@ -349,6 +369,10 @@ async fn sigterm_stops_the_server_cleanly_and_logs_are_json() {
     let mut server = Server::builder().arg("--log-format").arg("json").start();
     let mut client = server.client().await;
     assert_eq!(ask(&mut client, "a", "anything", 10.0).await, 0.0, "the embedded default starts in learning mode");
+    // Without a file, SIGHUP has nothing to reload, and must not end the process.
+    server.signal("HUP");
+    eventually("the SIGHUP log line", Duration::from_secs(10), || server.logs().contains("SIGHUP ignored"));
+    assert_eq!(server.get("/healthz").0, 200);
     server.signal("TERM");
     let signalled = Instant::now();
     assert_eq!(server.wait_exit(Duration::from_secs(15)), Some(0));
@@ -366,9 +390,11 @@ fn bad_flags_and_configs_exit_64_with_one_line() {
     let broken = dir.path().join("broken.yaml");
     std::fs::write(&broken, fair_share(-5.0, 30, 0)).unwrap();
     let broken = broken.to_str().unwrap();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["--grpc-addr", "nowhere"], "invalid value 'nowhere' for '--grpc-addr"),
         (&["--no-such-flag"], "unexpected argument '--no-such-flag'"),
+        (&["--config-poll-interval", "0s"], "must be greater than 0"),
+        (&["--max-resources", "many"], "invalid value 'many' for '--max-resources"),
         (&["--config", broken], "capacity: must be finite and ≥ 0, got -5"),
         (&["--config", "/nonexistent/sluice.yaml"], "--config /nonexistent/sluice.yaml"),
         (&["--tls-cert", broken, "--tls-key", broken, "--grpc-addr", "127.0.0.1:0"], "is not PEM"),

@@ -91,5 +91,28 @@ fn proportional_share(capacity: f64, band: &Band, me: &Demand) -> f64 {
     // ...goes to the clients over it, in proportion to their excess. The excess of all clients
     // over their shares is the spare plus the total overload, which is positive here.
     let excess = spare + (total.wants - capacity);
-    entitled + (me.wants - entitled) * spare / excess
+    // The ratio first: it is at most 1, so the product stays finite for any finite wants.
+    entitled + (me.wants - entitled) * (spare / excess)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proportional_share_stays_exact_with_enormous_wants() {
+        let mut band = Band::default();
+        for wants in [10.0, 60.0, 50.0] {
+            band.insert(Demand { wants, subclients: 1.0, has: 0.0 });
+        }
+        let huge = Demand { wants: 1e308, subclients: 1.0, has: 0.0 };
+        band.insert(huge);
+        // e = 25; the client wanting 10 leaves 15, shared by excess: nearly all to the huge one.
+        let target = target(Kind::ProportionalShare, 100.0, &band, &huge);
+        assert!((target - 40.0).abs() < 1e-9, "{target}");
+        // Even when Σ wants overflows, the target stays finite and within the capacity.
+        band.insert(huge);
+        let target = super::target(Kind::ProportionalShare, 100.0, &band, &huge);
+        assert!(target.is_finite() && target <= 100.0, "{target}");
+    }
 }

@@ -59,6 +59,10 @@ struct Node {
 
 #[derive(Clone, Debug)]
 pub struct Band {
+    /// Secret per band, mixed into the heap priorities: clients choose ids and wants, and with
+    /// predictable priorities they could order their demands into a chain as deep as their
+    /// number.
+    seed: u64,
     nodes: Vec<Node>,
     root: NodeId,
     free: NodeId,
@@ -67,15 +71,17 @@ pub struct Band {
 
 impl Default for Band {
     fn default() -> Self {
-        Band { nodes: Vec::new(), root: NIL, free: NIL, len: 0 }
+        // Each RandomState has its own keys, so each band its own seed. The seed shapes the tree
+        // only; allocations do not depend on it beyond the rounding of sums.
+        let seed = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), 0u64);
+        Band { seed, nodes: Vec::new(), root: NIL, free: NIL, len: 0 }
     }
 }
 
-/// A node's heap priority: a fixed mix of its id, so the shape needs no stored randomness and
-/// the same operations always build the same tree.
-fn priority(id: NodeId) -> u64 {
+/// A node's heap priority: its id mixed with the band's seed, so no priority needs storing.
+fn mix(seed: u64, id: NodeId) -> u64 {
     // splitmix64's finaliser: consecutive ids get unrelated priorities.
-    let mut z = u64::from(id).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = (seed ^ u64::from(id)).wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -197,6 +203,10 @@ impl Band {
         walk(self, self.root)
     }
 
+    fn priority(&self, id: NodeId) -> u64 {
+        mix(self.seed, id)
+    }
+
     fn sums_of(&self, id: NodeId) -> Sums {
         if id == NIL { Sums::default() } else { self.nodes[id as usize].sums }
     }
@@ -227,7 +237,7 @@ impl Band {
         if at == NIL {
             return id;
         }
-        if priority(id) > priority(at) {
+        if self.priority(id) > self.priority(at) {
             let (left, right) = self.split(at, id);
             let node = &mut self.nodes[id as usize];
             node.left = left;
@@ -289,7 +299,7 @@ impl Band {
         if b == NIL {
             return a;
         }
-        if priority(a) > priority(b) {
+        if self.priority(a) > self.priority(b) {
             let right = self.merge(self.nodes[a as usize].right, b);
             self.nodes[a as usize].right = right;
             self.pull(a);
@@ -344,6 +354,23 @@ mod tests {
         assert_eq!(band.water_level(100.0), Some(50.0));
         band.remove(a);
         assert_eq!(band.sums().wants, f64::MAX, "recomputed, not decremented");
+    }
+
+    #[test]
+    fn an_adversary_cannot_order_demands_into_a_chain() {
+        // Wants rising with the unseeded priority of each id: with priorities anyone can
+        // compute, every insert would land at the bottom of one long path.
+        let mut ids: Vec<NodeId> = (0..50_000).collect();
+        ids.sort_by_key(|&id| mix(0, id));
+        let mut wants = vec![0.0; ids.len()];
+        for (rank, &id) in ids.iter().enumerate() {
+            wants[id as usize] = rank as f64;
+        }
+        let mut band = Band::default();
+        for w in wants {
+            band.insert(demand(w, 1.0));
+        }
+        assert!(band.depth() < 80, "depth {}", band.depth());
     }
 
     #[test]

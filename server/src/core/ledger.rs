@@ -3,6 +3,8 @@
 
 use std::{collections::HashMap, sync::Arc};
 
+use crate::defaults::EXPIRY_PER_CLAIM;
+
 use super::{
     resource::{Claim, Grant, Resource},
     store::UnixSeconds,
@@ -49,7 +51,7 @@ impl Ledger {
             self.resources.insert(resource_id.into(), Resource::new(template));
         }
         let resource = self.resources.get_mut(resource_id).expect("inserted above");
-        resource.expire(now, usize::MAX);
+        resource.expire(now, EXPIRY_PER_CLAIM);
         let learning = learning(self.serving_since, resource, now);
         resource.claim(client, claim, now, learning)
     }
@@ -72,6 +74,15 @@ impl Ledger {
         done
     }
 
+    /// How many resources the ledger holds.
+    pub fn len(&self) -> usize {
+        self.resources.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.resources.is_empty()
+    }
+
     pub fn resource(&self, id: &str) -> Option<&Resource> {
         self.resources.get(id)
     }
@@ -82,5 +93,40 @@ impl Ledger {
 }
 
 fn learning(serving_since: UnixSeconds, resource: &Resource, now: UnixSeconds) -> bool {
-    now < serving_since + resource.template().algorithm.learning_seconds()
+    now < serving_since.saturating_add(resource.template().algorithm.learning_seconds())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Algorithm, Kind, Template};
+
+    #[test]
+    fn a_claim_forgets_a_bounded_number_of_expired_leases() {
+        let template = Template {
+            identifier_glob: "*".into(),
+            capacity: 1e9,
+            safe_capacity: None,
+            description: None,
+            algorithm: Algorithm {
+                kind: Kind::FairShare,
+                lease_length: 10,
+                refresh_interval: 1,
+                parameters: vec![],
+                learning_mode_duration: Some(0),
+            },
+        };
+        let mut ledger = Ledger::new(Arc::new(Repository::new(vec![template]).unwrap()), 0);
+        let claim = Claim { wants: 1.0, subclients: 1.0, has: None };
+        let expired = EXPIRY_PER_CLAIM + 500;
+        for i in 0..expired {
+            ledger.claim(0, &format!("c{i}"), "r", &claim);
+        }
+        ledger.claim(10, "late", "r", &claim);
+        assert_eq!(ledger.resource("r").unwrap().leases().len(), expired - EXPIRY_PER_CLAIM + 1);
+        // The sweep takes the rest, and drops resources left without leases.
+        assert_eq!(ledger.expire(10, usize::MAX), 500);
+        assert_eq!(ledger.expire(20, usize::MAX), 1);
+        assert!(ledger.is_empty());
+    }
 }

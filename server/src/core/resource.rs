@@ -58,7 +58,7 @@ impl Resource {
     /// one capacity, by what the other leases leave free.
     pub fn claim(&mut self, client: &str, claim: &Claim, now: UnixSeconds, learning: bool) -> Grant {
         let Template { capacity, ref algorithm, .. } = *self.template;
-        let expiry = now + algorithm.lease_length;
+        let expiry = now.saturating_add(algorithm.lease_length);
         let kind = algorithm.kind;
         let reported = claim.has.unwrap_or(0.0);
         let capacity = self.leases.claim(client, claim.wants, claim.subclients, expiry, |band, me| {

@@ -6,6 +6,7 @@ use std::{collections::HashMap, fmt, sync::Arc};
 use globset::{GlobBuilder, GlobMatcher};
 
 use super::algorithm::Algorithm;
+use crate::defaults::MAX_TEMPLATE_SECONDS;
 
 /// The glob every repository must end with, matching every resource id.
 pub const CATCH_ALL: &str = "*";
@@ -75,6 +76,16 @@ impl Repository {
                 && d < 0
             {
                 return Err(fail("algorithm.learning_mode_duration", format!("must be ≥ 0, got {d}")));
+            }
+            let durations =
+                [("lease_length", Some(a.lease_length)), ("learning_mode_duration", a.learning_mode_duration)];
+            if let Some((field, Some(value))) =
+                durations.into_iter().find(|(_, v)| v.is_some_and(|v| v > MAX_TEMPLATE_SECONDS))
+            {
+                return Err(fail(
+                    &format!("algorithm.{field}"),
+                    format!("must be at most {MAX_TEMPLATE_SECONDS} s (a year), got {value}"),
+                ));
             }
             if let Some(p) = a.parameters.iter().find(|p| p.name.is_empty()) {
                 return Err(fail("algorithm.parameters", format!("a parameter has no name (value {:?})", p.value)));
@@ -190,6 +201,12 @@ mod tests {
         let mut t = template("*", 1.0);
         t.algorithm.refresh_interval = 0;
         assert_eq!(error(vec![t]), "resources[0] (\"*\"): algorithm.refresh_interval: must be ≥ 1, got 0");
+        let mut t = template("*", 1.0);
+        t.algorithm.lease_length = i64::MAX;
+        assert_eq!(
+            error(vec![t]),
+            "resources[0] (\"*\"): algorithm.lease_length: must be at most 31622400 s (a year), got 9223372036854775807"
+        );
         let mut t = template("*", 1.0);
         t.safe_capacity = Some(-2.0);
         assert!(error(vec![t]).starts_with("resources[0] (\"*\"): safe_capacity:"));
