@@ -50,10 +50,6 @@ impl State {
         ledger
     }
 
-    pub fn config(&self) -> Arc<Repository> {
-        self.config.load_full()
-    }
-
     /// Puts a new, already validated configuration in force.
     pub fn publish(&self, repository: Repository) {
         self.config.store(Arc::new(repository));

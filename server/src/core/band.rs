@@ -192,7 +192,8 @@ impl Band {
     }
 
     /// The longest path from the root, for tests of the balance.
-    pub fn depth(&self) -> usize {
+    #[cfg(test)]
+    fn depth(&self) -> usize {
         fn walk(band: &Band, at: NodeId) -> usize {
             if at == NIL {
                 return 0;

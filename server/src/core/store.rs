@@ -121,11 +121,6 @@ impl LeaseStore {
         done
     }
 
-    /// The earliest expiry of any lease.
-    pub fn next_expiry(&self) -> Option<UnixSeconds> {
-        self.expiries.first_key_value().map(|(&second, _)| second)
-    }
-
     pub fn iter(&self) -> impl Iterator<Item = LeaseView<'_>> {
         (0..self.entries.len() as Slot)
             .filter(|&slot| !self.entries[slot as usize].client.is_empty())
@@ -220,7 +215,7 @@ mod tests {
         assert_eq!(store.expire(9, usize::MAX), 0);
         assert_eq!(store.expire(10, usize::MAX), 1);
         assert!(store.get("b").is_none());
-        assert_eq!(store.next_expiry(), Some(12));
+        assert_eq!(store.expiries.keys().collect::<Vec<_>>(), [&12, &13]);
         assert_eq!(store.expire(20, 1), 1, "the budget bounds the work");
         assert_eq!(store.len(), 1);
         assert_eq!(store.get("a").unwrap().demand, Demand { wants: 4.0, subclients: 1.0, has: 4.0 });
