@@ -37,10 +37,12 @@ impl CapacityService {
     ) -> Result<Vec<T>, Status> {
         let now = state::now();
         let mut ledger = self.state.ledger();
-        let new = claims.iter().filter(|(id, _)| ledger.resource(id).is_none()).count();
-        if ledger.len() + new > self.max_resources {
+        // Counting the new resources costs a lookup each; only needed near the limit.
+        let near_limit = ledger.len() + claims.len() > self.max_resources;
+        let new = || claims.iter().filter(|(id, _)| ledger.resource(id).is_none()).count();
+        if near_limit && ledger.len() + new() > self.max_resources {
             return Err(Status::resource_exhausted(format!(
-                "this server keeps at most {} resources; the {new} new ones in this request do not fit",
+                "this server keeps at most {} resources; the new ones in this request do not fit",
                 self.max_resources
             )));
         }

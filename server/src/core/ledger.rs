@@ -1,7 +1,9 @@
 //! The ledger: every resource a server has seen, under the current templates, and since when the
 //! server has been serving (which decides learning mode).
 
-use std::{collections::HashMap, sync::Arc};
+use std::sync::Arc;
+
+use hashbrown::HashMap;
 
 use crate::defaults::EXPIRY_PER_CLAIM;
 
@@ -14,7 +16,7 @@ use super::{
 #[derive(Debug)]
 pub struct Ledger {
     repository: Arc<Repository>,
-    resources: HashMap<Box<str>, Resource>,
+    resources: HashMap<String, Resource>,
     serving_since: UnixSeconds,
 }
 
@@ -46,11 +48,11 @@ impl Ledger {
     }
 
     pub fn claim(&mut self, now: UnixSeconds, client: &str, resource_id: &str, claim: &Claim) -> Grant {
-        if !self.resources.contains_key(resource_id) {
-            let template = self.repository.find(resource_id).clone();
-            self.resources.insert(resource_id.into(), Resource::new(template));
-        }
-        let resource = self.resources.get_mut(resource_id).expect("inserted above");
+        let repository = &self.repository;
+        let resource = self
+            .resources
+            .entry_ref(resource_id)
+            .or_insert_with(|| Resource::new(repository.find(resource_id).clone()));
         resource.expire(now, EXPIRY_PER_CLAIM);
         let learning = learning(self.serving_since, resource, now);
         resource.claim(client, claim, now, learning)
@@ -88,7 +90,7 @@ impl Ledger {
     }
 
     pub fn resources(&self) -> impl Iterator<Item = (&str, &Resource)> {
-        self.resources.iter().map(|(id, r)| (&**id, r))
+        self.resources.iter().map(|(id, r)| (id.as_str(), r))
     }
 }
 
