@@ -23,8 +23,18 @@ use crate::{
     status,
 };
 
-/// Serves the debug listener on a thread of its own until the process exits.
+/// Serves the server's debug listener on a thread of its own until the process exits.
 pub fn spawn(listener: std::net::TcpListener, state: Arc<State>, handle: PrometheusHandle) -> std::io::Result<()> {
+    serve(listener, move |req| route(req, &state, &handle))
+}
+
+/// Answers every GET on `listener` with `route`, on a thread and runtime of its own so that it
+/// answers while the data path is saturated. Shared with the sidecar's admin listener.
+pub fn serve<F>(listener: std::net::TcpListener, route: F) -> std::io::Result<()>
+where
+    F: Fn(&Request<Incoming>) -> Response<Full<Bytes>> + Send + Sync + 'static,
+{
+    let route = Arc::new(route);
     listener.set_nonblocking(true)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     thread::Builder::new().name("sluice-admin".into()).spawn(move || {
@@ -40,10 +50,14 @@ pub fn spawn(listener: std::net::TcpListener, state: Arc<State>, handle: Prometh
                         continue;
                     }
                 };
-                let (state, handle) = (state.clone(), handle.clone());
+                let route = route.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req| {
-                        let response = route(&req, &state, &handle);
+                        let response = if req.method() == Method::GET {
+                            route(&req)
+                        } else {
+                            reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "only GET\n".into())
+                        };
                         async move { Ok::<_, Infallible>(response) }
                     });
                     if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
@@ -57,13 +71,7 @@ pub fn spawn(listener: std::net::TcpListener, state: Arc<State>, handle: Prometh
 }
 
 fn route(req: &Request<Incoming>, state: &State, handle: &PrometheusHandle) -> Response<Full<Bytes>> {
-    if req.method() != Method::GET {
-        return reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "only GET\n".into());
-    }
-    let resource = req
-        .uri()
-        .query()
-        .and_then(|q| form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "resource").map(|(_, v)| v.into_owned()));
+    let resource = query(req, "resource");
     match req.uri().path() {
         "/metrics" => {
             let snapshot = status_of(state);
@@ -104,12 +112,18 @@ fn unknown(id: &str) -> Response<Full<Bytes>> {
     reply(StatusCode::NOT_FOUND, "text/plain", format!("no resource {id:?} (no unexpired leases)\n"))
 }
 
-fn json(value: &impl serde::Serialize) -> Response<Full<Bytes>> {
+/// The value of one query parameter.
+pub fn query(req: &Request<Incoming>, name: &str) -> Option<String> {
+    let q = req.uri().query()?;
+    form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == name).map(|(_, v)| v.into_owned())
+}
+
+pub fn json(value: &impl serde::Serialize) -> Response<Full<Bytes>> {
     let body = serde_json::to_string_pretty(value).expect("status serialises");
     reply(StatusCode::OK, "application/json", body)
 }
 
-fn reply(code: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+pub fn reply(code: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = code;
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));

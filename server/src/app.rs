@@ -79,7 +79,14 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let hangup = signal(SignalKind::hangup()).map_err(|e| Failure::Runtime(format!("SIGHUP handler: {e}")))?;
     match args.config.clone() {
         Some(path) => {
-            let reloader = Reloader::new(path, state.clone(), text.into_bytes());
+            let state = state.clone();
+            let apply = Box::new(move |text: &str| {
+                let repository = config::parse(text)?;
+                let summary = format!("{} templates", repository.templates().len());
+                state.publish(repository);
+                Ok(summary)
+            });
+            let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload);
             tokio::spawn(reloader.run(args.config_poll_interval, hangup));
         }
         None => {
@@ -127,7 +134,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
 }
 
 /// Resolves on SIGTERM or SIGINT, naming it.
-async fn termination() -> &'static str {
+pub async fn termination() -> &'static str {
     let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         return std::future::pending().await;
     };

@@ -80,7 +80,8 @@ impl Args {
     }
 }
 
-fn positive_duration(text: &str) -> Result<Duration, String> {
+/// A duration flag that must be above zero, e.g. "2s" or "500ms".
+pub fn positive_duration(text: &str) -> Result<Duration, String> {
     match humantime::parse_duration(text) {
         Ok(d) if d.is_zero() => Err("must be greater than 0".into()),
         Ok(d) => Ok(d),

@@ -1,25 +1,32 @@
-//! Hot reload of the configuration file (SPEC §3.1): polled for changes and re-read on SIGHUP.
-//! A valid file goes into force atomically; an invalid or unreadable one is logged and counted,
-//! and the configuration in force stays.
+//! Hot reload of a configuration file: polled for changes and re-read on SIGHUP. A valid file
+//! goes into force atomically; an invalid or unreadable one is logged and counted, and the
+//! configuration in force stays. Shared by the server and the sidecar, which differ only in how
+//! a file's text is applied.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use tokio::signal::unix::Signal;
 
-use crate::{config, metrics, state::State};
+/// Parses and applies a configuration's text: `Ok` with a short summary for the log, or the
+/// reason it was rejected (nothing applied).
+pub type Apply = Box<dyn FnMut(&str) -> Result<String, String> + Send>;
+
+/// Records the outcome of one attempt (`true`: applied), e.g. in a metric.
+pub type Record = fn(bool);
 
 pub struct Reloader {
     path: PathBuf,
-    state: Arc<State>,
+    apply: Apply,
+    record: Record,
     /// The file's content at the last attempt (`None`: it could not be read), so that an
     /// unchanged file is neither re-applied nor re-counted.
     last: Option<Vec<u8>>,
 }
 
 impl Reloader {
-    /// `loaded` is the content the server started with.
-    pub fn new(path: PathBuf, state: Arc<State>, loaded: Vec<u8>) -> Reloader {
-        Reloader { path, state, last: Some(loaded) }
+    /// `loaded` is the content the process started with.
+    pub fn new(path: PathBuf, loaded: Vec<u8>, apply: Apply, record: Record) -> Reloader {
+        Reloader { path, apply, record, last: Some(loaded) }
     }
 
     /// Checks the file every `interval` (> 0) and on every SIGHUP, until the process ends.
@@ -55,16 +62,12 @@ impl Reloader {
         let outcome = read
             .map_err(|e| format!("cannot read {}: {e}", self.path.display()))
             .and_then(|bytes| String::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_owned()))
-            .and_then(|text| config::parse(&text));
+            .and_then(|text| (self.apply)(&text));
+        (self.record)(outcome.is_ok());
         match outcome {
-            Ok(repository) => {
-                tracing::info!(path = %self.path.display(), templates = repository.templates().len(), "configuration reloaded");
-                self.state.publish(repository);
-                metrics::record_reload(true);
-            }
+            Ok(summary) => tracing::info!(path = %self.path.display(), %summary, "configuration reloaded"),
             Err(error) => {
-                tracing::error!(path = %self.path.display(), %error, "configuration rejected; the previous one stays in force");
-                metrics::record_reload(false);
+                tracing::error!(path = %self.path.display(), %error, "configuration rejected; the previous one stays in force")
             }
         }
     }

@@ -221,7 +221,8 @@ fn page_head(title: &str) -> String {
     )
 }
 
-fn escape(s: &str) -> String {
+/// Escapes text for HTML content and attribute values.
+pub fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {

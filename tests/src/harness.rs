@@ -1,5 +1,5 @@
-//! Starts the real `sluice-server` binary on free loopback ports, with its own temporary
-//! directory, and stops it when dropped.
+//! Starts the real `sluice-server` and `sluice-sidecar` binaries on free loopback ports, each
+//! with its own temporary directory, and stops them when dropped.
 
 use std::{
     fs,
@@ -41,13 +41,14 @@ pub fn run(name: &str, args: &[&str]) -> Output {
     Command::new(binary(name)).args(args).stdin(Stdio::null()).output().expect("binary runs")
 }
 
-pub struct ServerBuilder {
+/// How to start one of the binaries.
+pub struct Launch {
     binary: PathBuf,
     config: Option<String>,
     args: Vec<String>,
 }
 
-impl ServerBuilder {
+impl Launch {
     /// Writes `yaml` to a file and passes it as `--config`.
     pub fn config(mut self, yaml: &str) -> Self {
         self.config = Some(yaml.to_owned());
@@ -59,15 +60,15 @@ impl ServerBuilder {
         self
     }
 
-    /// Starts the server and waits until `/readyz` answers 200.
-    pub fn start(self) -> Server {
+    /// Starts the process with `--admin-addr` on a free port plus `extra` flags, and waits until
+    /// `ready` on the admin listener answers 200.
+    fn spawn(self, extra: &[String], ready: &str) -> Process {
         let dir = tempfile::tempdir().expect("temporary directory");
-        let grpc: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let config_path = dir.path().join("config.yaml");
-        let log_path = dir.path().join("server.log");
+        let log_path = dir.path().join("process.log");
         let mut command = Command::new(&self.binary);
-        command.args(["--grpc-addr", &grpc.to_string(), "--admin-addr", &admin.to_string()]);
+        command.args(["--admin-addr", &admin.to_string()]).args(extra);
         if let Some(yaml) = &self.config {
             fs::write(&config_path, yaml).expect("write config");
             command.arg("--config").arg(&config_path);
@@ -75,30 +76,36 @@ impl ServerBuilder {
         let log = fs::File::create(&log_path).expect("log file");
         command.args(&self.args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
         let child = command.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", self.binary.display()));
-        let mut server = Server { child, grpc, admin, config_path, log_path, _dir: dir };
-        server.wait_ready();
-        server
+        let mut process = Process { child, admin, config_path, log_path, _dir: dir };
+        process.wait_ready(ready);
+        process
+    }
+
+    /// Starts a capacity server on free ports and waits until `/readyz` answers 200.
+    pub fn start(self) -> Server {
+        let grpc: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let process = self.spawn(&["--grpc-addr".into(), grpc.to_string()], "/readyz");
+        Server { process, grpc }
+    }
+
+    /// Starts a sidecar (its listeners are in its configuration) and waits until `/ready`
+    /// answers 200.
+    pub fn start_sidecar(self) -> Sidecar {
+        Sidecar { process: self.spawn(&[], "/ready") }
     }
 }
 
-pub struct Server {
+/// A running binary with its admin listener, configuration file and log, in a temporary
+/// directory; killed when dropped.
+pub struct Process {
     child: Child,
-    pub grpc: SocketAddr,
     pub admin: SocketAddr,
     config_path: PathBuf,
     log_path: PathBuf,
     _dir: TempDir,
 }
 
-impl Server {
-    pub fn builder() -> ServerBuilder {
-        Self::builder_for(binary("sluice-server"))
-    }
-
-    pub fn builder_for(binary: PathBuf) -> ServerBuilder {
-        ServerBuilder { binary, config: None, args: Vec::new() }
-    }
-
+impl Process {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -118,7 +125,7 @@ impl Server {
         fs::rename(&aside, &self.config_path).expect("replace config");
     }
 
-    /// Sends a signal by name (e.g. "HUP", "TERM").
+    /// Sends a signal by name (e.g. "HUP", "TERM", "KILL").
     pub fn signal(&self, name: &str) {
         let status = Command::new("kill").args(["-s", name, &self.pid().to_string()]).status().expect("kill runs");
         assert!(status.success(), "kill -s {name} failed");
@@ -133,11 +140,7 @@ impl Server {
             }
             thread::sleep(Duration::from_millis(20));
         }
-        panic!("server did not exit within {timeout:?}; log:\n{}", self.logs());
-    }
-
-    pub async fn client(&self) -> CapacityClient<Channel> {
-        CapacityClient::connect(format!("http://{}", self.grpc)).await.expect("connect to the server")
+        panic!("process did not exit within {timeout:?}; log:\n{}", self.logs());
     }
 
     /// GET on the admin listener: status code and body.
@@ -151,27 +154,75 @@ impl Server {
         body.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
-    fn wait_ready(&mut self) {
+    fn wait_ready(&mut self, path: &str) {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
-                panic!("server exited during start-up with {status}; log:\n{}", self.logs());
+                panic!("process exited during start-up with {status}; log:\n{}", self.logs());
             }
-            if matches!(http_get(self.admin, "/readyz"), Ok((200, _))) {
+            if matches!(http_get(self.admin, path), Ok((200, _))) {
                 return;
             }
-            assert!(Instant::now() < deadline, "server not ready after {START_TIMEOUT:?}; log:\n{}", self.logs());
+            assert!(Instant::now() < deadline, "not ready after {START_TIMEOUT:?}; log:\n{}", self.logs());
             thread::sleep(Duration::from_millis(25));
         }
     }
 }
 
-impl Drop for Server {
+impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
+
+/// A running `sluice-server`.
+pub struct Server {
+    process: Process,
+    pub grpc: SocketAddr,
+}
+
+impl Server {
+    pub fn builder() -> Launch {
+        Self::builder_for(binary("sluice-server"))
+    }
+
+    pub fn builder_for(binary: PathBuf) -> Launch {
+        Launch { binary, config: None, args: Vec::new() }
+    }
+
+    pub async fn client(&self) -> CapacityClient<Channel> {
+        CapacityClient::connect(format!("http://{}", self.grpc)).await.expect("connect to the server")
+    }
+}
+
+/// A running `sluice-sidecar`.
+pub struct Sidecar {
+    process: Process,
+}
+
+impl Sidecar {
+    pub fn builder() -> Launch {
+        Launch { binary: binary("sluice-sidecar"), config: None, args: Vec::new() }
+    }
+}
+
+macro_rules! process_deref {
+    ($($t:ty),*) => {$(
+        impl std::ops::Deref for $t {
+            type Target = Process;
+            fn deref(&self) -> &Process {
+                &self.process
+            }
+        }
+        impl std::ops::DerefMut for $t {
+            fn deref_mut(&mut self) -> &mut Process {
+                &mut self.process
+            }
+        }
+    )*};
+}
+process_deref!(Server, Sidecar);
 
 /// A minimal HTTP/1.0 GET, enough for the debug listener.
 pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {

@@ -2,6 +2,9 @@
 //! and talking to them.
 #![forbid(unsafe_code)]
 
+pub mod bench_sidecar;
 pub mod demo;
 pub mod harness;
+pub mod http;
 pub mod loadgen;
+pub mod upstream;

@@ -247,7 +247,7 @@ pub async fn run(args: Args) -> Result<(), String> {
             Server::builder_for(binary.clone()).config(&launched_config(clients)).arg("--log").arg("warn").start()
         });
         let addr = server.as_ref().map_or_else(|| args.addr.clone(), |s| s.grpc.to_string());
-        let pid = server.as_ref().map(Server::pid).or(args.server_pid);
+        let pid = server.as_ref().map(|s| s.pid()).or(args.server_pid);
         let channels = connect(&addr, args.connections).await?;
 
         // Baseline in the same run: the cheapest RPC over the same connections and callers.

@@ -1,0 +1,54 @@
+//! The sidecar's admin listener (SPEC §4.5): `/metrics`, `/live` (never depends on the capacity
+//! servers), `/ready`, `/debug/status` and `/debug/status.json`, on a thread of its own.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
+
+use arc_swap::ArcSwap;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode, body::Bytes, body::Incoming};
+use metrics_exporter_prometheus::PrometheusHandle;
+use sluice_server::admin::{json, reply, serve};
+
+use crate::{plan::Plan, status};
+
+/// What the admin listener reads.
+pub struct Admin {
+    pub live: Arc<ArcSwap<Plan>>,
+    pub client_id: String,
+    pub handle: PrometheusHandle,
+    /// Set once the listeners are bound and the first configuration is in force.
+    pub started: AtomicBool,
+}
+
+impl Admin {
+    /// Ready when started and no resource in use is still waiting for its first answer from a
+    /// capacity server (each has a lease or has fallen back by its policy).
+    pub fn is_ready(&self) -> bool {
+        self.started.load(Ordering::Relaxed)
+            && self.live.load().gates.iter().all(|g| !g.used() || g.applied().mode != "pending")
+    }
+}
+
+pub fn spawn(listener: std::net::TcpListener, admin: Arc<Admin>) -> std::io::Result<()> {
+    serve(listener, move |req| route(req, &admin))
+}
+
+fn route(req: &Request<Incoming>, admin: &Admin) -> Response<Full<Bytes>> {
+    match req.uri().path() {
+        "/metrics" => {
+            admin.handle.run_upkeep();
+            reply(StatusCode::OK, "text/plain; version=0.0.4", admin.handle.render())
+        }
+        "/live" => reply(StatusCode::OK, "text/plain", "live\n".into()),
+        "/ready" if admin.is_ready() => reply(StatusCode::OK, "text/plain", "ready\n".into()),
+        "/ready" => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n".into()),
+        "/debug/status" => {
+            reply(StatusCode::OK, "text/html; charset=utf-8", status::html(&status::snapshot(&admin.live.load(), &admin.client_id)))
+        }
+        "/debug/status.json" => json(&status::snapshot(&admin.live.load(), &admin.client_id)),
+        _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+    }
+}

@@ -1,0 +1,154 @@
+//! Enforcement (SPEC §4.4): a classified request passes every gate of its charge in order, waits
+//! its turn when its rule says `delay` (never past `max_wait` or its own gRPC deadline), is
+//! answered at once when it says `reject`, and is forwarded anyway — but counted — under
+//! `shadow`. Concurrency permits ride on the response body until it ends.
+
+use std::{
+    convert::Infallible,
+    sync::Arc,
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use http::{HeaderMap, Request, Response};
+use hyper::body::Incoming;
+use tower::Service;
+
+use crate::{
+    body::Body,
+    classify::Charged,
+    config::OnLimit,
+    core::Kind,
+    gate::{Gate, Permits},
+    respond,
+    stack::ResponseFuture,
+};
+
+#[derive(Clone)]
+pub struct Admit<S> {
+    inner: S,
+}
+
+impl<S> Admit<S> {
+    pub fn layer() -> tower::layer::LayerFn<fn(S) -> Admit<S>> {
+        tower::layer::layer_fn(|inner| Admit { inner })
+    }
+}
+
+impl<S> Service<Request<Incoming>> for Admit<S>
+where
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future = ResponseFuture>
+        + Clone
+        + Send
+        + 'static,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> ResponseFuture {
+        let Some(charged) = req.extensions().get::<Charged>().cloned() else {
+            return self.inner.call(req);
+        };
+        // The clone is ready, not `self.inner` (tower's rule for services driven in a future).
+        let inner = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, inner);
+        Box::pin(async move {
+            let permits = match admit(&charged, req.headers()).await {
+                Ok(permits) => permits,
+                Err(rejection) => return Ok(rejection),
+            };
+            let mut response = inner.call(req).await?;
+            if !permits.is_empty() {
+                response.body_mut().hold(permits);
+            }
+            Ok(response)
+        })
+    }
+}
+
+/// Passes the request through its charge's gates; on refusal, gives back what earlier gates
+/// granted and answers with the synthetic rejection.
+async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<Permits, Response<Body>> {
+    let Charged { charge, cost } = charged;
+    let max_wait = match charge.on_limit {
+        OnLimit::Delay => grpc_timeout(headers).map_or(charge.max_wait, |d| d.min(charge.max_wait)),
+        OnLimit::Reject | OnLimit::Shadow => Duration::ZERO,
+    };
+    let start = Instant::now();
+    let mut permits = Permits::new();
+    let mut spent: Vec<&Arc<Gate>> = Vec::new();
+    for gate in &charge.gates {
+        let budget = max_wait.saturating_sub(start.elapsed());
+        match gate.admit(*cost, budget).await {
+            Ok(waited) if waited.is_zero() => gate.metrics.allowed.increment(1),
+            Ok(waited) => {
+                gate.metrics.delayed.increment(1);
+                gate.metrics.wait.record(waited.as_secs_f64());
+            }
+            Err(_) if charge.on_limit == OnLimit::Shadow => {
+                gate.metrics.shadow_rejected.increment(1);
+                continue;
+            }
+            Err(refused) => {
+                gate.metrics.rejected.increment(1);
+                for earlier in spent {
+                    earlier.refund(*cost);
+                }
+                let capacity = gate.applied().capacity;
+                let kind = gate.settings().kind;
+                let grpc = respond::is_grpc(headers);
+                return Err(respond::limited(grpc, &gate.id, kind, capacity, refused.retry_after));
+            }
+        }
+        match gate.settings().kind {
+            Kind::Concurrency => permits.push(gate.clone(), *cost),
+            Kind::Rate => spent.push(gate),
+        }
+    }
+    Ok(permits)
+}
+
+/// A gRPC call's own deadline (`grpc-timeout: 1-8 digits + H/M/S/m/u/n`).
+fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let text = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        let parse = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("grpc-timeout", v.parse().unwrap());
+            grpc_timeout(&h)
+        };
+        assert_eq!(parse("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse("5u"), Some(Duration::from_micros(5)));
+        assert_eq!(parse("123456789m"), None);
+        assert_eq!(parse("m"), None);
+        assert_eq!(parse("10x"), None);
+    }
+}

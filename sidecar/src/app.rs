@@ -1,0 +1,145 @@
+//! Wires the sidecar together: configuration, leases, listeners, the admin listener, reload and
+//! a graceful shutdown that releases the leases.
+
+use std::sync::{Arc, atomic::Ordering};
+
+use arc_swap::ArcSwap;
+use sluice_server::{
+    app::{Failure, termination},
+    reload::Reloader,
+    telemetry,
+};
+use tokio::{
+    net::TcpListener,
+    signal::unix::{SignalKind, signal},
+    sync::{mpsc, watch},
+};
+
+use crate::{
+    admin::{self, Admin},
+    cli::Args,
+    config::{self, Config},
+    defaults::EMBEDDED_CONFIG,
+    leasing::Leasing,
+    listener, metrics,
+    plan::Plan,
+};
+
+pub async fn run(args: Args) -> Result<(), Failure> {
+    telemetry::init(args.log_format, &args.log).map_err(Failure::Usage)?;
+    let (source, text) = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Failure::Usage(format!("--config {}: {e}", path.display())))?;
+            (path.display().to_string(), text)
+        }
+        None => ("embedded default configuration".to_owned(), EMBEDDED_CONFIG.to_owned()),
+    };
+    let config = config::parse(&text).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
+    let handle = metrics::install().map_err(Failure::Runtime)?;
+    let client_id = args.client_id.clone().unwrap_or_else(|| default_client_id(&config));
+
+    let (first_use, first_used) = mpsc::unbounded_channel();
+    let leasing = match &config.server {
+        Some(server) => Some(Arc::new(Leasing::new(client_id.clone(), server).map_err(Failure::Usage)?)),
+        None => None,
+    };
+    let first_use = leasing.as_ref().map(|_| first_use);
+    let mut listeners = Vec::new();
+    for l in &config.listeners {
+        let bound = TcpListener::bind(l.address)
+            .await
+            .map_err(|e| Failure::Runtime(format!("cannot listen on {} (listener {}): {e}", l.address, l.name)))?;
+        listeners.push(bound);
+    }
+    let admin_listener = std::net::TcpListener::bind(args.admin_addr)
+        .map_err(|e| Failure::Runtime(format!("cannot listen on {} (admin): {e}", args.admin_addr)))?;
+
+    let plan = Plan::build(config, None, first_use.as_ref()).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
+    if let Some(leasing) = &leasing {
+        leasing.configure(&plan.config);
+        leasing.apply(&plan);
+    }
+    let live = Arc::new(ArcSwap::from_pointee(plan));
+    let admin = Arc::new(Admin {
+        live: live.clone(),
+        client_id: client_id.clone(),
+        handle,
+        started: false.into(),
+    });
+    admin::spawn(admin_listener, admin.clone()).map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
+
+    // Installed before serving: SIGHUP's default action would end the process.
+    let hangup = signal(SignalKind::hangup()).map_err(|e| Failure::Runtime(format!("SIGHUP handler: {e}")))?;
+    match args.config.clone() {
+        Some(path) => {
+            let apply = reload(live.clone(), leasing.clone(), first_use.clone());
+            let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload);
+            tokio::spawn(reloader.run(args.config_poll_interval, hangup));
+        }
+        None => {
+            tokio::spawn(Reloader::without_file(hangup));
+        }
+    }
+
+    let (stop, stopped) = watch::channel(false);
+    let leasing_task = leasing.clone().map(|l| tokio::spawn(l.run(live.clone(), first_used, stopped.clone())));
+    let serving: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| tokio::spawn(listener::serve(l, i, live.clone(), stopped.clone(), args.shutdown_grace)))
+        .collect();
+    admin.started.store(true, Ordering::Relaxed);
+    let addresses: Vec<String> = live.load().config.listeners.iter().map(|l| format!("{}={}", l.name, l.address)).collect();
+    let mode = if leasing.is_some() { "leasing from capacity servers" } else { "standalone" };
+    tracing::info!(listeners = %addresses.join(","), admin = %args.admin_addr, config = %source, %client_id, mode, "sluice-sidecar serving");
+
+    let signal = termination().await;
+    tracing::info!(signal, grace = ?args.shutdown_grace, "draining connections");
+    let _ = stop.send(true);
+    for task in serving {
+        let _ = task.await;
+    }
+    if let Some(task) = leasing_task {
+        let _ = task.await;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// How a reload applies a new file: validate it, build its plan from the one in force, release
+/// the leases of resources it drops, then put it in force in one swap.
+fn reload(
+    live: Arc<ArcSwap<Plan>>,
+    leasing: Option<Arc<Leasing>>,
+    first_use: Option<mpsc::UnboundedSender<Arc<str>>>,
+) -> sluice_server::reload::Apply {
+    Box::new(move |text: &str| {
+        let next: Config = config::parse(text)?;
+        let current = live.load_full();
+        if let Some(why) = current.config.restart_needed(&next) {
+            return Err(why);
+        }
+        let plan = Plan::build(next, Some(&current), first_use.as_ref())?;
+        if let Some(leasing) = &leasing {
+            let dropped = leasing.configure(&plan.config);
+            leasing.apply(&plan);
+            let leasing = leasing.clone();
+            tokio::spawn(async move { leasing.release(dropped).await });
+        }
+        let summary = format!("{} rules, {} resources", plan.config.rules.len(), plan.gates.len());
+        live.store(Arc::new(plan));
+        Ok(summary)
+    })
+}
+
+/// `$POD_NAME` or the host name, plus the first listener's port: unique per pod and per
+/// sidecar within it.
+fn default_client_id(config: &Config) -> String {
+    let host = std::env::var("POD_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_owned()))
+        .unwrap_or_else(|| "sluice-sidecar".to_owned());
+    format!("{host}:{}", config.listeners[0].address.port())
+}

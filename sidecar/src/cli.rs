@@ -1,0 +1,55 @@
+//! Command-line flags; each can also come from a `SLUICE_SIDECAR_*` environment variable.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::Parser;
+use sluice_server::cli::{LogFormat, positive_duration};
+
+use crate::defaults;
+
+/// Sluice sidecar: a reverse proxy that leases each resource's capacity from the Sluice (or
+/// Doorman) capacity servers and delays or rejects the requests above it.
+#[derive(Debug, Parser)]
+#[command(name = "sluice-sidecar", version)]
+pub struct Args {
+    /// Configuration file (YAML: listeners, upstreams, resources, rules, server); reloaded when
+    /// it changes and on SIGHUP. Without it, the embedded default applies.
+    #[arg(long, env = "SLUICE_SIDECAR_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Admin listen address (/metrics, /live, /ready, /debug/status).
+    #[arg(long, env = "SLUICE_SIDECAR_ADMIN_ADDR", default_value = defaults::ADMIN_ADDR)]
+    pub admin_addr: SocketAddr,
+
+    /// Client id toward the capacity servers; default: $POD_NAME or the host name, plus the
+    /// first listener's port.
+    #[arg(long, env = "SLUICE_SIDECAR_CLIENT_ID")]
+    pub client_id: Option<String>,
+
+    /// Threads serving the data path.
+    #[arg(long, env = "SLUICE_SIDECAR_WORKER_THREADS", default_value_t = defaults::WORKER_THREADS,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub worker_threads: u16,
+
+    /// How often to check the configuration file for changes, e.g. "2s" or "500ms".
+    #[arg(long, env = "SLUICE_SIDECAR_CONFIG_POLL_INTERVAL", value_parser = positive_duration,
+          default_value = defaults::CONFIG_POLL_INTERVAL)]
+    pub config_poll_interval: Duration,
+
+    /// On SIGTERM, how long in-flight requests may finish before connections close.
+    #[arg(long, env = "SLUICE_SIDECAR_SHUTDOWN_GRACE", value_parser = positive_duration,
+          default_value = defaults::SHUTDOWN_GRACE)]
+    pub shutdown_grace: Duration,
+
+    /// Log format.
+    #[arg(long, env = "SLUICE_SIDECAR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log filter, in tracing's EnvFilter syntax (e.g. "info" or "sluice_sidecar=debug").
+    #[arg(long, env = "SLUICE_SIDECAR_LOG", default_value = "info")]
+    pub log: String,
+}
+
+pub fn parse() -> Result<Args, clap::Error> {
+    Args::try_parse()
+}

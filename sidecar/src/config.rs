@@ -1,0 +1,558 @@
+//! The sidecar's configuration file (SPEC §4): where it listens, which upstreams it may reach,
+//! the resources it leases and the rules that charge requests to them. Parsing validates
+//! everything, so a configuration either goes into force whole or not at all.
+
+use std::{collections::HashSet, net::SocketAddr, path::PathBuf, time::Duration};
+
+use http::{Method, Uri, uri::Scheme};
+use serde::Deserialize;
+
+use crate::{
+    core::{Fallback, Kind},
+    defaults,
+};
+
+/// A validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The capacity servers; `None` is standalone mode (local capacities).
+    pub server: Option<ServerConfig>,
+    pub listeners: Vec<Listener>,
+    pub upstreams: Vec<Upstream>,
+    pub resources: Vec<Resource>,
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerConfig {
+    /// Tried in order; Discovery finds the master among them.
+    pub addresses: Vec<String>,
+    pub tls: Option<ServerTls>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerTls {
+    /// CA bundle that signs the servers' certificates; the system roots when absent.
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key for mTLS.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// Name to verify in the servers' certificates; the address's host when absent.
+    pub server_name: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Listener {
+    pub name: String,
+    pub address: SocketAddr,
+    /// The upstream every request goes to; `None` routes by Host/`:authority` among the
+    /// upstreams' `hosts`.
+    pub upstream: Option<String>,
+    pub max_connections: usize,
+    pub idle_timeout: Duration,
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Upstream {
+    pub name: String,
+    /// `http://` or `https://` with an authority and no path.
+    pub url: Uri,
+    /// Host names (without port, lower case) a routing listener sends here.
+    pub hosts: Vec<String>,
+    /// Extra CA bundle for an `https://` upstream, used instead of the system roots.
+    pub ca: Option<PathBuf>,
+    /// Whole-request timeout toward the upstream (until response headers); none by default.
+    pub timeout: Option<Duration>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resource {
+    pub id: String,
+    pub kind: Kind,
+    /// Standalone mode's capacity (requests or cost units per second, or in-flight).
+    pub capacity: Option<f64>,
+    /// Token bucket depth; `None`: [`defaults::BURST_SECONDS`] of the current rate.
+    pub burst: Option<f64>,
+    pub priority: i64,
+    pub when_unreachable: Fallback,
+    /// Capacity under `safe` before any server has named one; `None`: no limit.
+    pub safe_capacity: Option<f64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Rule {
+    pub name: String,
+    pub matcher: Match,
+    /// The resource the rule charges first, then its `also` resources.
+    pub resources: Vec<String>,
+    pub cost: Cost,
+    pub on_limit: OnLimit,
+    pub max_wait: Duration,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Match {
+    pub listener: Option<String>,
+    pub methods: Vec<Method>,
+    pub path: Option<PathMatch>,
+    /// Lower-case host glob, port excluded.
+    pub host: Option<globset::GlobMatcher>,
+    pub grpc_service: Option<String>,
+    pub grpc_method: Option<String>,
+    /// Header name (lower case) and exact value.
+    pub headers: Vec<(http::HeaderName, String)>,
+}
+
+#[derive(Clone, Debug)]
+pub enum PathMatch {
+    Exact(String),
+    Prefix(String),
+    Glob(globset::GlobMatcher),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Cost {
+    Constant(f64),
+    /// Read from a request header; `default` when it is absent or not a non-negative number.
+    Header { name: http::HeaderName, default: f64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnLimit {
+    Delay,
+    Reject,
+    Shadow,
+}
+
+// ---- The file as written -------------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Document {
+    server: Option<ServerDoc>,
+    listeners: Vec<ListenerDoc>,
+    #[serde(default)]
+    upstreams: Vec<UpstreamDoc>,
+    #[serde(default)]
+    resources: Vec<ResourceDoc>,
+    #[serde(default)]
+    rules: Vec<RuleDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServerDoc {
+    addresses: Vec<String>,
+    tls: Option<ServerTlsDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServerTlsDoc {
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    server_name: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListenerDoc {
+    name: String,
+    address: SocketAddr,
+    upstream: Option<String>,
+    max_connections: Option<usize>,
+    idle_timeout: Option<String>,
+    header_read_timeout: Option<String>,
+    max_header_bytes: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpstreamDoc {
+    name: String,
+    url: String,
+    #[serde(default)]
+    hosts: Vec<String>,
+    ca: Option<PathBuf>,
+    timeout: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResourceDoc {
+    id: String,
+    #[serde(default)]
+    kind: KindDoc,
+    capacity: Option<f64>,
+    burst: Option<f64>,
+    #[serde(default)]
+    priority: i64,
+    #[serde(default)]
+    when_unreachable: FallbackDoc,
+    safe_capacity: Option<f64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+enum KindDoc {
+    #[default]
+    Rate,
+    Concurrency,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+enum FallbackDoc {
+    #[default]
+    Safe,
+    Optimistic,
+    Pessimistic,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleDoc {
+    name: Option<String>,
+    #[serde(default, rename = "match")]
+    matcher: MatchDoc,
+    resource: String,
+    #[serde(default)]
+    also: Vec<String>,
+    #[serde(default)]
+    cost: CostDoc,
+    on_limit: Option<OnLimit>,
+    max_wait: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct MatchDoc {
+    listener: Option<String>,
+    #[serde(default)]
+    methods: Vec<String>,
+    path: Option<PathDoc>,
+    host: Option<String>,
+    grpc: Option<GrpcDoc>,
+    #[serde(default)]
+    headers: Vec<HeaderDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+enum PathDoc {
+    Exact(String),
+    Prefix(String),
+    Glob(String),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrpcDoc {
+    service: Option<String>,
+    method: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeaderDoc {
+    name: String,
+    value: String,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum CostDoc {
+    Constant(f64),
+    Header {
+        header: String,
+        #[serde(default = "one")]
+        default: f64,
+    },
+}
+
+impl Default for CostDoc {
+    fn default() -> Self {
+        CostDoc::Constant(1.0)
+    }
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+// ---- Validation -------------------------------------------------------------------------------
+
+/// Parses and validates a configuration; the error is one line naming what is wrong and where.
+pub fn parse(text: &str) -> Result<Config, String> {
+    let doc: Document = yaml_serde::from_str(text).map_err(|e| e.to_string().replace('\n', " "))?;
+    let server = doc.server.map(server).transpose()?;
+    let upstreams = doc.upstreams.into_iter().enumerate().map(|(i, u)| upstream(i, u)).collect::<Result<Vec<_>, _>>()?;
+    unique("upstreams", upstreams.iter().map(|u| u.name.as_str()))?;
+    let mut hosts = HashSet::new();
+    for u in &upstreams {
+        if let Some(h) = u.hosts.iter().find(|h| !hosts.insert(h.as_str())) {
+            return Err(format!("upstreams: host {h:?} is routed to more than one upstream"));
+        }
+    }
+    if doc.listeners.is_empty() {
+        return Err("listeners: at least one listener is required".into());
+    }
+    let listeners =
+        doc.listeners.into_iter().enumerate().map(|(i, l)| listener(i, l, &upstreams)).collect::<Result<Vec<_>, _>>()?;
+    unique("listeners", listeners.iter().map(|l| l.name.as_str()))?;
+    if let Some(dup) = duplicate(listeners.iter().map(|l| l.address)) {
+        return Err(format!("listeners: address {dup} is used twice"));
+    }
+    let resources = doc
+        .resources
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| resource(i, r, server.is_none()))
+        .collect::<Result<Vec<_>, _>>()?;
+    unique("resources", resources.iter().map(|r| r.id.as_str()))?;
+    let rules = doc
+        .rules
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| rule(i, r, &listeners, &resources))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Config { server, listeners, upstreams, resources, rules })
+}
+
+fn server(doc: ServerDoc) -> Result<ServerConfig, String> {
+    if doc.addresses.is_empty() {
+        return Err("server.addresses: at least one address is required (omit `server` for standalone mode)".into());
+    }
+    for a in &doc.addresses {
+        let uri: Uri = format!("http://{a}").parse().map_err(|_| format!("server.addresses: {a:?} is not host:port"))?;
+        if uri.port().is_none() || uri.path() != "/" {
+            return Err(format!("server.addresses: {a:?} is not host:port"));
+        }
+    }
+    let tls = doc.tls.map(|t| {
+        if t.cert.is_some() != t.key.is_some() {
+            return Err("server.tls: cert and key go together".to_owned());
+        }
+        Ok(ServerTls { ca: t.ca, cert: t.cert, key: t.key, server_name: t.server_name })
+    });
+    Ok(ServerConfig { addresses: doc.addresses, tls: tls.transpose()? })
+}
+
+fn upstream(i: usize, doc: UpstreamDoc) -> Result<Upstream, String> {
+    let at = |field: &str| format!("upstreams[{i}] ({}).{field}", doc.name);
+    let url: Uri = doc.url.parse().map_err(|e| format!("{}: {:?}: {e}", at("url"), doc.url))?;
+    let scheme_ok = url.scheme() == Some(&Scheme::HTTP) || url.scheme() == Some(&Scheme::HTTPS);
+    if !scheme_ok || url.authority().is_none() {
+        return Err(format!("{}: {:?} must be http://host[:port] or https://host[:port]", at("url"), doc.url));
+    }
+    if !matches!(url.path(), "" | "/") || url.query().is_some() {
+        return Err(format!("{}: {:?} must not have a path; requests keep theirs", at("url"), doc.url));
+    }
+    if doc.ca.is_some() && url.scheme() != Some(&Scheme::HTTPS) {
+        return Err(format!("{}: a CA applies to https:// upstreams only", at("ca")));
+    }
+    let hosts = doc.hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
+    let timeout = doc.timeout.as_deref().map(|t| positive(t, &at("timeout"))).transpose()?;
+    Ok(Upstream { name: doc.name, url, hosts, ca: doc.ca, timeout })
+}
+
+fn listener(i: usize, doc: ListenerDoc, upstreams: &[Upstream]) -> Result<Listener, String> {
+    let at = |field: &str| format!("listeners[{i}] ({}).{field}", doc.name);
+    match &doc.upstream {
+        Some(name) if !upstreams.iter().any(|u| &u.name == name) => {
+            return Err(format!("{}: no upstream named {name:?}", at("upstream")));
+        }
+        None if upstreams.iter().all(|u| u.hosts.is_empty()) => {
+            return Err(format!(
+                "{}: required unless some upstream lists `hosts` to route by Host",
+                at("upstream")
+            ));
+        }
+        _ => {}
+    }
+    let duration = |value: &Option<String>, field: &str, default: Duration| {
+        value.as_deref().map_or(Ok(default), |t| positive(t, &at(field)))
+    };
+    let count = |value: Option<usize>, field: &str, default: usize| match value {
+        Some(0) => Err(format!("{}: must be at least 1", at(field))),
+        v => Ok(v.unwrap_or(default)),
+    };
+    Ok(Listener {
+        max_connections: count(doc.max_connections, "max_connections", defaults::MAX_CONNECTIONS)?,
+        idle_timeout: duration(&doc.idle_timeout, "idle_timeout", defaults::IDLE_TIMEOUT)?,
+        header_read_timeout: duration(&doc.header_read_timeout, "header_read_timeout", defaults::HEADER_READ_TIMEOUT)?,
+        max_header_bytes: count(doc.max_header_bytes, "max_header_bytes", defaults::MAX_HEADER_BYTES)?,
+        name: doc.name,
+        address: doc.address,
+        upstream: doc.upstream,
+    })
+}
+
+fn resource(i: usize, doc: ResourceDoc, standalone: bool) -> Result<Resource, String> {
+    let at = |field: &str| format!("resources[{i}] ({}).{field}", doc.id);
+    if doc.id.is_empty() {
+        return Err(format!("resources[{i}].id: must not be empty"));
+    }
+    let non_negative = |value: Option<f64>, field: &str| match value {
+        Some(v) if !(v >= 0.0) => Err(format!("{}: must be a number ≥ 0 (or .inf)", at(field))),
+        _ => Ok(value),
+    };
+    let capacity = non_negative(doc.capacity, "capacity")?;
+    if standalone && capacity.is_none() {
+        return Err(format!("{}: required in standalone mode (no `server`)", at("capacity")));
+    }
+    let burst = non_negative(doc.burst, "burst")?;
+    if burst == Some(0.0) {
+        return Err(format!("{}: must be greater than 0", at("burst")));
+    }
+    Ok(Resource {
+        kind: match doc.kind {
+            KindDoc::Rate => Kind::Rate,
+            KindDoc::Concurrency => Kind::Concurrency,
+        },
+        capacity,
+        burst,
+        priority: doc.priority,
+        when_unreachable: match doc.when_unreachable {
+            FallbackDoc::Safe => Fallback::Safe,
+            FallbackDoc::Optimistic => Fallback::Optimistic,
+            FallbackDoc::Pessimistic => Fallback::Pessimistic,
+        },
+        safe_capacity: non_negative(doc.safe_capacity, "safe_capacity")?,
+        id: doc.id,
+    })
+}
+
+fn rule(i: usize, doc: RuleDoc, listeners: &[Listener], resources: &[Resource]) -> Result<Rule, String> {
+    let name = doc.name.unwrap_or_else(|| format!("rules[{i}]"));
+    let at = |field: &str| format!("rules[{i}] ({name}).{field}");
+    let mut charged = vec![doc.resource];
+    charged.extend(doc.also);
+    for id in &charged {
+        if !resources.iter().any(|r| &r.id == id) {
+            return Err(format!("{}: {id:?} is not a declared resource", at("resource")));
+        }
+    }
+    if let Some(dup) = duplicate(charged.iter()) {
+        return Err(format!("{}: {dup:?} is charged twice", at("also")));
+    }
+    let m = doc.matcher;
+    if let Some(l) = &m.listener
+        && !listeners.iter().any(|x| &x.name == l)
+    {
+        return Err(format!("{}: no listener named {l:?}", at("match.listener")));
+    }
+    let methods = m
+        .methods
+        .iter()
+        .map(|x| Method::from_bytes(x.to_ascii_uppercase().as_bytes()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{}: {e}", at("match.methods")))?;
+    let glob = |text: &str, field: &str| {
+        globset::GlobBuilder::new(text)
+            .literal_separator(false)
+            .build()
+            .map(|g| g.compile_matcher())
+            .map_err(|e| format!("{}: {e}", at(field)))
+    };
+    let path = match m.path {
+        None => None,
+        Some(PathDoc::Exact(p)) => Some(PathMatch::Exact(p)),
+        Some(PathDoc::Prefix(p)) => Some(PathMatch::Prefix(p)),
+        Some(PathDoc::Glob(p)) => Some(PathMatch::Glob(glob(&p, "match.path.glob")?)),
+    };
+    let host = m.host.map(|h| glob(&h.to_ascii_lowercase(), "match.host")).transpose()?;
+    let headers = m
+        .headers
+        .into_iter()
+        .map(|h| {
+            http::HeaderName::from_bytes(h.name.as_bytes())
+                .map(|n| (n, h.value))
+                .map_err(|_| format!("{}: {:?} is not a header name", at("match.headers"), h.name))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let (grpc_service, grpc_method) = m.grpc.map_or((None, None), |g| (g.service, g.method));
+    let cost = match doc.cost {
+        CostDoc::Constant(c) if c >= 0.0 && c.is_finite() => Cost::Constant(c),
+        CostDoc::Header { header, default } if default >= 0.0 && default.is_finite() => Cost::Header {
+            name: http::HeaderName::from_bytes(header.as_bytes())
+                .map_err(|_| format!("{}: {header:?} is not a header name", at("cost.header")))?,
+            default,
+        },
+        _ => return Err(format!("{}: must be a finite number ≥ 0", at("cost"))),
+    };
+    let on_limit = doc.on_limit.unwrap_or(OnLimit::Reject);
+    let max_wait = match doc.max_wait.as_deref() {
+        None => defaults::MAX_WAIT,
+        Some(t) => humantime::parse_duration(t).map_err(|e| format!("{}: {t:?}: {e}", at("max_wait")))?,
+    };
+    if on_limit == OnLimit::Delay && max_wait.is_zero() {
+        return Err(format!("{}: `on_limit: delay` needs a max_wait above 0", at("max_wait")));
+    }
+    Ok(Rule {
+        matcher: Match {
+            listener: m.listener,
+            methods,
+            path,
+            host,
+            grpc_service,
+            grpc_method,
+            headers,
+        },
+        resources: charged,
+        cost,
+        on_limit,
+        max_wait,
+        name,
+    })
+}
+
+fn positive(text: &str, at: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if d.is_zero() => Err(format!("{at}: must be greater than 0")),
+        Ok(d) => Ok(d),
+        Err(e) => Err(format!("{at}: {text:?}: {e}")),
+    }
+}
+
+fn unique<'a>(what: &str, names: impl Iterator<Item = &'a str>) -> Result<(), String> {
+    match duplicate(names) {
+        Some(name) => Err(format!("{what}: {name:?} is defined twice")),
+        None => Ok(()),
+    }
+}
+
+fn duplicate<T: Eq + std::hash::Hash>(items: impl Iterator<Item = T>) -> Option<T> {
+    let mut seen = HashSet::new();
+    for item in items {
+        if seen.contains(&item) {
+            return Some(item);
+        }
+        seen.insert(item);
+    }
+    None
+}
+
+impl Config {
+    /// The listeners are bound and the servers connected at start; a reload may change
+    /// everything else, a listener's upstream and timeouts included.
+    pub fn restart_needed(&self, next: &Config) -> Option<String> {
+        let binds =
+            |c: &Config| c.listeners.iter().map(|l| (l.name.clone(), l.address, l.max_connections)).collect::<Vec<_>>();
+        if binds(self) != binds(next) {
+            return Some("listener names, addresses or max_connections changed; they take effect at restart".into());
+        }
+        if self.server != next.server {
+            return Some("the `server` section changed; it takes effect at restart".into());
+        }
+        None
+    }
+
+    pub fn resource(&self, id: &str) -> Option<&Resource> {
+        self.resources.iter().find(|r| r.id == id)
+    }
+}

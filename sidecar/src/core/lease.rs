@@ -1,0 +1,313 @@
+//! The Doorman client half as a state machine: which resources to ask for and when, what the
+//! answers grant, and what applies when there is no valid lease. Times are unix seconds (f64),
+//! because leases carry unix expiry times.
+
+use std::collections::BTreeMap;
+
+use sluice_proto::{GetCapacityRequest, GetCapacityResponse, Lease, ResourceRequest};
+
+/// Backoff after a failed request: `BACKOFF_BASE` doubling up to `BACKOFF_CAP`, of which a
+/// random half is waited (equal jitter), so sidecars restarted together do not retry together
+/// and yet never retry in a tight loop.
+const BACKOFF_BASE: f64 = 1.0;
+const BACKOFF_CAP: f64 = 30.0;
+/// A retry is brought forward to this long before the earliest valid lease expires, so one
+/// success in time keeps the resource leased instead of falling back.
+const EXPIRY_MARGIN: f64 = 2.0;
+/// Refreshes come at least this far apart, whatever interval a server names.
+const MIN_REFRESH: f64 = 1.0;
+
+/// What a resource enforces while it holds no valid lease (`when_unreachable`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// The last safe capacity a server sent, else the configured one.
+    Safe,
+    /// No limit.
+    Optimistic,
+    /// Nothing passes.
+    Pessimistic,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResourceSpec {
+    pub id: String,
+    pub priority: i64,
+    pub fallback: Fallback,
+    /// Capacity under [`Fallback::Safe`] until a server names one; INFINITY: no limit.
+    pub safe_capacity: f64,
+}
+
+/// Where a resource's capacity comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Not yet asked for, or the first answer is awaited: the fallback applies meanwhile.
+    Pending,
+    Leased,
+    /// Asked for, and no valid lease came or the last one expired: the fallback applies.
+    Fallback,
+}
+
+/// The capacity a resource should enforce now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Effective {
+    /// INFINITY: no limit.
+    pub capacity: f64,
+    pub mode: Mode,
+    pub fallback: Fallback,
+    /// Unix seconds, while leased.
+    pub expiry: Option<i64>,
+    pub refresh_interval: Option<i64>,
+}
+
+impl Effective {
+    /// The mode as a metric label: "pending", "leased", "fallback_safe", "fallback_optimistic"
+    /// or "fallback_pessimistic".
+    pub fn label(&self) -> &'static str {
+        match (self.mode, self.fallback) {
+            (Mode::Pending, _) => "pending",
+            (Mode::Leased, _) => "leased",
+            (Mode::Fallback, Fallback::Safe) => "fallback_safe",
+            (Mode::Fallback, Fallback::Optimistic) => "fallback_optimistic",
+            (Mode::Fallback, Fallback::Pessimistic) => "fallback_pessimistic",
+        }
+    }
+}
+
+/// How a response was taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Leases recorded.
+    Updated,
+    /// The server is not the master. `Some(address)`: ask there (the request is due at once
+    /// unless the previous attempt failed too); `None`: unknown, retry after a backoff.
+    Redirect(Option<String>),
+}
+
+struct Entry {
+    spec: ResourceSpec,
+    /// Touched: it is asked for in every request.
+    used: bool,
+    /// In the request in flight.
+    requested: bool,
+    /// An attempt that included it has concluded, so its fallback is decided.
+    asked: bool,
+    lease: Option<Lease>,
+    /// The last safe capacity a server sent (negative: no limit).
+    server_safe: Option<f64>,
+}
+
+impl Entry {
+    fn valid_lease(&self, now: f64) -> Option<&Lease> {
+        self.lease.as_ref().filter(|lease| now < lease.expiry_time as f64)
+    }
+}
+
+pub struct LeaseClient {
+    client_id: String,
+    /// Ordered, so requests and releases come out the same way every time.
+    entries: BTreeMap<String, Entry>,
+    rng: fastrand::Rng,
+    /// When the next request is due; −∞: at once.
+    due: f64,
+    in_flight: bool,
+    /// Consecutive failed attempts (errors and redirects).
+    failures: u32,
+}
+
+impl LeaseClient {
+    /// `seed` drives the backoff jitter, so a simulation replays exactly.
+    pub fn new(client_id: String, seed: u64) -> Self {
+        LeaseClient {
+            client_id,
+            entries: BTreeMap::new(),
+            rng: fastrand::Rng::with_seed(seed),
+            due: f64::NEG_INFINITY,
+            in_flight: false,
+            failures: 0,
+        }
+    }
+
+    pub fn client_id(&self) -> &str {
+        &self.client_id
+    }
+
+    /// Sets the configured resources, keeping the leases of those that stay. Returns the ids
+    /// that were in use and are no longer configured, to release.
+    pub fn configure(&mut self, specs: impl IntoIterator<Item = ResourceSpec>) -> Vec<String> {
+        let mut previous = std::mem::take(&mut self.entries);
+        for spec in specs {
+            let entry = match previous.remove(&spec.id) {
+                Some(kept) => Entry { spec: spec.clone(), ..kept },
+                None => Entry { spec: spec.clone(), used: false, requested: false, asked: false, lease: None, server_safe: None },
+            };
+            self.entries.insert(spec.id, entry);
+        }
+        previous.into_values().filter(|entry| entry.used || entry.lease.is_some()).map(|entry| entry.spec.id).collect()
+    }
+
+    /// First use of a configured resource: it joins the requests, the next one at once.
+    pub fn touch(&mut self, id: &str) {
+        if let Some(entry) = self.entries.get_mut(id)
+            && !entry.used
+        {
+            entry.used = true;
+            // While a request is in flight, its conclusion makes the next one due.
+            if !self.in_flight {
+                self.due = f64::NEG_INFINITY;
+            }
+        }
+    }
+
+    /// Unix time the next request is due (−∞: at once); `None` while one is in flight or no
+    /// resource is in use.
+    pub fn next_due(&self) -> Option<f64> {
+        (!self.in_flight && self.entries.values().any(|entry| entry.used)).then_some(self.due)
+    }
+
+    /// One request for every resource in use, each with its valid lease and `wants(id)`; marks
+    /// it in flight until [`Self::on_response`] or [`Self::on_error`].
+    pub fn request(&mut self, now: f64, mut wants: impl FnMut(&str) -> f64) -> Option<GetCapacityRequest> {
+        if self.in_flight {
+            return None;
+        }
+        let resource: Vec<ResourceRequest> = self
+            .entries
+            .values_mut()
+            .filter(|entry| entry.used)
+            .map(|entry| {
+                entry.requested = true;
+                let wants = wants(&entry.spec.id);
+                ResourceRequest {
+                    resource_id: entry.spec.id.clone(),
+                    priority: entry.spec.priority,
+                    has: entry.valid_lease(now).cloned(),
+                    // A server refuses NaN and ∞ at the door; ask for nothing rather than fail.
+                    wants: if wants.is_finite() && wants > 0.0 { wants } else { 0.0 },
+                }
+            })
+            .collect();
+        if resource.is_empty() {
+            return None;
+        }
+        self.in_flight = true;
+        Some(GetCapacityRequest { client_id: self.client_id.clone(), resource })
+    }
+
+    /// Takes the answer to the request in flight.
+    pub fn on_response(&mut self, now: f64, response: GetCapacityResponse) -> Answer {
+        self.in_flight = false;
+        if let Some(mastership) = response.mastership {
+            let address = mastership.master_address;
+            let retry_at_once = address.is_some() && self.failures == 0;
+            self.conclude(!retry_at_once);
+            self.fail(now);
+            if retry_at_once {
+                self.due = f64::NEG_INFINITY;
+            }
+            return Answer::Redirect(address);
+        }
+        for granted in response.response {
+            // Leases for resources no longer configured are ignored: they are being released.
+            if let Some(entry) = self.entries.get_mut(&granted.resource_id) {
+                entry.lease = Some(granted.gets);
+                if let Some(safe) = granted.safe_capacity.filter(|safe| !safe.is_nan()) {
+                    entry.server_safe = Some(safe);
+                }
+            }
+        }
+        let touched_meanwhile = self.conclude(true);
+        let refresh = self
+            .entries
+            .values()
+            .filter(|entry| entry.used)
+            .filter_map(|entry| entry.valid_lease(now))
+            .map(|lease| (lease.refresh_interval as f64).max(MIN_REFRESH))
+            .min_by(f64::total_cmp);
+        match refresh {
+            Some(refresh) => {
+                self.failures = 0;
+                self.due = if touched_meanwhile { f64::NEG_INFINITY } else { now + refresh };
+            }
+            // Nothing valid came back for what is in use: as good as an error.
+            None => self.fail(now),
+        }
+        Answer::Updated
+    }
+
+    /// The request in flight failed (transport error, timeout, error status). The next one
+    /// backs off: equal jitter over `BACKOFF_BASE · 2^(failures−1)` capped at `BACKOFF_CAP`,
+    /// brought forward to `EXPIRY_MARGIN` before the earliest valid lease expires (but no
+    /// sooner than half the base).
+    pub fn on_error(&mut self, now: f64) {
+        self.in_flight = false;
+        self.conclude(true);
+        self.fail(now);
+    }
+
+    /// What a resource should enforce now; `None` if it is not configured.
+    pub fn effective(&self, now: f64, id: &str) -> Option<Effective> {
+        let entry = self.entries.get(id)?;
+        let fallback = entry.spec.fallback;
+        if let Some(lease) = entry.valid_lease(now) {
+            return Some(Effective {
+                capacity: if lease.capacity >= 0.0 { lease.capacity } else { 0.0 },
+                mode: Mode::Leased,
+                fallback,
+                expiry: Some(lease.expiry_time),
+                refresh_interval: Some(lease.refresh_interval),
+            });
+        }
+        let capacity = match fallback {
+            // A server's safe capacity of −1 means no limit.
+            Fallback::Safe => entry.server_safe.map_or(entry.spec.safe_capacity, |safe| {
+                if safe < 0.0 { f64::INFINITY } else { safe }
+            }),
+            Fallback::Optimistic => f64::INFINITY,
+            Fallback::Pessimistic => 0.0,
+        };
+        let mode = if entry.asked { Mode::Fallback } else { Mode::Pending };
+        Some(Effective { capacity, mode, fallback, expiry: None, refresh_interval: None })
+    }
+
+    /// Shutdown: the ids to release. Forgets their leases, so nothing is due any more.
+    pub fn release_all(&mut self) -> Vec<String> {
+        let mut released = Vec::new();
+        for (id, entry) in &mut self.entries {
+            if entry.used || entry.lease.is_some() {
+                released.push(id.clone());
+            }
+            entry.used = false;
+            entry.lease = None;
+        }
+        released
+    }
+
+    /// The request in flight is over; `decided`: its resources' fallbacks now apply in earnest
+    /// (not for a redirect followed at once). Returns whether a resource in use was not in it.
+    fn conclude(&mut self, decided: bool) -> bool {
+        let mut touched_meanwhile = false;
+        for entry in self.entries.values_mut().filter(|entry| entry.used) {
+            touched_meanwhile |= !entry.requested;
+            entry.asked |= decided && entry.requested;
+            entry.requested = false;
+        }
+        touched_meanwhile
+    }
+
+    fn fail(&mut self, now: f64) {
+        self.failures = self.failures.saturating_add(1);
+        let ceiling = (BACKOFF_BASE * 2f64.powi(self.failures.min(32) as i32 - 1)).min(BACKOFF_CAP);
+        let mut due = now + ceiling * (0.5 + 0.5 * self.rng.f64());
+        if let Some(expiry) = self
+            .entries
+            .values()
+            .filter(|entry| entry.used)
+            .filter_map(|entry| entry.valid_lease(now))
+            .map(|lease| lease.expiry_time as f64)
+            .min_by(f64::total_cmp)
+        {
+            due = due.min((expiry - EXPIRY_MARGIN).max(now + BACKOFF_BASE / 2.0));
+        }
+        self.due = due;
+    }
+}

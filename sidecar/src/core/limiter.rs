@@ -1,0 +1,245 @@
+//! Admission for one resource: a token bucket (rate) or a semaphore (concurrency) in front of a
+//! FIFO queue of waiters. The caller owns the waiters themselves; the limiter only hands out
+//! [`Ticket`]s and says, through [`Limiter::poll`], whose turn has come.
+
+use std::collections::VecDeque;
+
+use super::{Seconds, demand::Demand};
+
+/// Waiters one resource may hold. Each parks a request (and its connection) in the proxy; past
+/// this, waiting longer only turns overload into memory growth and timeouts, so we refuse at once.
+pub const MAX_QUEUED: usize = 10_000;
+
+/// How a resource's capacity is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Cost admitted per second.
+    Rate,
+    /// Cost admitted and not yet released (in flight).
+    Concurrency,
+}
+
+/// Identifies a queued waiter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ticket(u64);
+
+/// What became of an arrival.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Offer {
+    Admitted,
+    /// Waits its turn: [`Limiter::poll`] names the ticket when it is admitted; until then the
+    /// caller may [`Limiter::cancel`] it.
+    Queued(Ticket),
+    /// `retry_after`: when a rate resource expects to have room; `None` when it cannot say (a
+    /// concurrency limit) or never will (no capacity).
+    Rejected { retry_after: Option<Seconds> },
+}
+
+pub struct Limiter {
+    kind: Kind,
+    /// Rate (cost/s) or permits; 0 admits nothing, INFINITY everything.
+    capacity: f64,
+    burst: f64,
+    /// Rate: tokens as of `updated`; negative after a cost larger than the burst (debt).
+    tokens: f64,
+    updated: Seconds,
+    /// Concurrency: cost admitted and not yet released, and by how many requests (when none,
+    /// `in_flight` is reset to exactly 0 so float drift cannot hold a permit forever).
+    in_flight: f64,
+    holders: u64,
+    queue: VecDeque<(Ticket, f64)>,
+    /// Sum of the queued costs; reset to 0 whenever the queue empties, so it cannot drift.
+    queued_cost: f64,
+    next_ticket: u64,
+    demand: Demand,
+}
+
+impl Limiter {
+    /// `capacity`: rate (cost/s) or in-flight cost, INFINITY for no limit. The bucket starts full.
+    pub fn new(kind: Kind, capacity: f64, burst: f64, now: Seconds) -> Limiter {
+        let burst = non_negative(burst);
+        Limiter {
+            kind,
+            capacity: non_negative(capacity),
+            burst,
+            tokens: burst,
+            updated: now,
+            in_flight: 0.0,
+            holders: 0,
+            queue: VecDeque::new(),
+            queued_cost: 0.0,
+            next_ticket: 0,
+            demand: Demand::new(kind, now),
+        }
+    }
+
+    /// Every arrival goes through here, whatever becomes of it, so that demand counts offered
+    /// load. `max_wait` 0: admit or reject at once.
+    pub fn offer(&mut self, now: Seconds, cost: f64, max_wait: Seconds) -> Offer {
+        let cost = non_negative(cost);
+        match self.kind {
+            Kind::Rate => self.demand.record(now, cost),
+            Kind::Concurrency => self.demand.record(now, self.in_flight + self.queued_cost + cost),
+        }
+        if self.capacity == f64::INFINITY {
+            self.take(cost);
+            return Offer::Admitted;
+        }
+        if self.capacity == 0.0 || cost == f64::INFINITY {
+            return Offer::Rejected { retry_after: None };
+        }
+        self.refill(now);
+        if self.queue.is_empty() && self.fits(cost) {
+            self.take(cost);
+            return Offer::Admitted;
+        }
+        let wait = match self.kind {
+            // Everyone queued pays in full before this arrival's turn comes.
+            Kind::Rate => Some((self.queued_cost + cost.min(self.burst) - self.tokens).max(0.0) / self.capacity),
+            Kind::Concurrency => None,
+        };
+        // A rate waits when its turn is predicted within `max_wait` (at once: the queue is about
+        // to drain); a semaphore cannot predict, so it waits whenever the caller would.
+        let waits = wait.map_or(max_wait > 0.0, |wait| wait <= max_wait);
+        if waits && self.queue.len() < MAX_QUEUED {
+            let ticket = Ticket(self.next_ticket);
+            self.next_ticket += 1;
+            self.queue.push_back((ticket, cost));
+            self.queued_cost += cost;
+            Offer::Queued(ticket)
+        } else {
+            Offer::Rejected { retry_after: wait }
+        }
+    }
+
+    /// Admits queued waiters whose turn has come, in order. Returns when the head's turn comes
+    /// (rate), or `None` when the queue is empty or only a release or more capacity can help.
+    pub fn poll(&mut self, now: Seconds, mut admit: impl FnMut(Ticket)) -> Option<Seconds> {
+        self.refill(now);
+        while let Some(&(ticket, cost)) = self.queue.front() {
+            if !(self.capacity == f64::INFINITY || self.capacity > 0.0 && self.fits(cost)) {
+                break;
+            }
+            self.queue.pop_front();
+            self.queued_cost -= cost;
+            self.take(cost);
+            admit(ticket);
+        }
+        match (self.kind, self.queue.front()) {
+            (_, None) => {
+                self.queued_cost = 0.0;
+                None
+            }
+            (Kind::Rate, Some(&(_, cost))) if self.capacity > 0.0 => {
+                Some(now + (cost.min(self.burst) - self.tokens) / self.capacity)
+            }
+            _ => None,
+        }
+    }
+
+    /// A waiter gave up: it leaves the queue and is not charged.
+    pub fn cancel(&mut self, ticket: Ticket) {
+        if let Some(at) = self.queue.iter().position(|&(queued, _)| queued == ticket) {
+            self.queue.remove(at);
+            // Recomputed rather than subtracted: the queue is short and the sum stays exact.
+            self.queued_cost = self.queue.iter().map(|&(_, cost)| cost).sum();
+        }
+    }
+
+    /// An admitted concurrency request finished (nothing to do for a rate).
+    pub fn release(&mut self, _now: Seconds, cost: f64) {
+        if self.kind == Kind::Concurrency {
+            self.holders = self.holders.saturating_sub(1);
+            self.in_flight = if self.holders == 0 { 0.0 } else { (self.in_flight - non_negative(cost)).max(0.0) };
+        }
+    }
+
+    /// An admitted request will not use what it was given (another of its resources said no):
+    /// the tokens go back to the bucket, or the permits are released.
+    pub fn refund(&mut self, now: Seconds, cost: f64) {
+        match self.kind {
+            Kind::Rate => {
+                if self.capacity < f64::INFINITY {
+                    self.refill(now);
+                    self.tokens = (self.tokens + non_negative(cost)).min(self.burst);
+                }
+            }
+            Kind::Concurrency => self.release(now, cost),
+        }
+    }
+
+    /// Changes the capacity in place. A rate's tokens accrue at the old rate up to `now` and at
+    /// the new one after, never beyond the new burst, so a change never releases a burst of its
+    /// own. Permits held above a smaller semaphore just drain.
+    pub fn set_capacity(&mut self, now: Seconds, capacity: f64, burst: f64) {
+        if self.capacity == f64::INFINITY {
+            // Nothing was counted while unlimited: start from a full bucket, as `new` does.
+            self.tokens = f64::INFINITY;
+        }
+        self.refill(now);
+        self.capacity = non_negative(capacity);
+        self.burst = non_negative(burst);
+        self.tokens = self.tokens.min(self.burst);
+    }
+
+    pub fn capacity(&self) -> f64 {
+        self.capacity
+    }
+
+    /// Concurrency: cost admitted and not yet released (0 for a rate).
+    pub fn in_flight(&self) -> f64 {
+        self.in_flight
+    }
+
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// What to ask the capacity server for, from the load offered lately.
+    pub fn wants(&mut self, now: Seconds) -> f64 {
+        let floor = match self.kind {
+            Kind::Rate => 0.0,
+            // Requests held or waiting right now are wanted, however long ago they arrived.
+            Kind::Concurrency => self.in_flight + self.queued_cost,
+        };
+        self.demand.wants(now, floor)
+    }
+
+    /// Whether `cost` may be admitted now. A cost larger than the burst (rate) or the whole
+    /// semaphore (concurrency) goes when the bucket is full or nothing is in flight, else it
+    /// would never go.
+    fn fits(&self, cost: f64) -> bool {
+        match self.kind {
+            Kind::Rate => self.tokens >= cost.min(self.burst),
+            Kind::Concurrency => self.in_flight + cost <= self.capacity || self.holders == 0,
+        }
+    }
+
+    fn take(&mut self, cost: f64) {
+        match self.kind {
+            Kind::Rate => {
+                if self.capacity < f64::INFINITY {
+                    self.tokens -= cost;
+                }
+            }
+            Kind::Concurrency => {
+                self.in_flight += cost;
+                self.holders += 1;
+            }
+        }
+    }
+
+    fn refill(&mut self, now: Seconds) {
+        if now > self.updated {
+            if self.kind == Kind::Rate && self.capacity < f64::INFINITY {
+                self.tokens = (self.tokens + (now - self.updated) * self.capacity).min(self.burst);
+            }
+            self.updated = now;
+        }
+    }
+}
+
+/// NaN and negatives (a bad header or lease) count as 0.
+fn non_negative(value: f64) -> f64 {
+    if value >= 0.0 { value } else { 0.0 }
+}

@@ -1,0 +1,19 @@
+//! The sans-I/O core of the sidecar: admission and leases as plain state machines driven by the
+//! caller's clock (every method that needs the time takes `now`), so the proxy, the tests and a
+//! simulator all run the same code.
+//!
+//! - [`Limiter`]: admission for one resource, a token bucket or a semaphore with a FIFO queue,
+//!   and the demand it has seen;
+//! - [`LeaseClient`]: the Doorman client half, what to ask the capacity servers for and when,
+//!   and what to enforce without a lease.
+
+mod demand;
+mod lease;
+mod limiter;
+
+pub use demand::HEADROOM;
+pub use lease::{Answer, Effective, Fallback, LeaseClient, Mode, ResourceSpec};
+pub use limiter::{Kind, Limiter, MAX_QUEUED, Offer, Ticket};
+
+/// A monotonic time in seconds, from an origin the caller chooses.
+pub type Seconds = f64;

@@ -1,0 +1,67 @@
+//! Every default and limit of the sidecar, in one place.
+
+use std::time::Duration;
+
+/// Admin listener (/metrics, /live, /ready, /debug/status): loopback only unless configured.
+pub const ADMIN_ADDR: &str = "127.0.0.1:9901";
+
+/// How often the configuration file is checked for changes (content, not mtime, so Kubernetes'
+/// ConfigMap symlink swaps are seen).
+pub const CONFIG_POLL_INTERVAL: &str = "2s";
+
+/// A sidecar is sized for a fraction of a core; one worker thread serves tens of thousands of
+/// requests per second. Raise with `--worker-threads` for heavier pods.
+pub const WORKER_THREADS: u16 = 1;
+
+/// How long SIGTERM waits for in-flight requests before closing connections and releasing leases.
+pub const SHUTDOWN_GRACE: &str = "10s";
+
+/// The configuration used without `--config`: standalone, one listener in front of a local app.
+pub const EMBEDDED_CONFIG: &str = include_str!("default_config.yaml");
+
+/// Time allowed for a client to send a request's headers (slowloris protection).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A downstream connection with no request in flight for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Largest request head accepted (HTTP/1.1 buffer and HTTP/2 header list).
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Downstream connections served at once per listener; beyond it the listener stops accepting
+/// until one closes, so the kernel's backlog pushes back on the application.
+pub const MAX_CONNECTIONS: usize = 10_000;
+
+/// Idle pooled connections kept per upstream, and how long.
+pub const UPSTREAM_POOL_IDLE: usize = 256;
+pub const UPSTREAM_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Time to establish a TCP connection to an upstream.
+pub const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `on_limit: reject` unless a rule says otherwise: a limiter that silently delays surprises
+/// callers with their own timeouts.
+pub const MAX_WAIT: Duration = Duration::ZERO;
+
+/// Token bucket depth when a resource sets no `burst`: this many seconds of the leased rate, and
+/// at least one request's cost.
+pub const BURST_SECONDS: f64 = 0.1;
+
+/// Retry-After for a rejection whose wait cannot be predicted (a concurrency limit, or no
+/// capacity at all).
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Timeout of one RPC to a capacity server.
+pub const CAPACITY_RPC_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connect timeout toward a capacity server.
+pub const CAPACITY_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How often leases are re-applied to the limiters between refreshes, so an expiry switches a
+/// resource to its fallback promptly.
+pub const LEASE_CHECK_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Bucket bounds of the sidecar's latency histograms (waits and upstream requests), from
+/// 100 µs to 30 s.
+pub const DURATION_BUCKETS: &[f64] =
+    &[0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];

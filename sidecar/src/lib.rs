@@ -1,0 +1,28 @@
+//! Sluice's sidecar: a transparent HTTP/1.1, HTTP/2 and gRPC reverse proxy that classifies each
+//! request into resources, leases their capacity from the capacity servers (the Doorman client
+//! half) and delays or rejects what exceeds the lease.
+//!
+//! [`core`] holds the admission and lease logic and knows nothing of clocks, locks or I/O. The
+//! data path is the tower stack in [`stack`]: [`route`] → [`classify`] → [`admission`] →
+//! [`metrics`] → [`proxy`]. [`leasing`] drives the lease client against the capacity servers.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod admission;
+pub mod app;
+pub mod body;
+pub mod classify;
+pub mod cli;
+pub mod config;
+pub mod core;
+pub mod defaults;
+pub mod gate;
+pub mod leasing;
+pub mod listener;
+pub mod metrics;
+pub mod plan;
+pub mod proxy;
+pub mod respond;
+pub mod route;
+pub mod stack;
+pub mod status;

@@ -1,0 +1,161 @@
+//! The sidecar's Prometheus metrics (SPEC §4.5): names, help texts, and the handles the data path
+//! holds so that recording costs an atomic operation, not a registry lookup.
+
+use std::{
+    convert::Infallible,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+    time::Instant,
+};
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use metrics::{
+    Counter, Gauge, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tower::Service;
+
+use crate::{body::Body, defaults::DURATION_BUCKETS, gate::Applied, route::Routed, stack::ResponseFuture};
+
+const REQUESTS: &str = "sluice_sidecar_requests_total";
+const WAIT: &str = "sluice_sidecar_wait_seconds";
+const CAPACITY: &str = "sluice_sidecar_lease_capacity";
+const WANTS: &str = "sluice_sidecar_wants";
+const EXPIRY: &str = "sluice_sidecar_lease_expiry_timestamp_seconds";
+const MODE: &str = "sluice_sidecar_mode";
+const RPCS: &str = "sluice_sidecar_capacity_rpcs_total";
+const UPSTREAM: &str = "sluice_sidecar_upstream_request_duration_seconds";
+const RELOADS: &str = "sluice_sidecar_config_reloads_total";
+
+/// Every mode a resource can be in; exactly one has the value 1.
+pub const MODES: &[&str] =
+    &["standalone", "pending", "leased", "fallback_safe", "fallback_optimistic", "fallback_pessimistic"];
+
+/// Installs the process-wide recorder.
+pub fn install() -> Result<PrometheusHandle, String> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets(DURATION_BUCKETS)
+        .and_then(|b| b.install_recorder())
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    describe_counter!(REQUESTS, "Requests charged to a resource, by decision (allowed, delayed, rejected, shadow_rejected).");
+    describe_histogram!(WAIT, Unit::Seconds, "Time delayed requests waited for capacity.");
+    describe_gauge!(CAPACITY, "Capacity the resource's limiter enforces now (+Inf: no limit).");
+    describe_gauge!(WANTS, "Capacity last asked for: the moving average of offered load with headroom.");
+    describe_gauge!(EXPIRY, "Unix time the resource's lease expires.");
+    describe_gauge!(MODE, "1 for the resource's current mode (leased, pending, standalone, fallback_*).");
+    describe_counter!(RPCS, "RPCs to the capacity servers, by method and result.");
+    describe_histogram!(UPSTREAM, Unit::Seconds, "Time until the upstream's response headers, by listener and status.");
+    describe_counter!(RELOADS, "Configuration reloads, by result (success or failure).");
+    Ok(handle)
+}
+
+pub fn record_reload(ok: bool) {
+    counter!(RELOADS, "result" => if ok { "success" } else { "failure" }).increment(1);
+}
+
+pub fn record_rpc(method: &'static str, result: &'static str) {
+    counter!(RPCS, "method" => method, "result" => result).increment(1);
+}
+
+/// One resource's series.
+pub struct GateMetrics {
+    pub allowed: Counter,
+    pub delayed: Counter,
+    pub rejected: Counter,
+    pub shadow_rejected: Counter,
+    pub wait: Histogram,
+    pub wants: Gauge,
+    capacity: Gauge,
+    expiry: Gauge,
+    modes: Vec<Gauge>,
+}
+
+impl GateMetrics {
+    pub fn new(id: &Arc<str>) -> GateMetrics {
+        let resource = || id.to_string();
+        let decision = |d: &'static str| counter!(REQUESTS, "resource" => resource(), "decision" => d);
+        GateMetrics {
+            allowed: decision("allowed"),
+            delayed: decision("delayed"),
+            rejected: decision("rejected"),
+            shadow_rejected: decision("shadow_rejected"),
+            wait: histogram!(WAIT, "resource" => resource()),
+            wants: gauge!(WANTS, "resource" => resource()),
+            capacity: gauge!(CAPACITY, "resource" => resource()),
+            expiry: gauge!(EXPIRY, "resource" => resource()),
+            modes: MODES.iter().map(|&m| gauge!(MODE, "resource" => resource(), "mode" => m)).collect(),
+        }
+    }
+
+    pub fn applied(&self, applied: &Applied) {
+        self.capacity.set(applied.capacity);
+        self.expiry.set(applied.expiry.map_or(0.0, |e| e as f64));
+        for (gauge, mode) in self.modes.iter().zip(MODES) {
+            gauge.set(f64::from(u8::from(*mode == applied.mode)));
+        }
+    }
+}
+
+/// A listener's upstream latency histograms, one per status code, made on first use.
+pub struct UpstreamTiming {
+    listener: Arc<str>,
+    by_status: Mutex<Vec<(u16, Histogram)>>,
+}
+
+impl UpstreamTiming {
+    pub fn new(listener: Arc<str>) -> UpstreamTiming {
+        UpstreamTiming { listener, by_status: Mutex::new(Vec::new()) }
+    }
+
+    fn record(&self, status: u16, seconds: f64) {
+        let mut known = self.by_status.lock().unwrap_or_else(|p| p.into_inner());
+        let histogram = match known.iter().find(|(s, _)| *s == status) {
+            Some((_, h)) => h,
+            None => {
+                let h = histogram!(UPSTREAM, "listener" => self.listener.to_string(), "status" => status.to_string());
+                known.push((status, h));
+                &known.last().expect("just pushed").1
+            }
+        };
+        histogram.record(seconds);
+    }
+}
+
+/// Tower layer above the proxy: times each forwarded request until its response headers.
+#[derive(Clone)]
+pub struct Measure<S> {
+    inner: S,
+}
+
+impl<S> Measure<S> {
+    pub fn layer() -> tower::layer::LayerFn<fn(S) -> Measure<S>> {
+        tower::layer::layer_fn(|inner| Measure { inner })
+    }
+}
+
+impl<S> Service<Request<Incoming>> for Measure<S>
+where
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future = ResponseFuture>,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> ResponseFuture {
+        let Some(routed) = req.extensions().get::<Routed>().cloned() else {
+            return self.inner.call(req);
+        };
+        let start = Instant::now();
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            let response = answer.await?;
+            routed.listener.timing.record(response.status().as_u16(), start.elapsed().as_secs_f64());
+            Ok(response)
+        })
+    }
+}

@@ -1,0 +1,199 @@
+//! Forwarding to an upstream: pooled keep-alive connections, HTTP/1.1 or HTTP/2 as the
+//! application spoke it (gRPC needs HTTP/2 end to end), TLS origination with rustls for
+//! `https://` upstreams, bodies and trailers streamed both ways.
+
+use std::{
+    convert::Infallible,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use http::{
+    HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version,
+    header::{CONNECTION, HOST, TE, TRANSFER_ENCODING, UPGRADE},
+    uri::{Authority, PathAndQuery, Scheme},
+};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::{TokioExecutor, TokioTimer},
+};
+use tower::Service;
+
+use crate::{body::Body, config, defaults, respond, route::Routed, stack::ResponseFuture};
+
+type Pool = Client<HttpsConnector<HttpConnector>, Incoming>;
+
+/// One configured upstream and its connection pools.
+pub struct UpstreamClient {
+    config: config::Upstream,
+    scheme: Scheme,
+    authority: Authority,
+    host: HeaderValue,
+    http1: Pool,
+    http2: Pool,
+}
+
+impl UpstreamClient {
+    pub fn new(config: &config::Upstream) -> Result<UpstreamClient, String> {
+        let scheme = config.url.scheme().cloned().unwrap_or(Scheme::HTTP);
+        let authority = config.url.authority().cloned().ok_or("the url has no authority")?;
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
+        let tls = tls_config(config.ca.as_deref())?;
+        let pool = |http2: bool| {
+            let mut http = HttpConnector::new();
+            http.set_nodelay(true);
+            http.enforce_http(false);
+            http.set_connect_timeout(Some(defaults::UPSTREAM_CONNECT_TIMEOUT));
+            let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls.clone()).https_or_http();
+            // ALPN offers exactly the version the pool speaks.
+            let connector =
+                if http2 { builder.enable_http2().wrap_connector(http) } else { builder.enable_http1().wrap_connector(http) };
+            Client::builder(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .pool_timer(TokioTimer::new())
+                .pool_idle_timeout(defaults::UPSTREAM_POOL_IDLE_TIMEOUT)
+                .pool_max_idle_per_host(defaults::UPSTREAM_POOL_IDLE)
+                .http2_only(http2)
+                .build(connector)
+        };
+        Ok(UpstreamClient { config: config.clone(), scheme, authority, host, http1: pool(false), http2: pool(true) })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    pub fn config(&self) -> &config::Upstream {
+        &self.config
+    }
+
+    /// Sends `req` upstream; failures become the synthetic 502/504 (or gRPC UNAVAILABLE /
+    /// DEADLINE_EXCEEDED).
+    pub async fn forward(&self, req: Request<Incoming>) -> Response<Body> {
+        let grpc = respond::is_grpc(req.headers());
+        let (mut parts, body) = req.into_parts();
+        let path = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let uri = Uri::builder().scheme(self.scheme.clone()).authority(self.authority.clone()).path_and_query(path);
+        let pool = if parts.version == Version::HTTP_2 {
+            // The URI's authority becomes `:authority`; a Host header would contradict it.
+            parts.headers.remove(HOST);
+            &self.http2
+        } else {
+            parts.version = Version::HTTP_11;
+            parts.headers.insert(HOST, self.host.clone());
+            &self.http1
+        };
+        parts.uri = match uri.build() {
+            Ok(uri) => uri,
+            Err(e) => return respond::bad_gateway(grpc, self.name(), &e.to_string()),
+        };
+        strip_hop_by_hop(&mut parts.headers);
+        let sent = pool.request(Request::from_parts(parts, body));
+        let answer = match self.config.timeout {
+            Some(limit) => match tokio::time::timeout(limit, sent).await {
+                Ok(answer) => answer,
+                Err(_) => return respond::gateway_timeout(grpc, self.name()),
+            },
+            None => sent.await,
+        };
+        match answer {
+            Ok(response) => {
+                let (mut parts, body) = response.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, Body::upstream(body))
+            }
+            Err(e) => {
+                tracing::debug!(upstream = self.name(), error = %e, "upstream request failed");
+                respond::bad_gateway(grpc, self.name(), &error_chain(&e))
+            }
+        }
+    }
+}
+
+/// Removes the headers that describe one connection rather than the message (RFC 9110 §7.6.1),
+/// keeping `te: trailers`, which gRPC needs end to end.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [CONNECTION, TRANSFER_ENCODING, UPGRADE] {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+    if headers.get(TE).is_some_and(|v| v != "trailers") {
+        headers.remove(TE);
+    }
+}
+
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+/// Trust for `https://` upstreams: the configured CA bundle, else the system's roots, else
+/// the Mozilla roots compiled in (for images without a CA store).
+fn tls_config(ca: Option<&std::path::Path>) -> Result<rustls::ClientConfig, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|e| format!("ca {}: {e}", path.display()))?;
+            for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+                let cert = cert.map_err(|e| format!("ca {}: {e}", path.display()))?;
+                roots.add(cert).map_err(|e| format!("ca {}: {e}", path.display()))?;
+            }
+            if roots.is_empty() {
+                return Err(format!("ca {}: no certificate found", path.display()));
+            }
+        }
+        None => {
+            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+            if roots.is_empty() {
+                roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+            }
+        }
+    }
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+        .map_err(|e| e.to_string())
+}
+
+/// The innermost service: forwards to the upstream routing chose.
+#[derive(Clone, Default)]
+pub struct Proxy;
+
+impl Service<Request<Incoming>> for Proxy {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> ResponseFuture {
+        Box::pin(async move {
+            let upstream = req.extensions().get::<Routed>().map(|r| r.upstream.clone());
+            Ok(match upstream {
+                Some(upstream) => upstream.forward(req).await,
+                None => respond::no_route(respond::is_grpc(req.headers()), crate::classify::host(&req)),
+            })
+        })
+    }
+}

@@ -1,0 +1,117 @@
+//! Every response the sidecar makes up itself, in one place: rejections by a limit, requests with
+//! nowhere to go, and upstream failures. gRPC callers get a trailers-only response with the
+//! matching status, everyone else a plain HTTP status with a one-line body.
+
+use std::{fmt::Write, time::Duration};
+
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+
+use crate::{body::Body, core::Kind};
+
+/// gRPC status codes used here (grpc/doc/statuscodes.md).
+mod code {
+    pub const DEADLINE_EXCEEDED: u8 = 4;
+    pub const RESOURCE_EXHAUSTED: u8 = 8;
+    pub const UNIMPLEMENTED: u8 = 12;
+    pub const UNAVAILABLE: u8 = 14;
+}
+
+/// Whether a request is gRPC, so that it gets its errors as gRPC statuses.
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// The limit of `resource` said no (SPEC §4.4): 429 with `Retry-After` and the IETF RateLimit
+/// headers, or RESOURCE_EXHAUSTED with `grpc-retry-pushback-ms`.
+pub fn limited(grpc: bool, resource: &str, kind: Kind, capacity: f64, retry_after: Duration) -> Response<Body> {
+    let message = format!("rate limited by sluice: resource {resource:?} is over its capacity");
+    if grpc {
+        let mut response = trailers_only(code::RESOURCE_EXHAUSTED, &message);
+        let pushback = HeaderValue::from(u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX));
+        response.headers_mut().insert("grpc-retry-pushback-ms", pushback);
+        return response;
+    }
+    let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+    let mut response = plain(StatusCode::TOO_MANY_REQUESTS, message);
+    let headers = response.headers_mut();
+    headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    let name = sf_string(resource);
+    let quota = if capacity.is_finite() { capacity.floor() as u64 } else { u64::MAX };
+    let policy = match kind {
+        Kind::Rate => format!("{name};q={quota};w=1"),
+        Kind::Concurrency => format!("{name};q={quota}"),
+    };
+    if let Ok(v) = HeaderValue::try_from(policy) {
+        headers.insert("ratelimit-policy", v);
+    }
+    if let Ok(v) = HeaderValue::try_from(format!("{name};r=0;t={seconds}")) {
+        headers.insert("ratelimit", v);
+    }
+    response
+}
+
+/// A request for a host or listener with no configured upstream: never forwarded.
+pub fn no_route(grpc: bool, host: &str) -> Response<Body> {
+    let message = format!("sluice: no upstream is configured for host {host:?}");
+    if grpc { trailers_only(code::UNIMPLEMENTED, &message) } else { plain(StatusCode::NOT_FOUND, message) }
+}
+
+/// The upstream could not be reached or failed mid-request.
+pub fn bad_gateway(grpc: bool, upstream: &str, error: &str) -> Response<Body> {
+    let message = format!("sluice: upstream {upstream:?} failed: {error}");
+    if grpc { trailers_only(code::UNAVAILABLE, &message) } else { plain(StatusCode::BAD_GATEWAY, message) }
+}
+
+/// The upstream did not answer within its configured timeout.
+pub fn gateway_timeout(grpc: bool, upstream: &str) -> Response<Body> {
+    let message = format!("sluice: upstream {upstream:?} timed out");
+    if grpc { trailers_only(code::DEADLINE_EXCEEDED, &message) } else { plain(StatusCode::GATEWAY_TIMEOUT, message) }
+}
+
+fn plain(status: StatusCode, mut message: String) -> Response<Body> {
+    message.push('\n');
+    let mut response = Response::new(Body::synthetic(message));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
+}
+
+/// A gRPC response with no messages: HTTP 200 whose headers carry the status (gRPC's
+/// "Trailers-Only" form).
+fn trailers_only(status: u8, message: &str) -> Response<Body> {
+    let mut response = Response::new(Body::empty());
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert("grpc-status", HeaderValue::from(u16::from(status)));
+    if let Ok(v) = HeaderValue::try_from(percent_encode(message)) {
+        headers.insert("grpc-message", v);
+    }
+    response
+}
+
+/// gRPC's encoding of `grpc-message`: printable ASCII except `%` stays, the rest is %XX.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for &b in text.as_bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// A structured-field string (RFC 8941), as the RateLimit headers name their policy.
+fn sf_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars().filter(|c| (' '..='~').contains(c)) {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}

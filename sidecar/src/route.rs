@@ -1,0 +1,73 @@
+//! Routing: which configured upstream a request goes to — the listener's own, or the one whose
+//! `hosts` list the request's Host/`:authority`. Anything else is answered here and never
+//! forwarded: the sidecar is not an open proxy.
+
+use std::{
+    convert::Infallible,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use arc_swap::ArcSwap;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tower::Service;
+
+use crate::{
+    body::Body,
+    classify::host,
+    plan::{ListenerPlan, Plan, Target},
+    proxy::UpstreamClient,
+    respond,
+    stack::ResponseFuture,
+};
+
+/// Where a request goes, for the layers below.
+#[derive(Clone)]
+pub struct Routed {
+    pub listener: Arc<ListenerPlan>,
+    pub upstream: Arc<UpstreamClient>,
+}
+
+/// Tower service at the top of a listener's stack: reads the configuration in force once per
+/// request, so a reload applies to open connections from their next request on.
+#[derive(Clone)]
+pub struct Route<S> {
+    inner: S,
+    live: Arc<ArcSwap<Plan>>,
+    listener: usize,
+}
+
+impl<S> Route<S> {
+    /// `listener` indexes the configuration's listeners, which a reload cannot reorder.
+    pub fn new(inner: S, live: Arc<ArcSwap<Plan>>, listener: usize) -> Route<S> {
+        Route { inner, live, listener }
+    }
+}
+
+impl<S> Service<Request<Incoming>> for Route<S>
+where
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future = ResponseFuture>,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<Incoming>) -> ResponseFuture {
+        let listener = self.live.load().listeners[self.listener].clone();
+        let upstream = match &listener.target {
+            Target::Fixed(upstream) => Some(upstream.clone()),
+            Target::ByHost(hosts) => hosts.get(&host(&req).to_ascii_lowercase()).cloned(),
+        };
+        let Some(upstream) = upstream else {
+            let response = respond::no_route(respond::is_grpc(req.headers()), host(&req));
+            return Box::pin(std::future::ready(Ok(response)));
+        };
+        req.extensions_mut().insert(Routed { listener, upstream });
+        self.inner.call(req)
+    }
+}

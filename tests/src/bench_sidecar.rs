@@ -1,0 +1,429 @@
+//! The sidecar benchmark (`make bench-sidecar`): wrk against the same `sluice-upstream` directly,
+//! through nginx as a reverse proxy and through the sidecar with an active rule whose lease is far
+//! above the load, one worker thread each, in one run. Reports throughput, latency under load, the
+//! latency of a single closed-loop connection (the added latency without queueing) and the
+//! sidecar's idle RSS, against the goals: ≥ 1.2× nginx's throughput, ≤ 100 µs added p50 over
+//! direct, ≤ 15 MB idle RSS.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    io::ErrorKind,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use clap::{Parser, ValueEnum};
+use tempfile::TempDir;
+
+use crate::{
+    harness::{Server, binary, free_port, http_get},
+    upstream::UpstreamProcess,
+};
+
+const GOAL_VS_NGINX: f64 = 1.2;
+const GOAL_ADDED_P50_US: f64 = 100.0;
+const GOAL_RSS_MB: f64 = 15.0;
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A lease far above any load wrk can offer, granted at once.
+const SERVER_CONFIG: &str = r#"resources:
+  - identifier_glob: "*"
+    capacity: 1000000000
+    algorithm: {kind: FAIR_SHARE, lease_length: 60, refresh_interval: 5, learning_mode_duration: 0}
+"#;
+
+/// Sidecar benchmark: wrk direct, through nginx and through the sidecar.
+#[derive(Debug, Parser)]
+#[command(name = "sluice-bench-sidecar")]
+pub struct Args {
+    /// sluice-sidecar binary [default: next to this executable].
+    #[arg(long)]
+    pub sidecar: Option<PathBuf>,
+    /// sluice-server binary [default: next to this executable].
+    #[arg(long)]
+    pub server: Option<PathBuf>,
+    /// sluice-upstream binary [default: next to this executable].
+    #[arg(long)]
+    pub upstream: Option<PathBuf>,
+    /// Length of each throughput pass; each single-connection pass takes half of it (whole seconds).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub duration: Duration,
+    /// wrk connections in the throughput passes.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub connections: u32,
+    #[arg(long, default_value = "wrk")]
+    pub wrk: PathBuf,
+    #[arg(long, default_value = "nginx")]
+    pub nginx: PathBuf,
+    /// What to measure, in this order.
+    #[arg(long, value_delimiter = ',', default_value = "direct,nginx,sidecar")]
+    pub targets: Vec<Target>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Target {
+    Direct,
+    Nginx,
+    Sidecar,
+}
+
+/// What wrk reports for one pass; latencies in µs.
+#[derive(Debug, PartialEq)]
+struct Pass {
+    requests_per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+    non_2xx: u64,
+}
+
+struct Measurement {
+    target: Target,
+    load: Pass,
+    single: Pass,
+}
+
+pub fn run(args: Args) -> Result<(), String> {
+    let uses = |target| args.targets.contains(&target);
+    check_installed(&args.wrk, &[])?;
+    if uses(Target::Nginx) {
+        check_installed(&args.nginx, &["-v"])?;
+    }
+    let upstream_binary = args.upstream.clone().unwrap_or_else(|| binary("sluice-upstream"));
+    let upstream = UpstreamProcess::launch(&upstream_binary, &["--worker-threads", "1"])?;
+
+    // Each guard stops its process when dropped, on every way out of this function.
+    let mut addrs = Vec::new();
+    let mut sidecar_rss = None;
+    let _nginx = if uses(Target::Nginx) {
+        let nginx = Nginx::start(&args.nginx, upstream.addr())?;
+        addrs.push((Target::Nginx, nginx.addr));
+        Some(nginx)
+    } else {
+        None
+    };
+    let _sidecar = if uses(Target::Sidecar) {
+        let server = Server::builder_for(args.server.clone().unwrap_or_else(|| binary("sluice-server")))
+            .config(SERVER_CONFIG)
+            .start();
+        let sidecar_binary = args.sidecar.clone().unwrap_or_else(|| binary("sluice-sidecar"));
+        let sidecar = Sidecar::start(&sidecar_binary, server.grpc, upstream.addr())?;
+        sidecar_rss = Some(rss_mb(sidecar.process.child.id())?);
+        addrs.push((Target::Sidecar, sidecar.listener));
+        Some((server, sidecar))
+    } else {
+        None
+    };
+    addrs.push((Target::Direct, upstream.addr()));
+
+    let secs = args.duration.as_secs().max(1);
+    let mut results = Vec::new();
+    for &target in &args.targets {
+        let &(_, addr) = addrs.iter().find(|(t, _)| *t == target).expect("every target was started");
+        eprintln!(
+            "measuring {target:?} ({secs}s at {} connections, then {}s at 1)",
+            args.connections,
+            secs.div_ceil(2)
+        );
+        let load = wrk(&args.wrk, addr, args.connections, secs)?;
+        let single = wrk(&args.wrk, addr, 1, secs.div_ceil(2))?;
+        results.push(Measurement { target, load, single });
+    }
+    print!("{}", report(&results, sidecar_rss));
+    match results.iter().find(|m| m.target == Target::Sidecar && m.load.non_2xx + m.single.non_2xx > 0) {
+        Some(m) => Err(format!(
+            "the sidecar answered {} requests with non-2xx statuses: its lease must be far above the load",
+            m.load.non_2xx + m.single.non_2xx
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Fails with the install hint when `program` cannot be run at all.
+fn check_installed(program: &Path, args: &[&str]) -> Result<(), String> {
+    match Command::new(program).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status() {
+        Err(e) if e.kind() == ErrorKind::NotFound => Err("install them: apt-get install -y wrk nginx-light".into()),
+        Err(e) => Err(format!("cannot run {}: {e}", program.display())),
+        Ok(_) => Ok(()),
+    }
+}
+
+fn wrk(wrk: &Path, addr: SocketAddr, connections: u32, secs: u64) -> Result<Pass, String> {
+    let output = Command::new(wrk)
+        .args(["-t1", &format!("-c{connections}"), &format!("-d{secs}s"), "--latency", &format!("http://{addr}/")])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", wrk.display()))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(format!("wrk failed ({}): {stdout}{}", output.status, String::from_utf8_lossy(&output.stderr)));
+    }
+    parse_wrk(&stdout).ok_or_else(|| format!("cannot read wrk's report:\n{stdout}"))
+}
+
+fn parse_wrk(report: &str) -> Option<Pass> {
+    let value =
+        |prefix: &str| report.lines().find_map(|line| line.trim_start().strip_prefix(prefix)).map(|rest| rest.trim());
+    Some(Pass {
+        requests_per_sec: value("Requests/sec:")?.parse().ok()?,
+        p50_us: micros(value("50%")?)?,
+        p99_us: micros(value("99%")?)?,
+        non_2xx: value("Non-2xx or 3xx responses:").map_or(Some(0), |n| n.parse().ok())?,
+    })
+}
+
+/// A wrk latency such as `87.00us`, `1.23ms` or `2.00s`, in µs.
+fn micros(latency: &str) -> Option<f64> {
+    let split = latency.find(|c: char| c.is_ascii_alphabetic())?;
+    let (number, unit) = latency.split_at(split);
+    let scale = match unit {
+        "us" => 1.0,
+        "ms" => 1e3,
+        "s" => 1e6,
+        _ => return None,
+    };
+    Some(number.parse::<f64>().ok()? * scale)
+}
+
+/// Resident memory in MB (10^6 bytes), from /proc.
+fn rss_mb(pid: u32) -> Result<f64, String> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| format!("cannot read RSS: {e}"))?;
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse::<f64>().ok())
+        .ok_or("no VmRSS in /proc/PID/status")?;
+    Ok(kib * 1024.0 / 1e6)
+}
+
+fn report(results: &[Measurement], sidecar_rss: Option<f64>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n{:<8} {:>10} {:>14} {:>14} {:>16} {:>8}",
+        "target", "req/s", "p50 load µs", "p99 load µs", "p50 1 conn µs", "non-2xx"
+    );
+    for m in results {
+        let _ = writeln!(
+            out,
+            "{:<8} {:>10.0} {:>14.0} {:>14.0} {:>16.1} {:>8}",
+            format!("{:?}", m.target).to_lowercase(),
+            m.load.requests_per_sec,
+            m.load.p50_us,
+            m.load.p99_us,
+            m.single.p50_us,
+            m.load.non_2xx + m.single.non_2xx
+        );
+    }
+    let get = |target| results.iter().find(|m| m.target == target);
+    let verdict = |pass: bool| if pass { "PASS" } else { "MISS" };
+    out.push('\n');
+    if let (Some(sidecar), Some(nginx)) = (get(Target::Sidecar), get(Target::Nginx)) {
+        let ratio = sidecar.load.requests_per_sec / nginx.load.requests_per_sec;
+        let _ = writeln!(
+            out,
+            "sidecar/nginx throughput   {ratio:>7.2}×   goal ≥ {GOAL_VS_NGINX}×   {}",
+            verdict(ratio >= GOAL_VS_NGINX)
+        );
+    }
+    if let Some(direct) = get(Target::Direct) {
+        if let Some(sidecar) = get(Target::Sidecar) {
+            let ratio = sidecar.load.requests_per_sec / direct.load.requests_per_sec;
+            let _ = writeln!(out, "sidecar/direct throughput  {ratio:>7.2}×");
+        }
+        for (target, name) in [(Target::Sidecar, "sidecar"), (Target::Nginx, "nginx")] {
+            if let Some(proxied) = get(target) {
+                let added = proxied.single.p50_us - direct.single.p50_us;
+                let _ = write!(out, "added p50 {name:<8} 1 conn {added:>7.1} µs");
+                if target == Target::Sidecar {
+                    let _ = write!(out, "  goal ≤ {GOAL_ADDED_P50_US} µs  {}", verdict(added <= GOAL_ADDED_P50_US));
+                }
+                out.push('\n');
+            }
+        }
+    }
+    if let Some(rss) = sidecar_rss {
+        let _ = writeln!(
+            out,
+            "sidecar idle RSS           {rss:>7.1} MB   goal ≤ {GOAL_RSS_MB} MB   {}",
+            verdict(rss <= GOAL_RSS_MB)
+        );
+    }
+    out
+}
+
+/// A child process with its log file, killed and reaped when dropped.
+struct Process {
+    name: &'static str,
+    child: Child,
+    log_path: PathBuf,
+}
+
+impl Process {
+    fn spawn(name: &'static str, command: &mut Command, log_path: PathBuf) -> Result<Process, String> {
+        let log = fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start {name}: {e}"))?;
+        Ok(Process { name, child, log_path })
+    }
+
+    /// Waits until `ready` holds, failing early if the process exits.
+    fn wait_ready(&mut self, ready: impl Fn() -> bool) -> Result<(), String> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("{} exited during start-up with {status}; log:\n{}", self.name, self.logs()));
+            }
+            if ready() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{} not ready after {START_TIMEOUT:?}; log:\n{}", self.name, self.logs()));
+            }
+            thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    fn logs(&self) -> String {
+        fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serves_ok(addr: SocketAddr) -> bool {
+    matches!(http_get(addr, "/"), Ok((200, _)))
+}
+
+struct Nginx {
+    _process: Process,
+    addr: SocketAddr,
+    _dir: TempDir,
+}
+
+impl Nginx {
+    /// nginx as a keep-alive reverse proxy to `upstream`, everything it writes inside its own directory.
+    fn start(nginx: &Path, upstream: SocketAddr) -> Result<Nginx, String> {
+        let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let d = dir.path().display();
+        let config = format!(
+            r#"daemon off;
+worker_processes 1;
+pid {d}/nginx.pid;
+error_log stderr;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/client_body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    upstream backend {{
+        server {upstream};
+        keepalive 64;
+    }}
+    server {{
+        listen {addr};
+        location / {{
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"#
+        );
+        let config_path = dir.path().join("nginx.conf");
+        fs::write(&config_path, config).map_err(|e| format!("{}: {e}", config_path.display()))?;
+        let mut command = Command::new(nginx);
+        command.arg("-p").arg(dir.path()).arg("-c").arg(&config_path).args(["-e", "stderr"]);
+        let mut process = Process::spawn("nginx", &mut command, dir.path().join("nginx.log"))?;
+        process.wait_ready(|| serves_ok(addr))?;
+        Ok(Nginx { _process: process, addr, _dir: dir })
+    }
+}
+
+struct Sidecar {
+    process: Process,
+    listener: SocketAddr,
+    _dir: TempDir,
+}
+
+impl Sidecar {
+    /// The sidecar with one listener, one upstream and one rate rule leased from `server`; ready
+    /// once `/ready` answers 200 and it has proxied one request.
+    fn start(binary: &Path, server: SocketAddr, upstream: SocketAddr) -> Result<Sidecar, String> {
+        let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+        let listener = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let config = format!(
+            r#"server:
+  addresses: ["{server}"]
+listeners:
+  - name: bench
+    address: {listener}
+    upstream: backend
+upstreams:
+  - name: backend
+    url: http://{upstream}
+resources:
+  - id: bench
+    kind: rate
+rules:
+  - resource: bench
+    on_limit: reject
+"#
+        );
+        let config_path = dir.path().join("sidecar.yaml");
+        fs::write(&config_path, config).map_err(|e| format!("{}: {e}", config_path.display()))?;
+        let mut command = Command::new(binary);
+        command.arg("--config").arg(&config_path).args(["--admin-addr", &admin.to_string(), "--worker-threads", "1"]);
+        let mut process = Process::spawn("sluice-sidecar", &mut command, dir.path().join("sidecar.log"))?;
+        process.wait_ready(|| matches!(http_get(admin, "/ready"), Ok((200, _))))?;
+        if !serves_ok(listener) {
+            return Err(format!("the sidecar does not proxy GET / with 200; log:\n{}", process.logs()));
+        }
+        Ok(Sidecar { process, listener, _dir: dir })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_wrk_reports() {
+        let report = "Running 1s test @ http://127.0.0.1:8080/
+  1 threads and 32 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency   420.12us  100.00us   2.31ms   90.00%
+    Req/Sec    70.00k     1.00k   75.00k    80.00%
+  Latency Distribution
+     50%  410.00us
+     75%  450.00us
+     90%  500.00us
+     99%    1.20ms
+  70000 requests in 1.00s, 5.00MB read
+  Non-2xx or 3xx responses: 3
+Requests/sec:  69999.50
+Transfer/sec:      5.00MB
+";
+        let pass = Pass { requests_per_sec: 69999.5, p50_us: 410.0, p99_us: 1200.0, non_2xx: 3 };
+        assert_eq!(parse_wrk(report), Some(pass));
+        assert_eq!(micros("2.00s"), Some(2e6));
+        assert_eq!(micros("3.00m"), None);
+    }
+}

@@ -1,0 +1,171 @@
+//! The sidecar as a transparent proxy (SPEC §4.1): HTTP/1.1, h2c and gRPC pass through
+//! unchanged, TLS is originated toward https:// upstreams, and requests for hosts nobody
+//! configured are answered by the sidecar, never forwarded.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use sluice_tests::{
+    harness::{Sidecar, free_port},
+    http::{HttpClient, h2c, http1},
+    upstream::{
+        UpstreamProcess,
+        echo::{EchoRequest, echo_client::EchoClient},
+    },
+};
+use tokio_stream::StreamExt;
+use tonic::Code;
+
+/// A standalone sidecar whose one listener forwards to `upstream_url`, with a rule far above
+/// any test load so that nothing is limited.
+fn sidecar(upstream_url: &str, ca: Option<&std::path::Path>) -> (Sidecar, SocketAddr) {
+    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let ca = ca.map_or_else(String::new, |p| format!("\n    ca: {}", p.display()));
+    let config = format!(
+        "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
+         upstreams:\n  - name: app\n    url: {upstream_url}{ca}\n\
+         resources:\n  - id: everything\n    capacity: 1000000\n\
+         rules:\n  - resource: everything\n"
+    );
+    (Sidecar::builder().config(&config).start_sidecar(), listen)
+}
+
+async fn echo(client: &HttpClient, request: http::Request<Full<Bytes>>) -> serde_json::Value {
+    let response = client.request(request).await.expect("response");
+    assert_eq!(response.status(), 200);
+    let body = response.into_body().collect().await.expect("body").to_bytes();
+    serde_json::from_slice(&body).expect("JSON echo")
+}
+
+fn has_header(echo: &serde_json::Value, name: &str, value: &str) -> bool {
+    echo["headers"].as_array().expect("headers").contains(&serde_json::json!([name, value]))
+}
+
+#[tokio::test]
+async fn http1_passes_through_unchanged() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(&format!("http://{}", upstream.addr()), None);
+    let client = http1();
+
+    let post = http::Request::post(format!("http://{listen}/echo/orders?id=7&x=%20"))
+        .header("x-custom", "one")
+        .header("authorization", "Bearer t")
+        .body(Full::from("hello body"))
+        .unwrap();
+    let seen = echo(&client, post).await;
+    assert_eq!(seen["method"], "POST");
+    assert_eq!(seen["uri"], "/echo/orders?id=7&x=%20");
+    assert_eq!(seen["version"], "HTTP/1.1");
+    assert_eq!(seen["body"], "hello body");
+    assert!(has_header(&seen, "x-custom", "one") && has_header(&seen, "authorization", "Bearer t"), "{seen}");
+    // The Host header names the upstream, as the application addressed the sidecar.
+    assert!(has_header(&seen, "host", &upstream.addr().to_string()), "{seen}");
+
+    let response = client.request(http::Request::get(format!("http://{listen}/status/503")).body(Full::default()).unwrap());
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["x-upstream-status"], "503");
+    assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "status 503");
+
+    let stream = client.request(http::Request::get(format!("http://{listen}/stream?chunks=4&delay_ms=20")).body(Full::default()).unwrap());
+    let body = stream.await.unwrap().into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "chunk 0\nchunk 1\nchunk 2\nchunk 3\n");
+}
+
+#[tokio::test]
+async fn h2c_passes_through_with_trailers() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(&format!("http://{}", upstream.addr()), None);
+    let client = h2c();
+
+    let put = http::Request::put(format!("http://{listen}/echo?h2=1")).header("x-h2", "yes").body(Full::from("over h2")).unwrap();
+    let seen = echo(&client, put).await;
+    assert_eq!(seen["version"], "HTTP/2.0", "HTTP/2 from the application stays HTTP/2 upstream");
+    assert_eq!(seen["body"], "over h2");
+    assert!(has_header(&seen, "x-h2", "yes"), "{seen}");
+
+    let response = client.request(http::Request::get(format!("http://{listen}/trailers")).body(Full::default()).unwrap());
+    let collected = response.await.unwrap().into_body().collect().await.unwrap();
+    assert_eq!(collected.trailers().and_then(|t| t.get("x-trailer")).map(|v| v.to_str().unwrap()), Some("done"));
+    assert_eq!(collected.to_bytes(), "with trailers");
+}
+
+#[tokio::test]
+async fn grpc_unary_and_streaming_pass_through() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(&format!("http://{}", upstream.addr()), None);
+    let mut client = EchoClient::connect(format!("http://{listen}")).await.expect("connect through the sidecar");
+
+    let mut call = tonic::Request::new(EchoRequest { message: "ping".into(), ..Default::default() });
+    call.metadata_mut().insert("x-request-id", "r-1".parse().unwrap());
+    let reply = client.unary(call).await.expect("unary");
+    assert_eq!(reply.get_ref().message, "ping");
+    assert_eq!(reply.metadata().get("x-request-id").unwrap(), "r-1", "metadata comes back");
+
+    let failing = EchoRequest { fail_code: Code::FailedPrecondition as i32, fail_message: "nope".into(), ..Default::default() };
+    let status = client.unary(failing).await.expect_err("the upstream's status passes through");
+    assert_eq!((status.code(), status.message()), (Code::FailedPrecondition, "nope"));
+
+    let stream = client.server_stream(EchoRequest { message: "s".into(), count: 50, ..Default::default() });
+    let replies: Vec<_> = stream.await.expect("stream").into_inner().collect().await;
+    let indices: Vec<u32> = replies.into_iter().map(|r| r.expect("message").index).collect();
+    assert_eq!(indices, (0..50).collect::<Vec<_>>());
+
+    let messages = tokio_stream::iter((0..5).map(|i| EchoRequest { message: i.to_string(), ..Default::default() }));
+    let reply = client.client_stream(messages).await.expect("client stream");
+    assert_eq!((reply.get_ref().message.as_str(), reply.get_ref().index), ("01234", 5));
+}
+
+#[tokio::test]
+async fn originates_tls_to_https_upstreams() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let (cert, key, ca_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"), dir.path().join("ca.pem"));
+    std::fs::write(&cert, ca.cert.pem()).unwrap();
+    std::fs::write(&key, ca.signing_key.serialize_pem()).unwrap();
+    std::fs::write(&ca_path, ca.cert.pem()).unwrap();
+    let upstream = UpstreamProcess::start(Some((&cert, &key)));
+    let url = format!("https://localhost:{}", upstream.addr().port());
+    let (_sidecar, listen) = sidecar(&url, Some(&ca_path));
+
+    let seen = echo(&http1(), http::Request::get(format!("http://{listen}/echo/tls")).body(Full::default()).unwrap()).await;
+    assert_eq!(seen["uri"], "/echo/tls");
+    let seen = echo(&h2c(), http::Request::get(format!("http://{listen}/echo/tls2")).body(Full::default()).unwrap()).await;
+    assert_eq!(seen["version"], "HTTP/2.0", "ALPN negotiates h2 for HTTP/2 callers");
+
+    let mut grpc = EchoClient::connect(format!("http://{listen}")).await.unwrap();
+    let reply = grpc.unary(EchoRequest { message: "secure".into(), ..Default::default() }).await.expect("gRPC over TLS");
+    assert_eq!(reply.get_ref().message, "secure");
+
+    // Without the CA the upstream's certificate is not trusted: 502, never plaintext.
+    let (_untrusting, listen) = sidecar(&url, None);
+    let response = http1().request(http::Request::get(format!("http://{listen}/echo")).body(Full::default()).unwrap());
+    assert_eq!(response.await.unwrap().status(), 502);
+}
+
+#[tokio::test]
+async fn unconfigured_hosts_are_not_forwarded() {
+    let upstream = UpstreamProcess::start(None);
+    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let config = format!(
+        "listeners:\n  - name: edge\n    address: {listen}\n\
+         upstreams:\n  - name: api\n    url: http://{}\n    hosts: [api.example.test]\n\
+         resources:\n  - id: everything\n    capacity: 1000000\n\
+         rules:\n  - resource: everything\n",
+        upstream.addr()
+    );
+    let _sidecar = Sidecar::builder().config(&config).start_sidecar();
+    let client = http1();
+    let get = |host: &str| http::Request::get(format!("http://{listen}/echo")).header("host", host).body(Full::default()).unwrap();
+
+    let seen = echo(&client, get("API.example.test:80")).await;
+    assert!(has_header(&seen, "host", &upstream.addr().to_string()), "routed by Host: {seen}");
+
+    let refused = client.request(get("evil.example.test")).await.unwrap();
+    assert_eq!(refused.status(), 404);
+    let body = refused.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("no upstream is configured for host \"evil.example.test\""));
+
+}
+
