@@ -3,7 +3,7 @@ CARGO ?= cargo
 BENCH_CLIENTS ?= 100,10000,100000,1000000
 BENCH_DURATION ?= 10s
 
-.PHONY: all build test demo bench bench-server lint fmt clean
+.PHONY: all build test demo bench bench-server bench-sidecar lint fmt clean
 
 all: build
 
@@ -19,7 +19,7 @@ test: build
 demo: build
 	./target/debug/sluice-demo
 
-bench: bench-server
+bench: bench-server bench-sidecar
 
 # GetCapacity throughput, latency and memory per lease for 100 … 1M clients, each against a
 # fresh release server; `vs Discovery` is the ratio to the cheapest RPC in the same run.
@@ -27,6 +27,14 @@ bench-server:
 	$(CARGO) build --release --workspace --bins
 	./target/release/sluice-loadgen --launch target/release/sluice-server \
 		--clients $(BENCH_CLIENTS) --duration $(BENCH_DURATION)
+
+# wrk through the sidecar (an active rule, lease far above the load) vs direct vs nginx, one
+# worker thread each, in one run (needs `apt-get install -y wrk nginx-light`); then the cost of
+# one admission check.
+bench-sidecar:
+	$(CARGO) build --release --workspace --bins
+	./target/release/sluice-bench-sidecar --duration $(BENCH_DURATION)
+	$(CARGO) bench -p sluice-sidecar --bench admission
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -71,6 +71,16 @@ pub enum Target {
     Sidecar,
 }
 
+impl Target {
+    fn name(self) -> &'static str {
+        match self {
+            Target::Direct => "direct",
+            Target::Nginx => "nginx",
+            Target::Sidecar => "sidecar",
+        }
+    }
+}
+
 /// What wrk reports for one pass; latencies in µs.
 #[derive(Debug, PartialEq)]
 struct Pass {
@@ -124,7 +134,8 @@ pub fn run(args: Args) -> Result<(), String> {
     for &target in &args.targets {
         let &(_, addr) = addrs.iter().find(|(t, _)| *t == target).expect("every target was started");
         eprintln!(
-            "measuring {target:?} ({secs}s at {} connections, then {}s at 1)",
+            "measuring {} ({secs}s at {} connections, then {}s at 1)",
+            target.name(),
             args.connections,
             secs.div_ceil(2)
         );
@@ -209,7 +220,7 @@ fn report(results: &[Measurement], sidecar_rss: Option<f64>) -> String {
         let _ = writeln!(
             out,
             "{:<8} {:>10.0} {:>14.0} {:>14.0} {:>16.1} {:>8}",
-            format!("{:?}", m.target).to_lowercase(),
+            m.target.name(),
             m.load.requests_per_sec,
             m.load.p50_us,
             m.load.p99_us,
@@ -233,10 +244,10 @@ fn report(results: &[Measurement], sidecar_rss: Option<f64>) -> String {
             let ratio = sidecar.load.requests_per_sec / direct.load.requests_per_sec;
             let _ = writeln!(out, "sidecar/direct throughput  {ratio:>7.2}×");
         }
-        for (target, name) in [(Target::Sidecar, "sidecar"), (Target::Nginx, "nginx")] {
+        for target in [Target::Sidecar, Target::Nginx] {
             if let Some(proxied) = get(target) {
                 let added = proxied.single.p50_us - direct.single.p50_us;
-                let _ = write!(out, "added p50 {name:<8} 1 conn {added:>7.1} µs");
+                let _ = write!(out, "added p50 {:<8} 1 conn {added:>7.1} µs", target.name());
                 if target == Target::Sidecar {
                     let _ = write!(out, "  goal ≤ {GOAL_ADDED_P50_US} µs  {}", verdict(added <= GOAL_ADDED_P50_US));
                 }

@@ -83,7 +83,11 @@ impl Launch {
 
     /// Starts a capacity server on free ports and waits until `/readyz` answers 200.
     pub fn start(self) -> Server {
-        let grpc: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        self.start_at(([127, 0, 0, 1], free_port()).into())
+    }
+
+    /// Starts a capacity server whose gRPC listener is `grpc` (e.g. to restart one in place).
+    pub fn start_at(self, grpc: SocketAddr) -> Server {
         let process = self.spawn(&["--grpc-addr".into(), grpc.to_string()], "/readyz");
         Server { process, grpc }
     }

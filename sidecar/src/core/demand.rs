@@ -82,8 +82,8 @@ impl Demand {
     /// Closes the slots that ended by `now`.
     fn advance(&mut self, now: Seconds) {
         let slot = ((now - self.origin) / SLOT).floor();
-        // Also false for a clock that went back, or NaN.
-        if !(slot > self.slot) {
+        // A clock that went back (or NaN) leaves the current slot open.
+        if slot.is_nan() || slot <= self.slot {
             return;
         }
         let decay = (-SLOT / FALL_TIME_CONSTANT).exp();

@@ -1,0 +1,380 @@
+//! The limiter: admission order and refusals, both kinds, in-place changes, and the accuracy
+//! guarantee of SPEC §4.4 as properties.
+
+use proptest::prelude::*;
+use sluice_sidecar::core::{Kind, Limiter, MAX_QUEUED, Offer, Ticket};
+
+fn queued(offer: Offer) -> Ticket {
+    match offer {
+        Offer::Queued(ticket) => ticket,
+        other => panic!("expected a queued waiter, got {other:?}"),
+    }
+}
+
+fn poll(limiter: &mut Limiter, now: f64) -> (Vec<Ticket>, Option<f64>) {
+    let mut admitted = Vec::new();
+    let next = limiter.poll(now, |ticket| admitted.push(ticket));
+    (admitted, next)
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+#[test]
+fn rate_admits_the_burst_then_says_when_to_retry() {
+    let mut limiter = Limiter::new(Kind::Rate, 10.0, 5.0, 0.0);
+    for _ in 0..5 {
+        assert_eq!(limiter.offer(0.0, 1.0, 0.0), Offer::Admitted);
+    }
+    let Offer::Rejected { retry_after: Some(wait) } = limiter.offer(0.0, 1.0, 0.0) else { panic!() };
+    assert!(close(wait, 0.1));
+    assert_eq!(limiter.offer(0.1, 1.0, 0.0), Offer::Admitted);
+}
+
+#[test]
+fn waiters_go_in_order_as_tokens_accrue() {
+    let mut limiter = Limiter::new(Kind::Rate, 10.0, 1.0, 0.0);
+    assert_eq!(limiter.offer(0.0, 1.0, 0.0), Offer::Admitted);
+    let first = queued(limiter.offer(0.0, 1.0, 1.0));
+    let second = queued(limiter.offer(0.0, 1.0, 1.0));
+    let third = queued(limiter.offer(0.0, 1.0, 1.0));
+    assert_eq!(limiter.queued(), 3);
+    let (admitted, next) = poll(&mut limiter, 0.0);
+    assert!(admitted.is_empty());
+    assert!(close(next.unwrap(), 0.1));
+    let (admitted, next) = poll(&mut limiter, 0.25);
+    assert_eq!(admitted, [first, second]);
+    assert!(close(next.unwrap(), 0.3));
+    let (admitted, next) = poll(&mut limiter, 0.3);
+    assert_eq!(admitted, [third]);
+    assert_eq!(next, None);
+    assert_eq!(limiter.queued(), 0);
+}
+
+#[test]
+fn a_wait_beyond_max_wait_is_rejected_with_the_expected_wait() {
+    let mut limiter = Limiter::new(Kind::Rate, 10.0, 1.0, 0.0);
+    assert_eq!(limiter.offer(0.0, 1.0, 0.0), Offer::Admitted);
+    queued(limiter.offer(0.0, 1.0, 0.15));
+    // Behind one waiter: its token and this one's, 0.2 s.
+    let Offer::Rejected { retry_after: Some(wait) } = limiter.offer(0.0, 1.0, 0.15) else { panic!() };
+    assert!(close(wait, 0.2));
+    // A later arrival never jumps the queue, even when a token is there.
+    assert!(matches!(limiter.offer(0.1, 1.0, 0.0), Offer::Rejected { .. }));
+    assert_eq!(limiter.queued(), 1);
+}
+
+#[test]
+fn a_cancelled_waiter_is_neither_admitted_nor_charged() {
+    let mut limiter = Limiter::new(Kind::Rate, 10.0, 1.0, 0.0);
+    assert_eq!(limiter.offer(0.0, 1.0, 0.0), Offer::Admitted);
+    let gone = queued(limiter.offer(0.0, 1.0, 1.0));
+    let stays = queued(limiter.offer(0.0, 1.0, 1.0));
+    limiter.cancel(gone);
+    limiter.cancel(gone);
+    assert_eq!(limiter.queued(), 1);
+    let (admitted, next) = poll(&mut limiter, 0.1);
+    assert_eq!(admitted, [stays]);
+    assert_eq!(next, None);
+    // Only the admitted waiter paid: a new arrival waits for one token, not two.
+    let Offer::Rejected { retry_after: Some(wait) } = limiter.offer(0.1, 1.0, 0.0) else { panic!() };
+    assert!(close(wait, 0.1));
+}
+
+#[test]
+fn a_cost_above_the_burst_goes_on_a_full_bucket_and_leaves_debt() {
+    let mut limiter = Limiter::new(Kind::Rate, 10.0, 2.0, 0.0);
+    assert_eq!(limiter.offer(0.0, 5.0, 0.0), Offer::Admitted);
+    // 3 tokens of debt and 1 to pay: 0.4 s.
+    let Offer::Rejected { retry_after: Some(wait) } = limiter.offer(0.0, 1.0, 0.0) else { panic!() };
+    assert!(close(wait, 0.4));
+    // Queued, a big one waits for a full bucket rather than for tokens it can never hold.
+    let big = queued(limiter.offer(0.0, 5.0, 1.0));
+    let (_, next) = poll(&mut limiter, 0.0);
+    assert!(close(next.unwrap(), 0.5));
+    assert_eq!(poll(&mut limiter, 0.5).0, [big]);
+}
+
+#[test]
+fn lowering_the_rate_lets_no_more_than_the_new_rate_through() {
+    let mut limiter = Limiter::new(Kind::Rate, 100.0, 10.0, 0.0);
+    let waiters: Vec<Ticket> = (0..30)
+        .map(|_| limiter.offer(0.0, 1.0, 10.0))
+        .filter_map(|offer| if let Offer::Queued(ticket) = offer { Some(ticket) } else { None })
+        .collect();
+    assert_eq!(waiters.len(), 20);
+    // 5 tokens accrue at 100/s, then the rate drops to 10/s.
+    limiter.set_capacity(0.05, 10.0, 1.0);
+    assert_eq!(limiter.capacity(), 10.0);
+    let (admitted, _) = poll(&mut limiter, 0.05);
+    assert!(admitted.is_empty(), "tokens above the new burst are dropped");
+    let (admitted, _) = poll(&mut limiter, 1.05);
+    assert_eq!(admitted.len(), 10);
+}
+
+#[test]
+fn raising_the_rate_releases_no_burst() {
+    let mut limiter = Limiter::new(Kind::Rate, 1.0, 1.0, 0.0);
+    assert_eq!(limiter.offer(0.0, 1.0, 0.0), Offer::Admitted);
+    limiter.set_capacity(0.5, 100.0, 100.0);
+    // Half a token from the old rate, then 100/s: 0.005 s to the next.
+    let Offer::Rejected { retry_after: Some(wait) } = limiter.offer(0.5, 1.0, 0.0) else { panic!() };
+    assert!(close(wait, 0.005));
+}
+
+#[test]
+fn refunded_tokens_return_up_to_the_burst() {
+    let mut limiter = Limiter::new(Kind::Rate, 1.0, 2.0, 0.0);
+    assert_eq!(limiter.offer(0.0, 2.0, 0.0), Offer::Admitted);
+    limiter.refund(0.0, 5.0);
+    assert_eq!(limiter.offer(0.0, 2.0, 0.0), Offer::Admitted);
+    assert!(matches!(limiter.offer(0.0, 1.0, 0.0), Offer::Rejected { .. }));
+}
+
+#[test]
+fn concurrency_admits_within_the_permits_and_queues_for_a_release() {
+    let mut limiter = Limiter::new(Kind::Concurrency, 2.0, 0.0, 0.0);
+    assert_eq!(limiter.offer(0.0, 1.0, 0.0), Offer::Admitted);
+    assert_eq!(limiter.offer(0.0, 1.0, 0.0), Offer::Admitted);
+    assert_eq!(limiter.offer(0.0, 1.0, 0.0), Offer::Rejected { retry_after: None });
+    let waiter = queued(limiter.offer(0.0, 1.0, 1.0));
+    assert_eq!(limiter.in_flight(), 2.0);
+    assert_eq!(poll(&mut limiter, 0.1), (vec![], None));
+    limiter.release(0.2, 1.0);
+    assert_eq!(poll(&mut limiter, 0.2), (vec![waiter], None));
+    assert_eq!(limiter.in_flight(), 2.0);
+    // Refunding a permit releases it too.
+    limiter.refund(0.3, 1.0);
+    assert_eq!(limiter.in_flight(), 1.0);
+}
+
+#[test]
+fn a_smaller_semaphore_drains_before_admitting() {
+    let mut limiter = Limiter::new(Kind::Concurrency, 3.0, 0.0, 0.0);
+    for _ in 0..3 {
+        assert_eq!(limiter.offer(0.0, 1.0, 0.0), Offer::Admitted);
+    }
+    limiter.set_capacity(0.0, 1.0, 0.0);
+    let waiter = queued(limiter.offer(0.0, 1.0, 1.0));
+    limiter.release(0.1, 1.0);
+    assert!(poll(&mut limiter, 0.1).0.is_empty());
+    limiter.release(0.2, 1.0);
+    assert!(poll(&mut limiter, 0.2).0.is_empty());
+    limiter.release(0.3, 1.0);
+    assert_eq!(poll(&mut limiter, 0.3).0, [waiter]);
+    // Growing admits the next at once.
+    limiter.set_capacity(0.4, 2.0, 0.0);
+    assert_eq!(limiter.offer(0.4, 1.0, 0.0), Offer::Admitted);
+}
+
+#[test]
+fn a_request_larger_than_the_semaphore_goes_alone() {
+    let mut limiter = Limiter::new(Kind::Concurrency, 2.0, 0.0, 0.0);
+    assert_eq!(limiter.offer(0.0, 5.0, 0.0), Offer::Admitted);
+    let waiter = queued(limiter.offer(0.0, 1.0, 1.0));
+    limiter.release(0.1, 5.0);
+    assert_eq!(poll(&mut limiter, 0.1).0, [waiter]);
+    assert_eq!(limiter.in_flight(), 1.0);
+}
+
+#[test]
+fn the_queue_is_bounded() {
+    let mut limiter = Limiter::new(Kind::Concurrency, 1.0, 0.0, 0.0);
+    assert_eq!(limiter.offer(0.0, 1.0, 0.0), Offer::Admitted);
+    for _ in 0..MAX_QUEUED {
+        queued(limiter.offer(0.0, 1.0, 1.0));
+    }
+    assert_eq!(limiter.offer(0.0, 1.0, 1.0), Offer::Rejected { retry_after: None });
+    assert_eq!(limiter.queued(), MAX_QUEUED);
+}
+
+#[test]
+fn no_capacity_rejects_everything() {
+    for kind in [Kind::Rate, Kind::Concurrency] {
+        let mut limiter = Limiter::new(kind, 0.0, 10.0, 0.0);
+        assert_eq!(limiter.offer(0.0, 1.0, 5.0), Offer::Rejected { retry_after: None });
+        assert_eq!(limiter.offer(1.0, 0.5, 0.0), Offer::Rejected { retry_after: None });
+        assert!(limiter.wants(1.0) > 0.0, "rejected arrivals are demand");
+    }
+}
+
+#[test]
+fn waiters_stay_queued_while_capacity_is_gone() {
+    let mut limiter = Limiter::new(Kind::Rate, 10.0, 1.0, 0.0);
+    assert_eq!(limiter.offer(0.0, 1.0, 0.0), Offer::Admitted);
+    let waiter = queued(limiter.offer(0.0, 1.0, 5.0));
+    limiter.set_capacity(0.05, 0.0, 1.0);
+    assert_eq!(poll(&mut limiter, 3.0), (vec![], None));
+    limiter.set_capacity(3.0, 10.0, 1.0);
+    let (admitted, next) = poll(&mut limiter, 3.0);
+    assert!(admitted.is_empty());
+    // Half a token accrued before the stop; the rest at 10/s.
+    assert!(close(next.unwrap(), 3.05));
+    assert_eq!(poll(&mut limiter, 3.05).0, [waiter]);
+}
+
+#[test]
+fn unlimited_capacity_admits_everything_without_nan() {
+    for kind in [Kind::Rate, Kind::Concurrency] {
+        let mut limiter = Limiter::new(kind, f64::INFINITY, f64::INFINITY, 0.0);
+        for i in 0..1000 {
+            assert_eq!(limiter.offer(i as f64 * 0.001, 3.0, 0.0), Offer::Admitted);
+        }
+        limiter.refund(1.0, 3.0);
+        let wants = limiter.wants(1.0);
+        assert!(wants.is_finite() && wants > 0.0);
+        // Back to a limit: a full bucket of the new burst, no more.
+        limiter.set_capacity(1.0, 10.0, 2.0);
+        limiter.release(1.0, 3.0);
+        assert!(!limiter.in_flight().is_nan());
+        if kind == Kind::Rate {
+            assert_eq!(limiter.offer(1.0, 2.0, 0.0), Offer::Admitted);
+            let Offer::Rejected { retry_after: Some(wait) } = limiter.offer(1.0, 1.0, 0.0) else { panic!() };
+            assert!(close(wait, 0.1));
+        }
+        let waiter = limiter.offer(1.0, 1.0, 10.0);
+        limiter.set_capacity(2.0, f64::INFINITY, f64::INFINITY);
+        let (admitted, next) = poll(&mut limiter, 2.0);
+        if let Offer::Queued(ticket) = waiter {
+            assert_eq!(admitted, [ticket]);
+        }
+        assert_eq!(next, None);
+    }
+}
+
+#[test]
+fn nonsense_costs_and_capacities_count_as_zero() {
+    let mut limiter = Limiter::new(Kind::Rate, f64::NAN, -1.0, 0.0);
+    assert_eq!(limiter.capacity(), 0.0);
+    limiter.set_capacity(0.0, 10.0, 1.0);
+    assert_eq!(limiter.offer(0.0, f64::NAN, 0.0), Offer::Admitted);
+    assert_eq!(limiter.offer(0.0, f64::INFINITY, 1.0), Offer::Rejected { retry_after: None });
+    assert!(!limiter.wants(1.0).is_nan());
+}
+
+/// One step of a random workload.
+#[derive(Clone, Debug)]
+enum Step {
+    Arrive { after: f64, cost: f64, max_wait: f64 },
+    SetRate { after: f64, rate: f64 },
+    Cancel { after: f64, pick: usize },
+}
+
+fn step(burst: f64) -> impl Strategy<Value = Step> {
+    prop_oneof![
+        6 => (0.0..0.05f64, 0.01..=burst, prop_oneof![Just(0.0), 0.0..1.0f64])
+            .prop_map(|(after, cost, max_wait)| Step::Arrive { after, cost, max_wait }),
+        1 => (0.0..0.5f64, prop_oneof![Just(0.0), 0.0..200.0f64]).prop_map(|(after, rate)| Step::SetRate { after, rate }),
+        1 => (0.0..0.05f64, any::<usize>()).prop_map(|(after, pick)| Step::Cancel { after, pick }),
+    ]
+}
+
+/// ∫ rate dt over [from, to] for a piecewise-constant rate: `changes` holds (since, rate) in
+/// time order.
+fn integral(changes: &[(f64, f64)], from: f64, to: f64) -> f64 {
+    changes
+        .iter()
+        .enumerate()
+        .map(|(i, &(since, rate))| {
+            let until = changes.get(i + 1).map_or(f64::INFINITY, |&(next, _)| next);
+            (until.min(to) - since.max(from)).max(0.0) * rate
+        })
+        .sum()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Over every window, admitted cost ≤ ∫ rate + burst, across rate changes, waiting and
+    /// cancelled waiters.
+    #[test]
+    fn admitted_cost_never_exceeds_the_rate_plus_the_burst(
+        (burst, initial, steps) in (0.5..20.0f64).prop_flat_map(|burst| {
+            (Just(burst), 0.0..200.0f64, proptest::collection::vec(step(burst), 1..300))
+        })
+    ) {
+        let mut limiter = Limiter::new(Kind::Rate, initial, burst, 0.0);
+        let mut changes = vec![(0.0, initial)];
+        let mut admitted: Vec<(f64, f64)> = Vec::new();
+        let mut waiting: Vec<(Ticket, f64)> = Vec::new();
+        let mut now = 0.0;
+        for step in steps {
+            match step {
+                Step::Arrive { after, cost, max_wait } => {
+                    now += after;
+                    match limiter.offer(now, cost, max_wait) {
+                        Offer::Admitted => admitted.push((now, cost)),
+                        Offer::Queued(ticket) => waiting.push((ticket, cost)),
+                        Offer::Rejected { .. } => {}
+                    }
+                }
+                Step::SetRate { after, rate } => {
+                    now += after;
+                    limiter.set_capacity(now, rate, burst);
+                    changes.push((now, rate));
+                }
+                Step::Cancel { after, pick } => {
+                    now += after;
+                    if !waiting.is_empty() {
+                        let (ticket, _) = waiting.remove(pick % waiting.len());
+                        limiter.cancel(ticket);
+                    }
+                }
+            }
+            limiter.poll(now, |ticket| {
+                let at = waiting.iter().position(|&(queued, _)| queued == ticket).unwrap();
+                admitted.push((now, waiting.remove(at).1));
+            });
+            prop_assert_eq!(limiter.queued(), waiting.len());
+        }
+        for (i, &(from, _)) in admitted.iter().enumerate() {
+            let mut total = 0.0;
+            for &(to, cost) in &admitted[i..] {
+                total += cost;
+                let allowed = integral(&changes, from, to) + burst;
+                prop_assert!(total <= allowed + 1e-6, "{total} admitted in [{from}, {to}], allowed {allowed}");
+            }
+        }
+    }
+
+    /// Under continuous overload, what is admitted over 10 s is within 2% of rate × 10 s.
+    #[test]
+    fn overload_is_admitted_at_the_rate(
+        rate in 10.0..2000.0f64,
+        overload in 1.1..5.0f64,
+        max_wait in prop_oneof![Just(0.0), 0.05..1.0f64],
+        seed in any::<u64>(),
+    ) {
+        let burst = (rate * 0.1).max(1.0);
+        let mut limiter = Limiter::new(Kind::Rate, rate, burst, 0.0);
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut deadlines: Vec<(Ticket, f64)> = Vec::new();
+        let mut admitted_at: Vec<f64> = Vec::new();
+        let mut now = 0.0;
+        while now < 13.0 {
+            // Poisson arrivals at `overload` times the rate.
+            now += -(1.0 - rng.f64()).ln() / (rate * overload);
+            limiter.poll(now, |ticket| {
+                deadlines.retain(|&(queued, _)| queued != ticket);
+                admitted_at.push(now);
+            });
+            deadlines.retain(|&(ticket, deadline)| {
+                let waits = deadline > now;
+                if !waits {
+                    limiter.cancel(ticket);
+                }
+                waits
+            });
+            match limiter.offer(now, 1.0, max_wait) {
+                Offer::Admitted => admitted_at.push(now),
+                Offer::Queued(ticket) => deadlines.push((ticket, now + max_wait)),
+                Offer::Rejected { .. } => {}
+            }
+        }
+        // A window after the initial burst and the queue filling.
+        let admitted = admitted_at.iter().filter(|&&t| (2.0..12.0).contains(&t)).count() as f64;
+        let expected = rate * 10.0;
+        prop_assert!((admitted - expected).abs() <= 0.02 * expected, "{admitted} admitted, {expected} expected");
+    }
+}

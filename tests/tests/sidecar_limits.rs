@@ -1,0 +1,311 @@
+//! Enforcement and leases through the real sidecar (SPEC §4.3–4.5): reject, delay and shadow
+//! modes, concurrency limits, the capacity server going away and coming back, reloads, and
+//! releasing leases at shutdown.
+
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use sluice_tests::{
+    harness::{Server, Sidecar, free_port, run},
+    http::{HttpClient, get, http1, send},
+    upstream::{
+        UpstreamProcess,
+        echo::{EchoRequest, echo_client::EchoClient},
+    },
+};
+use tonic::Code;
+
+/// A sidecar config: one listener in front of `upstream`, the given resources and rules, and
+/// a capacity server when `server` is set.
+fn config(listen: SocketAddr, upstream: SocketAddr, server: Option<SocketAddr>, resources: &str, rules: &str) -> String {
+    let server = server.map_or_else(String::new, |s| format!("server:\n  addresses: [\"{s}\"]\n"));
+    format!(
+        "{server}listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
+         upstreams:\n  - name: app\n    url: http://{upstream}\n\
+         resources:\n{resources}rules:\n{rules}"
+    )
+}
+
+fn listen() -> SocketAddr {
+    ([127, 0, 0, 1], free_port()).into()
+}
+
+fn doorman(capacity: f64, lease: u32, refresh: u32) -> String {
+    format!(
+        "resources:\n  - identifier_glob: \"*\"\n    capacity: {capacity}\n    safe_capacity: 7\n    \
+         algorithm: {{kind: FAIR_SHARE, lease_length: {lease}, refresh_interval: {refresh}, learning_mode_duration: 0}}\n"
+    )
+}
+
+/// The sidecar's status for one resource.
+fn resource_status(sidecar: &Sidecar, id: &str) -> serde_json::Value {
+    let (_, body) = sidecar.get("/debug/status.json");
+    let status: serde_json::Value = serde_json::from_str(&body).expect("status JSON");
+    status["resources"].as_array().unwrap().iter().find(|r| r["id"] == id).cloned().expect("resource listed")
+}
+
+/// Polls until `check` holds, for up to `limit`.
+async fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn reject_mode_answers_at_once_with_429_or_resource_exhausted() {
+    let upstream = UpstreamProcess::start(None);
+    let addr = listen();
+    let yaml = config(addr, upstream.addr(), None, "  - id: tiny\n    capacity: 1\n    burst: 2\n", "  - resource: tiny\n    on_limit: reject\n");
+    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    let client = http1();
+    let url = format!("http://{addr}/echo");
+
+    let mut codes = Vec::new();
+    let mut rejection = None;
+    for _ in 0..6 {
+        let start = Instant::now();
+        let answer = get(&client, &url).await;
+        if answer.status == 429 {
+            assert!(start.elapsed() < Duration::from_millis(500), "rejections are immediate, took {:?}", start.elapsed());
+            rejection = Some(answer);
+        } else {
+            codes.push(answer.status.as_u16());
+        }
+    }
+    assert_eq!(codes, [200, 200], "the burst of 2 passes, the rest is rejected");
+    let rejection = rejection.expect("a rejection");
+    assert_eq!(rejection.headers["retry-after"], "1");
+    assert_eq!(rejection.headers["ratelimit-policy"], "\"tiny\";q=1;w=1");
+    assert!(rejection.headers["ratelimit"].to_str().unwrap().starts_with("\"tiny\";r=0;t="));
+    assert!(rejection.body.contains("resource \"tiny\""), "{}", rejection.body);
+
+    let mut grpc = EchoClient::connect(format!("http://{addr}")).await.unwrap();
+    let status = grpc.unary(EchoRequest::default()).await.expect_err("limited");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(status.message().contains("tiny"), "{}", status.message());
+    assert!(status.metadata().get("grpc-retry-pushback-ms").is_some(), "pushback: {:?}", status.metadata());
+
+    assert_eq!(sidecar.metric("sluice_sidecar_requests_total{resource=\"tiny\",decision=\"allowed\"}"), Some(2.0));
+    assert_eq!(sidecar.metric("sluice_sidecar_requests_total{resource=\"tiny\",decision=\"rejected\"}"), Some(5.0));
+}
+
+#[tokio::test]
+async fn delay_mode_never_holds_past_max_wait_or_the_grpc_deadline() {
+    let upstream = UpstreamProcess::start(None);
+    let addr = listen();
+    let yaml = config(
+        addr,
+        upstream.addr(),
+        None,
+        "  - id: slow\n    capacity: 10\n    burst: 1\n",
+        "  - resource: slow\n    on_limit: delay\n    max_wait: 300ms\n",
+    );
+    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    let client = http1();
+    let url = format!("http://{addr}/echo");
+
+    // 12 at once at 10/s: about 3 fit in 300 ms after the first, the rest wait 300 ms and go.
+    let calls: Vec<_> = (0..12)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let start = Instant::now();
+                let answer = get(&client, &url).await;
+                (answer.status.as_u16(), start.elapsed())
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for call in calls {
+        results.push(call.await.unwrap());
+    }
+    let passed = results.iter().filter(|(code, _)| *code == 200).count();
+    let rejected = results.iter().filter(|(code, _)| *code == 429).count();
+    assert_eq!(passed + rejected, 12, "{results:?}");
+    assert!((2..=5).contains(&passed), "1 at once plus up to 3 within 300 ms at 10/s: {results:?}");
+    for (code, took) in &results {
+        // Never past max_wait (plus scheduling slack of a debug build under load).
+        assert!(*took < Duration::from_millis(300 + 250), "{code} after {took:?}");
+    }
+    assert!(sidecar.metric("sluice_sidecar_requests_total{resource=\"slow\",decision=\"delayed\"}").unwrap() >= 2.0);
+
+    // A gRPC deadline shorter than max_wait wins.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut grpc = EchoClient::connect(format!("http://{addr}")).await.unwrap();
+    let _ = grpc.unary(EchoRequest::default()).await; // takes the token
+    let mut call = tonic::Request::new(EchoRequest::default());
+    call.set_timeout(Duration::from_millis(30));
+    let start = Instant::now();
+    let status = grpc.unary(call).await.expect_err("not admitted within 30 ms");
+    assert!(start.elapsed() < Duration::from_millis(250), "held {:?}", start.elapsed());
+    assert!(matches!(status.code(), Code::ResourceExhausted | Code::DeadlineExceeded | Code::Cancelled), "{status:?}");
+}
+
+#[tokio::test]
+async fn shadow_mode_forwards_everything_and_counts() {
+    let upstream = UpstreamProcess::start(None);
+    let addr = listen();
+    let yaml = config(addr, upstream.addr(), None, "  - id: watched\n    capacity: 1\n    burst: 1\n", "  - resource: watched\n    on_limit: shadow\n");
+    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    let client = http1();
+    for _ in 0..10 {
+        assert_eq!(get(&client, &format!("http://{addr}/echo")).await.status, 200);
+    }
+    let shadow = sidecar.metric("sluice_sidecar_requests_total{resource=\"watched\",decision=\"shadow_rejected\"}");
+    assert!(shadow.unwrap() >= 8.0, "{shadow:?}");
+}
+
+#[tokio::test]
+async fn concurrency_limits_in_flight_requests_until_their_bodies_end() {
+    let upstream = UpstreamProcess::start(None);
+    let addr = listen();
+    let yaml = config(
+        addr,
+        upstream.addr(),
+        None,
+        "  - id: pool\n    kind: concurrency\n    capacity: 2\n",
+        "  - resource: pool\n    on_limit: reject\n",
+    );
+    let _sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    let client = http1();
+    let calls: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, url) = (client.clone(), format!("http://{addr}/slow?ms=400"));
+            tokio::spawn(async move { get(&client, &url).await.status.as_u16() })
+        })
+        .collect();
+    let mut codes = Vec::new();
+    for call in calls {
+        codes.push(call.await.unwrap());
+    }
+    codes.sort();
+    assert_eq!(codes, [200, 200, 429, 429]);
+    // Permits come back when the responses end.
+    assert_eq!(get(&client, &format!("http://{addr}/echo")).await.status, 200);
+}
+
+#[tokio::test]
+async fn a_missing_capacity_server_never_fails_requests() {
+    let upstream = UpstreamProcess::start(None);
+    let grpc: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let server = Server::builder().config(&doorman(1000.0, 3, 1)).start_at(grpc);
+    let addr = listen();
+    let yaml = config(
+        addr,
+        upstream.addr(),
+        Some(grpc),
+        "  - id: orders\n    when_unreachable: safe\n",
+        "  - resource: orders\n    on_limit: delay\n    max_wait: 2s\n",
+    );
+    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    let client = http1();
+    let url = format!("http://{addr}/echo");
+    let traffic = |client: HttpClient, url: String, n: usize| async move {
+        let mut failures = 0;
+        for _ in 0..n {
+            if get(&client, &url).await.status != 200 {
+                failures += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        failures
+    };
+    assert_eq!(traffic(client.clone(), url.clone(), 5).await, 0);
+    eventually(Duration::from_secs(5), "leased", || resource_status(&sidecar, "orders")["mode"] == "leased").await;
+
+    drop(server); // killed: SIGKILL, no goodbye
+    let during = tokio::spawn(traffic(client.clone(), url.clone(), 60));
+    eventually(Duration::from_secs(8), "safe fallback after expiry", || {
+        let status = resource_status(&sidecar, "orders");
+        status["mode"] == "fallback_safe" && status["capacity"] == 7.0
+    })
+    .await;
+
+    let _back = Server::builder().config(&doorman(1000.0, 3, 1)).start_at(grpc);
+    eventually(Duration::from_secs(40), "leased again", || resource_status(&sidecar, "orders")["mode"] == "leased").await;
+    assert_eq!(during.await.unwrap(), 0, "no request failed while the server was away");
+}
+
+#[tokio::test]
+async fn reload_changes_rules_without_dropping_connections() {
+    let upstream = UpstreamProcess::start(None);
+    let addr = listen();
+    let strict = config(addr, upstream.addr(), None, "  - id: r\n    capacity: 1\n    burst: 1\n", "  - resource: r\n");
+    let sidecar = Sidecar::builder().config(&strict).arg("--config-poll-interval").arg("100ms").start_sidecar();
+    // One connection for the whole test: the pool keeps it alive.
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_max_idle_per_host(1)
+        .build_http::<Full<Bytes>>();
+    let url = format!("http://{addr}/echo");
+    let first = get(&client, &url).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(get(&client, &url).await.status, 429);
+
+    sidecar.write_config(&strict.replace("capacity: 1\n", "capacity: 100000\n"));
+    eventually(Duration::from_secs(5), "reloaded", || {
+        sidecar.metric("sluice_sidecar_config_reloads_total{result=\"success\"}") == Some(1.0)
+    })
+    .await;
+    for _ in 0..20 {
+        assert_eq!(get(&client, &url).await.status, 200, "the new capacity applies on the same connection");
+    }
+    let seen: serde_json::Value = serde_json::from_str(&get(&client, &url).await.body).unwrap();
+    let peer_headers = seen["headers"].as_array().unwrap().len();
+    assert!(peer_headers > 0);
+
+    sidecar.write_config("listeners: [this is not valid");
+    eventually(Duration::from_secs(5), "rejected", || {
+        sidecar.metric("sluice_sidecar_config_reloads_total{result=\"failure\"}") == Some(1.0)
+    })
+    .await;
+    assert_eq!(get(&client, &url).await.status, 200, "the previous configuration stays in force");
+    assert!(sidecar.logs().contains("configuration rejected"), "{}", sidecar.logs());
+}
+
+#[tokio::test]
+async fn sigterm_drains_and_releases_leases() {
+    let upstream = UpstreamProcess::start(None);
+    let server = Server::builder().config(&doorman(100.0, 60, 1)).start();
+    let addr = listen();
+    let yaml = config(addr, upstream.addr(), Some(server.grpc), "  - id: jobs\n", "  - resource: jobs\n");
+    let mut sidecar = Sidecar::builder().config(&yaml).arg("--client-id").arg("pod-a").start_sidecar();
+    let client = http1();
+    get(&client, &format!("http://{addr}/echo")).await;
+    let holds = || server.get("/debug/status.json?resource=jobs").1.contains("pod-a");
+    eventually(Duration::from_secs(5), "the server holds a lease for pod-a", holds).await;
+
+    // A slow request in flight is allowed to finish.
+    let slow = tokio::spawn({
+        let client = client.clone();
+        async move { get(&client, &format!("http://{addr}/slow?ms=500")).await.status.as_u16() }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    sidecar.signal("TERM");
+    assert_eq!(slow.await.unwrap(), 200, "drained");
+    assert_eq!(sidecar.wait_exit(Duration::from_secs(10)), Some(0));
+    assert!(!holds(), "the lease was released");
+    let refused = send(&client, http::Request::get(format!("http://{addr}/echo")).body(Full::default()).unwrap(), Duration::from_secs(2));
+    assert!(refused.await.is_none(), "no longer listening");
+}
+
+#[test]
+fn bad_flags_and_configs_exit_64_with_one_line() {
+    for args in [&["--worker-threads", "0"][..], &["--no-such-flag"], &["--config", "/nonexistent/sidecar.yaml"]] {
+        let out = run("sluice-sidecar", args);
+        assert_eq!(out.status.code(), Some(64), "{args:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr).trim().lines().count(), 1, "{args:?}: {out:?}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(&path, "listeners:\n  - name: a\n    address: 127.0.0.1:1\n    upstream: missing\n").unwrap();
+    let out = run("sluice-sidecar", &["--config", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("listeners[0] (a).upstream: no upstream named \"missing\""), "{stderr}");
+}
