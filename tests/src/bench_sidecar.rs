@@ -115,7 +115,7 @@ pub fn run(args: Args) -> Result<(), String> {
     } else {
         None
     };
-    let _sidecar = if uses(Target::Sidecar) {
+    let sidecar = if uses(Target::Sidecar) {
         let server = Server::builder_for(args.server.clone().unwrap_or_else(|| binary("sluice-server")))
             .config(SERVER_CONFIG)
             .start();
@@ -145,10 +145,18 @@ pub fn run(args: Args) -> Result<(), String> {
     }
     print!("{}", report(&results, sidecar_rss));
     match results.iter().find(|m| m.target == Target::Sidecar && m.load.non_2xx + m.single.non_2xx > 0) {
-        Some(m) => Err(format!(
-            "the sidecar answered {} requests with non-2xx statuses: its lease must be far above the load",
-            m.load.non_2xx + m.single.non_2xx
-        )),
+        Some(m) => {
+            // One answer now, to show what the sidecar decided and why.
+            let listener = sidecar.as_ref().map(|(_, sidecar)| sidecar.listener).expect("the sidecar ran");
+            let sample = match http_get(listener, "/") {
+                Ok((code, body)) => format!("GET / now answers {code}: {}", body.trim()),
+                Err(e) => format!("GET / now fails: {e}"),
+            };
+            Err(format!(
+                "the sidecar answered {} requests with non-2xx statuses, but its lease must be far above the load; {sample}",
+                m.load.non_2xx + m.single.non_2xx
+            ))
+        }
         None => Ok(()),
     }
 }

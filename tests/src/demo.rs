@@ -1,140 +1,188 @@
-//! `make demo`: a capacity server on its embedded default configuration and a handful of Doorman
-//! clients whose demand changes over time, printing once a second what each is granted. The
-//! grants never add up to more than the capacity, and settle on the fair shares.
+//! `make demo`: a capacity server, a demo upstream, a sidecar in front of it and a load generator
+//! offering three times the capacity, printing every second what was offered, admitted and
+//! rejected and the lease in force. Part way through a second sidecar (another pod) joins with
+//! the same demand, and the capacity is shared between them. Ctrl-C stops everything.
 
 use std::{
-    collections::BTreeMap,
+    net::SocketAddr,
     path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use clap::Parser;
-use sluice_proto::{
-    GetCapacityRequest, Lease, ReleaseCapacityRequest, ResourceRequest, capacity_client::CapacityClient,
+use tokio::net::TcpListener;
+
+use crate::{
+    harness::{self, Server, Sidecar, free_port},
+    http::{http1, send},
+    upstream,
 };
-use tonic::transport::Channel;
 
-use crate::harness::{self, Server};
-
-/// Runs a capacity server and demo clients, printing their leases live.
+/// Runs a capacity server, sidecars, an upstream and load, printing the limit being enforced.
 #[derive(Debug, Parser)]
 #[command(name = "sluice-demo")]
 pub struct Args {
-    /// The sluice-server binary (default: the one built next to this program).
+    /// How long to run (default: until Ctrl-C).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// When the second sidecar joins.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
+    pub join_after: Duration,
+    /// Requests per second offered through each sidecar.
+    #[arg(long, default_value_t = 300)]
+    pub rate: u32,
+    /// The directory holding sluice-server and sluice-sidecar (default: next to this program).
     #[arg(long)]
-    pub server: Option<PathBuf>,
-    /// How long to run.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "40s")]
-    pub duration: Duration,
+    pub bin_dir: Option<PathBuf>,
 }
 
+const CAPACITY: f64 = 100.0;
 const RESOURCE: &str = "demo/api";
 
-/// What each client wants from second `t` on; `None` means it has left.
-fn wants(client: &str, t: u64) -> Option<f64> {
-    match (client, t) {
-        ("alpha", _) => Some(20.0),
-        ("bravo", 0..30) => Some(50.0),
-        ("bravo", _) => None,
-        ("charlie", 0..14) => Some(80.0),
-        ("charlie", _) => Some(10.0),
-        ("delta", 0..20) => None,
-        ("delta", _) => Some(100.0),
-        _ => None,
-    }
+/// The capacity server's configuration: `demo/api` shares 100 requests/s fairly.
+fn server_config() -> String {
+    format!(
+        "resources:\n  - identifier_glob: \"*\"\n    capacity: {CAPACITY}\n    \
+         description: the demo upstream's shared capacity\n    \
+         algorithm: {{kind: FAIR_SHARE, lease_length: 5, refresh_interval: 1, learning_mode_duration: 2}}\n"
+    )
 }
 
-const CLIENTS: [&str; 4] = ["alpha", "bravo", "charlie", "delta"];
+fn sidecar_config(server: SocketAddr, listen: SocketAddr, upstream: SocketAddr) -> String {
+    format!(
+        "server:\n  addresses: [\"{server}\"]\n\
+         listeners:\n  - name: app\n    address: {listen}\n    upstream: demo\n\
+         upstreams:\n  - name: demo\n    url: http://{upstream}\n\
+         resources:\n  - id: {RESOURCE}\n    kind: rate\n\
+         rules:\n  - name: everything\n    resource: {RESOURCE}\n    on_limit: reject\n"
+    )
+}
 
-const SCRIPT: &str = "alpha wants 20, bravo 50, charlie 80 · t=14 s charlie drops to 10 · t=20 s delta joins wanting 100 · t=30 s bravo leaves";
+/// One sidecar with its load and counters.
+struct Pod {
+    name: &'static str,
+    sidecar: Sidecar,
+    offered: Arc<AtomicU64>,
+    admitted: Arc<AtomicU64>,
+    rejected: Arc<AtomicU64>,
+    last: (u64, u64, u64),
+}
 
-struct Holder {
-    wants: f64,
-    lease: Option<Lease>,
-    next_refresh: Instant,
+impl Pod {
+    fn start(name: &'static str, server: SocketAddr, upstream: SocketAddr, rate: u32, bin_dir: &Option<PathBuf>) -> Pod {
+        let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let launch = match bin_dir {
+            Some(dir) => Sidecar::builder_for(dir.join("sluice-sidecar")),
+            None => Sidecar::builder(),
+        };
+        let sidecar = launch.config(&sidecar_config(server, listen, upstream)).arg("--log").arg("warn").start_sidecar();
+        let pod = Pod {
+            name,
+            sidecar,
+            offered: Arc::default(),
+            admitted: Arc::default(),
+            rejected: Arc::default(),
+            last: (0, 0, 0),
+        };
+        let (offered, admitted, rejected) = (pod.offered.clone(), pod.admitted.clone(), pod.rejected.clone());
+        tokio::spawn(async move {
+            let client = http1();
+            let url = format!("http://{listen}/");
+            let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+            loop {
+                ticks.tick().await;
+                offered.fetch_add(1, Ordering::Relaxed);
+                let (client, url, admitted, rejected) = (client.clone(), url.clone(), admitted.clone(), rejected.clone());
+                tokio::spawn(async move {
+                    let request = http::Request::get(url).body(Default::default()).expect("a valid request");
+                    // No answer (the sidecar is stopping) counts as neither.
+                    if let Some(answer) = send(&client, request, Duration::from_secs(5)).await {
+                        let counter = if answer.status == 429 { rejected } else { admitted };
+                        counter.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        pod
+    }
+
+    /// This second's figures and the lease, e.g. `A: 300 offered  50 admitted 250 rejected  lease 50.0 leased`.
+    fn line(&mut self) -> (String, u64) {
+        let now =
+            (self.offered.load(Ordering::Relaxed), self.admitted.load(Ordering::Relaxed), self.rejected.load(Ordering::Relaxed));
+        let (offered, admitted, rejected) = (now.0 - self.last.0, now.1 - self.last.1, now.2 - self.last.2);
+        self.last = now;
+        let status: serde_json::Value =
+            serde_json::from_str(&self.sidecar.get("/debug/status.json").1).unwrap_or_default();
+        let resource = &status["resources"][0];
+        let lease = resource["capacity"].as_f64().map_or_else(|| "none".to_owned(), |c| format!("{c:5.1}"));
+        let mode = resource["mode"].as_str().unwrap_or("?");
+        let text = format!(
+            "{}: {offered:>3} offered {admitted:>3} admitted {rejected:>3} rejected, lease {lease} ({mode})",
+            self.name
+        );
+        (text, admitted)
+    }
 }
 
 pub async fn run(args: Args) -> Result<(), String> {
-    let binary = args.server.unwrap_or_else(|| harness::binary("sluice-server"));
-    let server = Server::builder_for(binary).arg("--log").arg("warn").start();
-    let mut client: CapacityClient<Channel> = server.client().await;
-    println!(
-        "sluice-server on {} (debug pages on http://{}/debug/status), embedded default: FAIR_SHARE of 100 per resource, learning mode for the first 4 s",
-        server.grpc, server.admin
-    );
-    println!("{SCRIPT}");
-    println!("granted capacity on {RESOURCE:?} (wants in brackets):");
-    let start = Instant::now();
-    let mut holders: BTreeMap<&str, Holder> = BTreeMap::new();
-    let mut ticks = tokio::time::interval(Duration::from_millis(100));
-    let mut printed = None;
-    while start.elapsed() < args.duration {
-        ticks.tick().await;
-        let t = start.elapsed().as_secs();
-        for name in CLIENTS {
-            match wants(name, t) {
-                Some(w) => {
-                    let holder =
-                        holders.entry(name).or_insert(Holder { wants: w, lease: None, next_refresh: Instant::now() });
-                    // Refresh on schedule, and at once when demand changes.
-                    if Instant::now() >= holder.next_refresh || holder.wants != w {
-                        let lease = ask(&mut client, name, w, holder.lease.as_ref()).await?;
-                        holder.wants = w;
-                        holder.next_refresh =
-                            Instant::now() + Duration::from_secs(lease.refresh_interval.max(1) as u64);
-                        holder.lease = Some(lease);
-                    }
-                }
-                None => {
-                    if holders.remove(name).is_some() {
-                        client
-                            .release_capacity(ReleaseCapacityRequest {
-                                client_id: name.into(),
-                                resource_id: vec![RESOURCE.into()],
-                            })
-                            .await
-                            .map_err(|e| format!("ReleaseCapacity: {e}"))?;
-                    }
-                }
-            }
-        }
-        if printed != Some(t) {
-            printed = Some(t);
-            print_line(&server, t, &holders);
-        }
-    }
-    Ok(())
-}
-
-async fn ask(
-    client: &mut CapacityClient<Channel>,
-    name: &str,
-    wants: f64,
-    has: Option<&Lease>,
-) -> Result<Lease, String> {
-    let request = GetCapacityRequest {
-        client_id: name.into(),
-        resource: vec![ResourceRequest { resource_id: RESOURCE.into(), priority: 0, has: has.cloned(), wants }],
+    let server_launch = match &args.bin_dir {
+        Some(dir) => Server::builder_for(dir.join("sluice-server")),
+        None => Server::builder_for(harness::binary("sluice-server")),
     };
-    let response = client.get_capacity(request).await.map_err(|e| format!("GetCapacity: {e}"))?;
-    response.into_inner().response.into_iter().next().map(|r| r.gets).ok_or_else(|| "empty response".to_owned())
-}
+    let server = server_launch.config(&server_config()).arg("--log").arg("warn").start();
+    let upstream_listener = TcpListener::bind("127.0.0.1:0").await.map_err(|e| format!("demo upstream: {e}"))?;
+    let upstream_addr = upstream_listener.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(upstream::serve(upstream_listener, None));
 
-fn print_line(server: &Server, t: u64, holders: &BTreeMap<&str, Holder>) {
-    let (_, status) = server.get("/debug/status.json");
-    let learning = status.contains("\"learning\": true");
-    let mut line = format!("t={t:>3}s {:<9}", if learning { "learning" } else { "" });
-    let mut total = 0.0;
-    for name in CLIENTS {
-        match holders.get(name) {
-            Some(h) => {
-                let got = h.lease.as_ref().map_or(0.0, |l| l.capacity);
-                total += got;
-                line.push_str(&format!(" {name} {got:>5.1} ({:>3})", h.wants));
-            }
-            None => line.push_str(&format!(" {name} {:>11}", "-")),
+    println!(
+        "capacity server on {} — {RESOURCE:?} shares {CAPACITY} requests/s (FAIR_SHARE, refresh 1 s); for its first 2 s \
+         it is in learning mode and grants newcomers nothing",
+        server.grpc
+    );
+    println!("demo upstream on {upstream_addr}; each sidecar is offered {} requests/s (3× the capacity when alone)", args.rate);
+    let mut pods = vec![Pod::start("A", server.grpc, upstream_addr, args.rate, &args.bin_dir)];
+    println!(
+        "sidecar A: admin http://{}/debug/status; sidecar B joins after {:?}; Ctrl-C stops",
+        pods[0].sidecar.admin, args.join_after
+    );
+
+    let start = Instant::now();
+    let mut ticks = tokio::time::interval(Duration::from_secs(1));
+    ticks.tick().await;
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = tokio::signal::ctrl_c() => break,
+        }
+        let t = start.elapsed();
+        if pods.len() == 1 && t >= args.join_after {
+            pods.push(Pod::start("B", server.grpc, upstream_addr, args.rate, &args.bin_dir));
+            println!("— sidecar B joins: the capacity is now shared —");
+        }
+        let mut total = 0;
+        let parts: Vec<String> = pods
+            .iter_mut()
+            .map(|p| {
+                let (text, admitted) = p.line();
+                total += admitted;
+                text
+            })
+            .collect();
+        println!("t={:>3}s  {}  | Σ admitted {total:>3}/s of {CAPACITY}", t.as_secs(), parts.join("  | "));
+        if args.duration.is_some_and(|d| t >= d) {
+            break;
         }
     }
-    line.push_str(&format!("  Σ {total:>5.1} / 100"));
-    println!("{line}");
+    // Sidecars stop on SIGTERM, releasing their leases, as in a pod shutting down.
+    for pod in &mut pods {
+        pod.sidecar.signal("TERM");
+        pod.sidecar.wait_exit(Duration::from_secs(15));
+    }
+    println!("stopped");
+    Ok(())
 }

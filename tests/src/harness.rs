@@ -207,7 +207,11 @@ pub struct Sidecar {
 
 impl Sidecar {
     pub fn builder() -> Launch {
-        Launch { binary: binary("sluice-sidecar"), config: None, args: Vec::new() }
+        Self::builder_for(binary("sluice-sidecar"))
+    }
+
+    pub fn builder_for(binary: PathBuf) -> Launch {
+        Launch { binary, config: None, args: Vec::new() }
     }
 }
 
