@@ -80,7 +80,7 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<Permits, Respon
         OnLimit::Reject | OnLimit::Shadow => Duration::ZERO,
     };
     let start = Instant::now();
-    let mut permits = Permits::new();
+    let mut permits = Permits::default();
     let mut spent: Vec<&Arc<Gate>> = Vec::new();
     for gate in &charge.gates {
         let budget = max_wait.saturating_sub(start.elapsed());

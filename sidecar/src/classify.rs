@@ -132,3 +132,47 @@ where
         self.inner.call(req)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{config, plan::Plan};
+
+    fn rules() -> Plan {
+        let yaml = "listeners:\n  - name: l\n    address: 127.0.0.1:1\n    upstream: u\n\
+            upstreams:\n  - name: u\n    url: http://127.0.0.1:2\n\
+            resources:\n  - {id: writes, capacity: 1}\n  - {id: grpc, capacity: 1}\n  - {id: gold, capacity: 1}\n  - {id: rest, capacity: 1}\n\
+            rules:\n\
+              - {name: w, match: {methods: [post], path: {prefix: /v1/}}, resource: writes, cost: {header: x-cost, default: 2}}\n\
+              - {name: g, match: {grpc: {service: pkg.Orders}}, resource: grpc}\n\
+              - {name: h, match: {host: \"*.gold.test\", headers: [{name: x-tier, value: gold}]}, resource: gold, cost: 5}\n\
+              - {name: r, match: {path: {glob: \"/static/**\"}}, resource: rest}\n";
+        Plan::build(config::parse(yaml).unwrap(), None, None).unwrap()
+    }
+
+    fn classify(plan: &Plan, req: Request<()>) -> Option<(String, f64)> {
+        plan.listeners[0].rules.classify(&req).map(|c| (c.charge.rule.clone(), c.cost))
+    }
+
+    #[test]
+    fn the_first_matching_rule_names_the_charge() {
+        let plan = rules();
+        let post = Request::post("/v1/orders").header("x-cost", "3.5").body(()).unwrap();
+        assert_eq!(classify(&plan, post), Some(("w".into(), 3.5)));
+        let bad_cost = Request::post("/v1/orders").header("x-cost", "-1").body(()).unwrap();
+        assert_eq!(classify(&plan, bad_cost), Some(("w".into(), 2.0)), "an invalid header cost uses the default");
+        assert_eq!(classify(&plan, Request::get("/v1/orders").body(()).unwrap()), None, "method must match");
+
+        let grpc = Request::post("/pkg.Orders/Create").header("content-type", "application/grpc").body(()).unwrap();
+        assert_eq!(classify(&plan, grpc), Some(("g".into(), 1.0)));
+        let not_grpc = Request::post("/pkg.Orders/Create").body(()).unwrap();
+        assert_eq!(classify(&plan, not_grpc), None, "gRPC matches need a gRPC request");
+
+        let gold = Request::get("/x").header("host", "EU.Gold.test:8080").header("x-tier", "gold").body(()).unwrap();
+        assert_eq!(classify(&plan, gold), Some(("h".into(), 5.0)));
+        let silver = Request::get("/x").header("host", "eu.gold.test").header("x-tier", "silver").body(()).unwrap();
+        assert_eq!(classify(&plan, silver), None);
+
+        assert_eq!(classify(&plan, Request::get("/static/a/b.css").body(()).unwrap()), Some(("r".into(), 1.0)));
+    }
+}

@@ -241,12 +241,13 @@ struct MatchDoc {
     headers: Vec<HeaderDoc>,
 }
 
+/// Exactly one of the three.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "snake_case")]
-enum PathDoc {
-    Exact(String),
-    Prefix(String),
-    Glob(String),
+#[serde(deny_unknown_fields)]
+struct PathDoc {
+    exact: Option<String>,
+    prefix: Option<String>,
+    glob: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -398,7 +399,7 @@ fn resource(i: usize, doc: ResourceDoc, standalone: bool) -> Result<Resource, St
         return Err(format!("resources[{i}].id: must not be empty"));
     }
     let non_negative = |value: Option<f64>, field: &str| match value {
-        Some(v) if !(v >= 0.0) => Err(format!("{}: must be a number ≥ 0 (or .inf)", at(field))),
+        Some(v) if v.is_nan() || v < 0.0 => Err(format!("{}: must be a number ≥ 0 (or .inf)", at(field))),
         _ => Ok(value),
     };
     let capacity = non_negative(doc.capacity, "capacity")?;
@@ -459,11 +460,12 @@ fn rule(i: usize, doc: RuleDoc, listeners: &[Listener], resources: &[Resource]) 
             .map(|g| g.compile_matcher())
             .map_err(|e| format!("{}: {e}", at(field)))
     };
-    let path = match m.path {
+    let path = match m.path.map(|p| (p.exact, p.prefix, p.glob)) {
         None => None,
-        Some(PathDoc::Exact(p)) => Some(PathMatch::Exact(p)),
-        Some(PathDoc::Prefix(p)) => Some(PathMatch::Prefix(p)),
-        Some(PathDoc::Glob(p)) => Some(PathMatch::Glob(glob(&p, "match.path.glob")?)),
+        Some((Some(p), None, None)) => Some(PathMatch::Exact(p)),
+        Some((None, Some(p), None)) => Some(PathMatch::Prefix(p)),
+        Some((None, None, Some(p))) => Some(PathMatch::Glob(glob(&p, "match.path.glob")?)),
+        Some(_) => return Err(format!("{}: give exactly one of exact, prefix or glob", at("match.path"))),
     };
     let host = m.host.map(|h| glob(&h.to_ascii_lowercase(), "match.host")).transpose()?;
     let headers = m
@@ -554,5 +556,44 @@ impl Config {
 
     pub fn resource(&self, id: &str) -> Option<&Resource> {
         self.resources.iter().find(|r| r.id == id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_configurations_are_valid() {
+        let example = parse(include_str!("../../deploy/examples/sidecar.yaml")).expect("example");
+        assert_eq!(example.rules[0].resources, ["orders.write", "orders.all"]);
+        assert_eq!(example.rules[0].on_limit, OnLimit::Delay);
+        let embedded = parse(defaults::EMBEDDED_CONFIG).expect("embedded default");
+        assert!(embedded.server.is_none() && embedded.resources[0].capacity == Some(100.0));
+    }
+
+    #[test]
+    fn errors_name_the_item_and_field() {
+        let base = "listeners:\n  - name: l\n    address: 127.0.0.1:1\n    upstream: u\n\
+                    upstreams:\n  - name: u\n    url: http://127.0.0.1:2\n";
+        let cases = [
+            ("resources:\n  - id: r\n", "resources[0] (r).capacity: required in standalone mode"),
+            ("resources:\n  - id: r\n    capacity: -1\n", "resources[0] (r).capacity: must be a number ≥ 0"),
+            ("resources:\n  - id: r\n    capacity: 1\nrules:\n  - resource: x\n", "rules[0] (rules[0]).resource: \"x\" is not a declared resource"),
+            (
+                "resources:\n  - id: r\n    capacity: 1\nrules:\n  - resource: r\n    on_limit: delay\n",
+                "`on_limit: delay` needs a max_wait above 0",
+            ),
+            ("resources:\n  - id: r\n    capacity: 1\nrules:\n  - resource: r\n    also: [r]\n", "\"r\" is charged twice"),
+            ("resources:\n  - id: r\n    capacity: 1\n  - id: r\n    capacity: 2\n", "resources: \"r\" is defined twice"),
+        ];
+        for (tail, expected) in cases {
+            let error = parse(&format!("{base}{tail}")).expect_err(tail);
+            assert!(error.contains(expected), "{error:?} should contain {expected:?}");
+        }
+        let bad_url = base.replace("http://127.0.0.1:2", "ftp://x");
+        assert!(parse(&bad_url).unwrap_err().contains("must be http://host[:port] or https://host[:port]"));
+        let path_url = base.replace("http://127.0.0.1:2", "http://x/base");
+        assert!(parse(&path_url).unwrap_err().contains("must not have a path"));
     }
 }

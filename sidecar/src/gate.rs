@@ -252,13 +252,10 @@ fn burst(settings: &Resource, capacity: f64) -> f64 {
 }
 
 /// Concurrency permits an admitted request holds until its response ends.
+#[derive(Default)]
 pub struct Permits(Vec<(Arc<Gate>, f64)>);
 
 impl Permits {
-    pub fn new() -> Permits {
-        Permits(Vec::new())
-    }
-
     pub fn push(&mut self, gate: Arc<Gate>, cost: f64) {
         self.0.push((gate, cost));
     }

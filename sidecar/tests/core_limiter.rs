@@ -340,7 +340,7 @@ proptest! {
         let mut deadlines: Vec<(Ticket, f64)> = Vec::new();
         let mut admitted_at: Vec<f64> = Vec::new();
         let mut wake = None;
-        let mut arrival = 0.0;
+        let mut arrival: f64 = 0.0;
         while arrival < 13.0 {
             let deadline = deadlines.first().map_or(f64::INFINITY, |&(_, deadline)| deadline);
             let now = arrival.min(wake.unwrap_or(f64::INFINITY)).min(deadline);
