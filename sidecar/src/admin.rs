@@ -45,9 +45,11 @@ fn route(req: &Request<Incoming>, admin: &Admin) -> Response<Full<Bytes>> {
         "/live" => reply(StatusCode::OK, "text/plain", "live\n".into()),
         "/ready" if admin.is_ready() => reply(StatusCode::OK, "text/plain", "ready\n".into()),
         "/ready" => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n".into()),
-        "/debug/status" => {
-            reply(StatusCode::OK, "text/html; charset=utf-8", status::html(&status::snapshot(&admin.live.load(), &admin.client_id)))
-        }
+        "/debug/status" => reply(
+            StatusCode::OK,
+            "text/html; charset=utf-8",
+            status::html(&status::snapshot(&admin.live.load(), &admin.client_id)),
+        ),
         "/debug/status.json" => json(&status::snapshot(&admin.live.load(), &admin.client_id)),
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }

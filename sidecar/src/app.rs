@@ -61,12 +61,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         leasing.apply(&plan);
     }
     let live = Arc::new(ArcSwap::from_pointee(plan));
-    let admin = Arc::new(Admin {
-        live: live.clone(),
-        client_id: client_id.clone(),
-        handle,
-        started: false.into(),
-    });
+    let admin = Arc::new(Admin { live: live.clone(), client_id: client_id.clone(), handle, started: false.into() });
     admin::spawn(admin_listener, admin.clone()).map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
 
     // Installed before serving: SIGHUP's default action would end the process.
@@ -90,7 +85,8 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         .map(|(i, l)| tokio::spawn(listener::serve(l, i, live.clone(), stopped.clone(), args.shutdown_grace)))
         .collect();
     admin.started.store(true, Ordering::Relaxed);
-    let addresses: Vec<String> = live.load().config.listeners.iter().map(|l| format!("{}={}", l.name, l.address)).collect();
+    let addresses: Vec<String> =
+        live.load().config.listeners.iter().map(|l| format!("{}={}", l.name, l.address)).collect();
     let mode = if leasing.is_some() { "leasing from capacity servers" } else { "standalone" };
     tracing::info!(listeners = %addresses.join(","), admin = %args.admin_addr, config = %source, %client_id, mode, "sluice-sidecar serving");
 

@@ -73,7 +73,9 @@ fn matches<B>(m: &Match, req: &Request<B>, host: &str, grpc: bool) -> bool {
         })
         && m.host.as_ref().is_none_or(|g| g.is_match(host.to_ascii_lowercase()))
         && (m.grpc_service.is_none() && m.grpc_method.is_none() || grpc && grpc_matches(m, path))
-        && m.headers.iter().all(|(name, value)| req.headers().get(name).is_some_and(|v| v.as_bytes() == value.as_bytes()))
+        && m.headers
+            .iter()
+            .all(|(name, value)| req.headers().get(name).is_some_and(|v| v.as_bytes() == value.as_bytes()))
 }
 
 /// gRPC paths are `/package.Service/Method`.

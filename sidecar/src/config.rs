@@ -116,7 +116,10 @@ pub enum PathMatch {
 pub enum Cost {
     Constant(f64),
     /// Read from a request header; `default` when it is absent or not a non-negative number.
-    Header { name: http::HeaderName, default: f64 },
+    Header {
+        name: http::HeaderName,
+        default: f64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -291,7 +294,8 @@ fn one() -> f64 {
 pub fn parse(text: &str) -> Result<Config, String> {
     let doc: Document = yaml_serde::from_str(text).map_err(|e| e.to_string().replace('\n', " "))?;
     let server = doc.server.map(server).transpose()?;
-    let upstreams = doc.upstreams.into_iter().enumerate().map(|(i, u)| upstream(i, u)).collect::<Result<Vec<_>, _>>()?;
+    let upstreams =
+        doc.upstreams.into_iter().enumerate().map(|(i, u)| upstream(i, u)).collect::<Result<Vec<_>, _>>()?;
     unique("upstreams", upstreams.iter().map(|u| u.name.as_str()))?;
     let mut hosts = HashSet::new();
     for u in &upstreams {
@@ -302,8 +306,12 @@ pub fn parse(text: &str) -> Result<Config, String> {
     if doc.listeners.is_empty() {
         return Err("listeners: at least one listener is required".into());
     }
-    let listeners =
-        doc.listeners.into_iter().enumerate().map(|(i, l)| listener(i, l, &upstreams)).collect::<Result<Vec<_>, _>>()?;
+    let listeners = doc
+        .listeners
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| listener(i, l, &upstreams))
+        .collect::<Result<Vec<_>, _>>()?;
     unique("listeners", listeners.iter().map(|l| l.name.as_str()))?;
     if let Some(dup) = duplicate(listeners.iter().map(|l| l.address)) {
         return Err(format!("listeners: address {dup} is used twice"));
@@ -329,7 +337,8 @@ fn server(doc: ServerDoc) -> Result<ServerConfig, String> {
         return Err("server.addresses: at least one address is required (omit `server` for standalone mode)".into());
     }
     for a in &doc.addresses {
-        let uri: Uri = format!("http://{a}").parse().map_err(|_| format!("server.addresses: {a:?} is not host:port"))?;
+        let uri: Uri =
+            format!("http://{a}").parse().map_err(|_| format!("server.addresses: {a:?} is not host:port"))?;
         if uri.port().is_none() || uri.path() != "/" {
             return Err(format!("server.addresses: {a:?} is not host:port"));
         }
@@ -368,10 +377,7 @@ fn listener(i: usize, doc: ListenerDoc, upstreams: &[Upstream]) -> Result<Listen
             return Err(format!("{}: no upstream named {name:?}", at("upstream")));
         }
         None if upstreams.iter().all(|u| u.hosts.is_empty()) => {
-            return Err(format!(
-                "{}: required unless some upstream lists `hosts` to route by Host",
-                at("upstream")
-            ));
+            return Err(format!("{}: required unless some upstream lists `hosts` to route by Host", at("upstream")));
         }
         _ => {}
     }
@@ -496,15 +502,7 @@ fn rule(i: usize, doc: RuleDoc, listeners: &[Listener], resources: &[Resource]) 
         return Err(format!("{}: `on_limit: delay` needs a max_wait above 0", at("max_wait")));
     }
     Ok(Rule {
-        matcher: Match {
-            listener: m.listener,
-            methods,
-            path,
-            host,
-            grpc_service,
-            grpc_method,
-            headers,
-        },
+        matcher: Match { listener: m.listener, methods, path, host, grpc_service, grpc_method, headers },
         resources: charged,
         cost,
         on_limit,
@@ -579,13 +577,22 @@ mod tests {
         let cases = [
             ("resources:\n  - id: r\n", "resources[0] (r).capacity: required in standalone mode"),
             ("resources:\n  - id: r\n    capacity: -1\n", "resources[0] (r).capacity: must be a number ≥ 0"),
-            ("resources:\n  - id: r\n    capacity: 1\nrules:\n  - resource: x\n", "rules[0] (rules[0]).resource: \"x\" is not a declared resource"),
+            (
+                "resources:\n  - id: r\n    capacity: 1\nrules:\n  - resource: x\n",
+                "rules[0] (rules[0]).resource: \"x\" is not a declared resource",
+            ),
             (
                 "resources:\n  - id: r\n    capacity: 1\nrules:\n  - resource: r\n    on_limit: delay\n",
                 "`on_limit: delay` needs a max_wait above 0",
             ),
-            ("resources:\n  - id: r\n    capacity: 1\nrules:\n  - resource: r\n    also: [r]\n", "\"r\" is charged twice"),
-            ("resources:\n  - id: r\n    capacity: 1\n  - id: r\n    capacity: 2\n", "resources: \"r\" is defined twice"),
+            (
+                "resources:\n  - id: r\n    capacity: 1\nrules:\n  - resource: r\n    also: [r]\n",
+                "\"r\" is charged twice",
+            ),
+            (
+                "resources:\n  - id: r\n    capacity: 1\n  - id: r\n    capacity: 2\n",
+                "resources: \"r\" is defined twice",
+            ),
         ];
         for (tail, expected) in cases {
             let error = parse(&format!("{base}{tail}")).expect_err(tail);

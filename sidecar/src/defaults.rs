@@ -44,7 +44,7 @@ pub const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_WAIT: Duration = Duration::ZERO;
 
 /// Token bucket depth when a resource sets no `burst`: this many seconds of the leased rate, and
-/// at least one request's cost.
+/// at least 2 cost units (with less, tokens that accrue between arrivals overflow and are lost).
 pub const BURST_SECONDS: f64 = 0.1;
 
 /// Retry-After for a rejection whose wait cannot be predicted (a concurrency limit, or no

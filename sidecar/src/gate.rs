@@ -172,9 +172,8 @@ impl Gate {
     }
 
     fn refusal(&self, retry_after: Option<Seconds>) -> Refused {
-        let retry_after = retry_after
-            .filter(|s| s.is_finite() && *s > 0.0)
-            .map_or(defaults::RETRY_AFTER, Duration::from_secs_f64);
+        let retry_after =
+            retry_after.filter(|s| s.is_finite() && *s > 0.0).map_or(defaults::RETRY_AFTER, Duration::from_secs_f64);
         Refused { retry_after }
     }
 }
@@ -189,7 +188,12 @@ struct Waiting<'a> {
 }
 
 impl Waiting<'_> {
-    async fn wait(&self, mut admitted: oneshot::Receiver<()>, mut wake: Option<Seconds>, max_wait: Duration) -> Result<Duration, Refused> {
+    async fn wait(
+        &self,
+        mut admitted: oneshot::Receiver<()>,
+        mut wake: Option<Seconds>,
+        max_wait: Duration,
+    ) -> Result<Duration, Refused> {
         let gate = self.gate;
         let start = Instant::now();
         let deadline = start + max_wait;
@@ -248,7 +252,7 @@ fn poll(state: &mut State, now: Seconds) -> Option<Seconds> {
 }
 
 fn burst(settings: &Resource, capacity: f64) -> f64 {
-    settings.burst.unwrap_or_else(|| (capacity * defaults::BURST_SECONDS).max(1.0))
+    settings.burst.unwrap_or_else(|| (capacity * defaults::BURST_SECONDS).max(2.0))
 }
 
 /// Concurrency permits an admitted request holds until its response ends.

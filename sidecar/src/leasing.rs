@@ -65,7 +65,12 @@ impl Leasing {
     }
 
     /// Refreshes leases until `stop`, then releases them.
-    pub async fn run(self: Arc<Self>, live: Arc<ArcSwap<Plan>>, mut first_use: UnboundedReceiver<Arc<str>>, mut stop: watch::Receiver<bool>) {
+    pub async fn run(
+        self: Arc<Self>,
+        live: Arc<ArcSwap<Plan>>,
+        mut first_use: UnboundedReceiver<Arc<str>>,
+        mut stop: watch::Receiver<bool>,
+    ) {
         loop {
             let now = unix_now();
             let due = self.lock().next_due();
@@ -145,7 +150,8 @@ impl Servers {
         let tls = match &config.tls {
             None => None,
             Some(t) => {
-                let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("server.tls: {}: {e}", p.display()));
+                let read =
+                    |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("server.tls: {}: {e}", p.display()));
                 let mut tls = ClientTlsConfig::new();
                 tls = match &t.ca {
                     Some(ca) => tls.ca_certificate(Certificate::from_pem(read(ca)?)),

@@ -19,7 +19,11 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(usize::from(args.worker_threads)).enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(usize::from(args.worker_threads))
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("sluice-sidecar: cannot start the runtime: {e}");

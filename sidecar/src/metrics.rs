@@ -38,7 +38,10 @@ pub fn install() -> Result<PrometheusHandle, String> {
         .set_buckets(DURATION_BUCKETS)
         .and_then(|b| b.install_recorder())
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
-    describe_counter!(REQUESTS, "Requests charged to a resource, by decision (allowed, delayed, rejected, shadow_rejected).");
+    describe_counter!(
+        REQUESTS,
+        "Requests charged to a resource, by decision (allowed, delayed, rejected, shadow_rejected)."
+    );
     describe_histogram!(WAIT, Unit::Seconds, "Time delayed requests waited for capacity.");
     describe_gauge!(CAPACITY, "Capacity the resource's limiter enforces now (+Inf: no limit).");
     describe_gauge!(WANTS, "Capacity last asked for: the moving average of offered load with headroom.");

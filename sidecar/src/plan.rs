@@ -40,7 +40,11 @@ pub enum Target {
 impl Plan {
     /// `first_use` hears of each resource's first request (the lease client's cue); `None` in
     /// standalone mode, where gates hold their configured capacity.
-    pub fn build(config: Config, previous: Option<&Plan>, first_use: Option<&UnboundedSender<Arc<str>>>) -> Result<Plan, String> {
+    pub fn build(
+        config: Config,
+        previous: Option<&Plan>,
+        first_use: Option<&UnboundedSender<Arc<str>>>,
+    ) -> Result<Plan, String> {
         let mut upstreams = HashMap::new();
         for u in &config.upstreams {
             let kept = previous.and_then(|p| p.upstream(&u.name)).filter(|c| c.config() == u);
@@ -89,7 +93,12 @@ impl Plan {
                     })
                     .collect();
                 let name: Arc<str> = l.name.as_str().into();
-                Arc::new(ListenerPlan { timing: UpstreamTiming::new(name.clone()), name, target, rules: Rules::new(rules) })
+                Arc::new(ListenerPlan {
+                    timing: UpstreamTiming::new(name.clone()),
+                    name,
+                    target,
+                    rules: Rules::new(rules),
+                })
             })
             .collect();
         Ok(Plan { config: Arc::new(config), listeners, gates, upstreams })

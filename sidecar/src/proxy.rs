@@ -48,8 +48,11 @@ impl UpstreamClient {
             http.set_connect_timeout(Some(defaults::UPSTREAM_CONNECT_TIMEOUT));
             let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls.clone()).https_or_http();
             // ALPN offers exactly the version the pool speaks.
-            let connector =
-                if http2 { builder.enable_http2().wrap_connector(http) } else { builder.enable_http1().wrap_connector(http) };
+            let connector = if http2 {
+                builder.enable_http2().wrap_connector(http)
+            } else {
+                builder.enable_http1().wrap_connector(http)
+            };
             Client::builder(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .pool_timer(TokioTimer::new())

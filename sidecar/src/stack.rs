@@ -17,6 +17,7 @@ pub type Stack = Route<Classify<Admit<Measure<Proxy>>>>;
 
 /// The service for the `listener`-th listener of the configuration in force.
 pub fn stack(live: Arc<ArcSwap<Plan>>, listener: usize) -> Stack {
-    let inner = ServiceBuilder::new().layer(Classify::layer()).layer(Admit::layer()).layer(Measure::layer()).service(Proxy);
+    let inner =
+        ServiceBuilder::new().layer(Classify::layer()).layer(Admit::layer()).layer(Measure::layer()).service(Proxy);
     Route::new(inner, live, listener)
 }

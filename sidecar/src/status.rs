@@ -55,7 +55,8 @@ pub fn snapshot(plan: &Plan, client_id: &str) -> SidecarStatus {
             routes: match &p.target {
                 Target::Fixed(u) => vec![u.config().url.to_string()],
                 Target::ByHost(hosts) => {
-                    let mut routes: Vec<String> = hosts.iter().map(|(h, u)| format!("{h} → {}", u.config().url)).collect();
+                    let mut routes: Vec<String> =
+                        hosts.iter().map(|(h, u)| format!("{h} → {}", u.config().url)).collect();
                     routes.sort();
                     routes
                 }
@@ -100,7 +101,8 @@ pub fn html(status: &SidecarStatus) -> String {
          </head><body><h1>sluice-sidecar</h1>",
     );
     let servers = if status.servers.is_empty() { "standalone".to_owned() } else { status.servers.join(", ") };
-    let _ = write!(page, "<p>client id <b>{}</b>; capacity servers: {}</p>", escape(&status.client_id), escape(&servers));
+    let _ =
+        write!(page, "<p>client id <b>{}</b>; capacity servers: {}</p>", escape(&status.client_id), escape(&servers));
     page.push_str("<h2>Listeners</h2><table><tr><th>name</th><th>address</th><th>routes</th><th>rules</th></tr>");
     for l in &status.listeners {
         let _ = write!(
@@ -130,6 +132,8 @@ pub fn html(status: &SidecarStatus) -> String {
             r.queued
         );
     }
-    page.push_str("</table><p><a href=\"/debug/status.json\">JSON</a> · <a href=\"/metrics\">metrics</a></p></body></html>");
+    page.push_str(
+        "</table><p><a href=\"/debug/status.json\">JSON</a> · <a href=\"/metrics\">metrics</a></p></body></html>",
+    );
     page
 }

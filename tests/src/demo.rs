@@ -73,7 +73,13 @@ struct Pod {
 }
 
 impl Pod {
-    fn start(name: &'static str, server: SocketAddr, upstream: SocketAddr, rate: u32, bin_dir: &Option<PathBuf>) -> Pod {
+    fn start(
+        name: &'static str,
+        server: SocketAddr,
+        upstream: SocketAddr,
+        rate: u32,
+        bin_dir: &Option<PathBuf>,
+    ) -> Pod {
         let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let launch = match bin_dir {
             Some(dir) => Sidecar::builder_for(dir.join("sluice-sidecar")),
@@ -96,7 +102,8 @@ impl Pod {
             loop {
                 ticks.tick().await;
                 offered.fetch_add(1, Ordering::Relaxed);
-                let (client, url, admitted, rejected) = (client.clone(), url.clone(), admitted.clone(), rejected.clone());
+                let (client, url, admitted, rejected) =
+                    (client.clone(), url.clone(), admitted.clone(), rejected.clone());
                 tokio::spawn(async move {
                     let request = http::Request::get(url).body(Default::default()).expect("a valid request");
                     // No answer (the sidecar is stopping) counts as neither.
@@ -112,8 +119,11 @@ impl Pod {
 
     /// This second's figures and the lease, e.g. `A: 300 offered  50 admitted 250 rejected  lease 50.0 leased`.
     fn line(&mut self) -> (String, u64) {
-        let now =
-            (self.offered.load(Ordering::Relaxed), self.admitted.load(Ordering::Relaxed), self.rejected.load(Ordering::Relaxed));
+        let now = (
+            self.offered.load(Ordering::Relaxed),
+            self.admitted.load(Ordering::Relaxed),
+            self.rejected.load(Ordering::Relaxed),
+        );
         let (offered, admitted, rejected) = (now.0 - self.last.0, now.1 - self.last.1, now.2 - self.last.2);
         self.last = now;
         let status: serde_json::Value =
@@ -144,7 +154,10 @@ pub async fn run(args: Args) -> Result<(), String> {
          it is in learning mode and grants newcomers nothing",
         server.grpc
     );
-    println!("demo upstream on {upstream_addr}; each sidecar is offered {} requests/s (3× the capacity when alone)", args.rate);
+    println!(
+        "demo upstream on {upstream_addr}; each sidecar is offered {} requests/s (3× the capacity when alone)",
+        args.rate
+    );
     let mut pods = vec![Pod::start("A", server.grpc, upstream_addr, args.rate, &args.bin_dir)];
     println!(
         "sidecar A: admin http://{}/debug/status; sidecar B joins after {:?}; Ctrl-C stops",

@@ -21,7 +21,13 @@ use tonic::Code;
 
 /// A sidecar config: one listener in front of `upstream`, the given resources and rules, and
 /// a capacity server when `server` is set.
-fn config(listen: SocketAddr, upstream: SocketAddr, server: Option<SocketAddr>, resources: &str, rules: &str) -> String {
+fn config(
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    server: Option<SocketAddr>,
+    resources: &str,
+    rules: &str,
+) -> String {
     let server = server.map_or_else(String::new, |s| format!("server:\n  addresses: [\"{s}\"]\n"));
     format!(
         "{server}listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
@@ -61,7 +67,13 @@ async fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool
 async fn reject_mode_answers_at_once_with_429_or_resource_exhausted() {
     let upstream = UpstreamProcess::start(None);
     let addr = listen();
-    let yaml = config(addr, upstream.addr(), None, "  - id: tiny\n    capacity: 1\n    burst: 2\n", "  - resource: tiny\n    on_limit: reject\n");
+    let yaml = config(
+        addr,
+        upstream.addr(),
+        None,
+        "  - id: tiny\n    capacity: 1\n    burst: 2\n",
+        "  - resource: tiny\n    on_limit: reject\n",
+    );
     let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
     let client = http1();
     let url = format!("http://{addr}/echo");
@@ -72,7 +84,11 @@ async fn reject_mode_answers_at_once_with_429_or_resource_exhausted() {
         let start = Instant::now();
         let answer = get(&client, &url).await;
         if answer.status == 429 {
-            assert!(start.elapsed() < Duration::from_millis(500), "rejections are immediate, took {:?}", start.elapsed());
+            assert!(
+                start.elapsed() < Duration::from_millis(500),
+                "rejections are immediate, took {:?}",
+                start.elapsed()
+            );
             rejection = Some(answer);
         } else {
             codes.push(answer.status.as_u16());
@@ -151,7 +167,13 @@ async fn delay_mode_never_holds_past_max_wait_or_the_grpc_deadline() {
 async fn shadow_mode_forwards_everything_and_counts() {
     let upstream = UpstreamProcess::start(None);
     let addr = listen();
-    let yaml = config(addr, upstream.addr(), None, "  - id: watched\n    capacity: 1\n    burst: 1\n", "  - resource: watched\n    on_limit: shadow\n");
+    let yaml = config(
+        addr,
+        upstream.addr(),
+        None,
+        "  - id: watched\n    capacity: 1\n    burst: 1\n",
+        "  - resource: watched\n    on_limit: shadow\n",
+    );
     let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
     let client = http1();
     for _ in 0..10 {
@@ -228,7 +250,8 @@ async fn a_missing_capacity_server_never_fails_requests() {
     .await;
 
     let _back = Server::builder().config(&doorman(1000.0, 3, 1)).start_at(grpc);
-    eventually(Duration::from_secs(40), "leased again", || resource_status(&sidecar, "orders")["mode"] == "leased").await;
+    eventually(Duration::from_secs(40), "leased again", || resource_status(&sidecar, "orders")["mode"] == "leased")
+        .await;
     assert_eq!(during.await.unwrap(), 0, "no request failed while the server was away");
 }
 
@@ -290,7 +313,11 @@ async fn sigterm_drains_and_releases_leases() {
     assert_eq!(slow.await.unwrap(), 200, "drained");
     assert_eq!(sidecar.wait_exit(Duration::from_secs(10)), Some(0));
     assert!(!holds(), "the lease was released");
-    let refused = send(&client, http::Request::get(format!("http://{addr}/echo")).body(Full::default()).unwrap(), Duration::from_secs(2));
+    let refused = send(
+        &client,
+        http::Request::get(format!("http://{addr}/echo")).body(Full::default()).unwrap(),
+        Duration::from_secs(2),
+    );
     assert!(refused.await.is_none(), "no longer listening");
 }
 

@@ -62,13 +62,16 @@ async fn http1_passes_through_unchanged() {
     // The Host header names the upstream, as the application addressed the sidecar.
     assert!(has_header(&seen, "host", &upstream.addr().to_string()), "{seen}");
 
-    let response = client.request(http::Request::get(format!("http://{listen}/status/503")).body(Full::default()).unwrap());
+    let response =
+        client.request(http::Request::get(format!("http://{listen}/status/503")).body(Full::default()).unwrap());
     let response = response.await.unwrap();
     assert_eq!(response.status(), 503);
     assert_eq!(response.headers()["x-upstream-status"], "503");
     assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "status 503");
 
-    let stream = client.request(http::Request::get(format!("http://{listen}/stream?chunks=4&delay_ms=20")).body(Full::default()).unwrap());
+    let stream = client.request(
+        http::Request::get(format!("http://{listen}/stream?chunks=4&delay_ms=20")).body(Full::default()).unwrap(),
+    );
     let body = stream.await.unwrap().into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, "chunk 0\nchunk 1\nchunk 2\nchunk 3\n");
 }
@@ -79,13 +82,17 @@ async fn h2c_passes_through_with_trailers() {
     let (_sidecar, listen) = sidecar(&format!("http://{}", upstream.addr()), None);
     let client = h2c();
 
-    let put = http::Request::put(format!("http://{listen}/echo?h2=1")).header("x-h2", "yes").body(Full::from("over h2")).unwrap();
+    let put = http::Request::put(format!("http://{listen}/echo?h2=1"))
+        .header("x-h2", "yes")
+        .body(Full::from("over h2"))
+        .unwrap();
     let seen = echo(&client, put).await;
     assert_eq!(seen["version"], "HTTP/2.0", "HTTP/2 from the application stays HTTP/2 upstream");
     assert_eq!(seen["body"], "over h2");
     assert!(has_header(&seen, "x-h2", "yes"), "{seen}");
 
-    let response = client.request(http::Request::get(format!("http://{listen}/trailers")).body(Full::default()).unwrap());
+    let response =
+        client.request(http::Request::get(format!("http://{listen}/trailers")).body(Full::default()).unwrap());
     let collected = response.await.unwrap().into_body().collect().await.unwrap();
     assert_eq!(collected.trailers().and_then(|t| t.get("x-trailer")).map(|v| v.to_str().unwrap()), Some("done"));
     assert_eq!(collected.to_bytes(), "with trailers");
@@ -103,7 +110,8 @@ async fn grpc_unary_and_streaming_pass_through() {
     assert_eq!(reply.get_ref().message, "ping");
     assert_eq!(reply.metadata().get("x-request-id").unwrap(), "r-1", "metadata comes back");
 
-    let failing = EchoRequest { fail_code: Code::FailedPrecondition as i32, fail_message: "nope".into(), ..Default::default() };
+    let failing =
+        EchoRequest { fail_code: Code::FailedPrecondition as i32, fail_message: "nope".into(), ..Default::default() };
     let status = client.unary(failing).await.expect_err("the upstream's status passes through");
     assert_eq!((status.code(), status.message()), (Code::FailedPrecondition, "nope"));
 
@@ -129,13 +137,16 @@ async fn originates_tls_to_https_upstreams() {
     let url = format!("https://localhost:{}", upstream.addr().port());
     let (_sidecar, listen) = sidecar(&url, Some(&ca_path));
 
-    let seen = echo(&http1(), http::Request::get(format!("http://{listen}/echo/tls")).body(Full::default()).unwrap()).await;
+    let seen =
+        echo(&http1(), http::Request::get(format!("http://{listen}/echo/tls")).body(Full::default()).unwrap()).await;
     assert_eq!(seen["uri"], "/echo/tls");
-    let seen = echo(&h2c(), http::Request::get(format!("http://{listen}/echo/tls2")).body(Full::default()).unwrap()).await;
+    let seen =
+        echo(&h2c(), http::Request::get(format!("http://{listen}/echo/tls2")).body(Full::default()).unwrap()).await;
     assert_eq!(seen["version"], "HTTP/2.0", "ALPN negotiates h2 for HTTP/2 callers");
 
     let mut grpc = EchoClient::connect(format!("http://{listen}")).await.unwrap();
-    let reply = grpc.unary(EchoRequest { message: "secure".into(), ..Default::default() }).await.expect("gRPC over TLS");
+    let reply =
+        grpc.unary(EchoRequest { message: "secure".into(), ..Default::default() }).await.expect("gRPC over TLS");
     assert_eq!(reply.get_ref().message, "secure");
 
     // Without the CA the upstream's certificate is not trusted: 502, never plaintext.
@@ -157,7 +168,9 @@ async fn unconfigured_hosts_are_not_forwarded() {
     );
     let _sidecar = Sidecar::builder().config(&config).start_sidecar();
     let client = http1();
-    let get = |host: &str| http::Request::get(format!("http://{listen}/echo")).header("host", host).body(Full::default()).unwrap();
+    let get = |host: &str| {
+        http::Request::get(format!("http://{listen}/echo")).header("host", host).body(Full::default()).unwrap()
+    };
 
     let seen = echo(&client, get("API.example.test:80")).await;
     assert!(has_header(&seen, "host", &upstream.addr().to_string()), "routed by Host: {seen}");
@@ -166,6 +179,4 @@ async fn unconfigured_hosts_are_not_forwarded() {
     assert_eq!(refused.status(), 404);
     let body = refused.into_body().collect().await.unwrap().to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("no upstream is configured for host \"evil.example.test\""));
-
 }
-

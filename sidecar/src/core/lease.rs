@@ -138,7 +138,14 @@ impl LeaseClient {
         for spec in specs {
             let entry = match previous.remove(&spec.id) {
                 Some(kept) => Entry { spec: spec.clone(), ..kept },
-                None => Entry { spec: spec.clone(), used: false, requested: false, asked: false, lease: None, server_safe: None },
+                None => Entry {
+                    spec: spec.clone(),
+                    used: false,
+                    requested: false,
+                    asked: false,
+                    lease: None,
+                    server_safe: None,
+                },
             };
             self.entries.insert(spec.id, entry);
         }
@@ -259,9 +266,9 @@ impl LeaseClient {
         }
         let capacity = match fallback {
             // A server's safe capacity of −1 means no limit.
-            Fallback::Safe => entry.server_safe.map_or(entry.spec.safe_capacity, |safe| {
-                if safe < 0.0 { f64::INFINITY } else { safe }
-            }),
+            Fallback::Safe => {
+                entry.server_safe.map_or(entry.spec.safe_capacity, |safe| if safe < 0.0 { f64::INFINITY } else { safe })
+            }
             Fallback::Optimistic => f64::INFINITY,
             Fallback::Pessimistic => 0.0,
         };

@@ -32,7 +32,9 @@ pub enum Offer {
     Queued(Ticket),
     /// `retry_after`: when a rate resource expects to have room; `None` when it cannot say (a
     /// concurrency limit) or never will (no capacity).
-    Rejected { retry_after: Option<Seconds> },
+    Rejected {
+        retry_after: Option<Seconds>,
+    },
 }
 
 pub struct Limiter {
@@ -130,9 +132,7 @@ impl Limiter {
                 self.queued_cost = 0.0;
                 None
             }
-            (Kind::Rate, Some(&(_, cost))) if self.capacity > 0.0 => {
-                Some(now + (cost.min(self.burst) - self.tokens) / self.capacity)
-            }
+            (Kind::Rate, Some(&(_, cost))) if self.capacity > 0.0 => Some(self.turn(cost)),
             _ => None,
         }
     }
@@ -213,6 +213,18 @@ impl Limiter {
             Kind::Rate => self.tokens >= cost.min(self.burst),
             Kind::Concurrency => self.in_flight + cost <= self.capacity || self.holders == 0,
         }
+    }
+
+    /// Rate: when the bucket will hold enough for `cost` to go.
+    fn turn(&self, cost: f64) -> Seconds {
+        let need = cost.min(self.burst);
+        let mut at = self.updated + (need - self.tokens) / self.capacity;
+        // Rounding may leave the bucket a hair short at `at`, and a poll then would find the head
+        // still waiting and name the same instant again: step up to where the refill suffices.
+        while self.tokens + (at - self.updated) * self.capacity < need {
+            at = at.next_up();
+        }
+        at
     }
 
     fn take(&mut self, cost: f64) {

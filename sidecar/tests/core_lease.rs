@@ -1,0 +1,274 @@
+//! The Doorman client half, in conversations with a fake server on a fake clock.
+
+use sluice_proto::{GetCapacityResponse, Lease, Mastership, ResourceResponse};
+use sluice_sidecar::core::{Answer, Effective, Fallback, LeaseClient, Mode, ResourceSpec};
+
+const T0: f64 = 1_700_000_000.0;
+
+fn spec(id: &str, fallback: Fallback) -> ResourceSpec {
+    ResourceSpec { id: id.to_string(), priority: 1, fallback, safe_capacity: 5.0 }
+}
+
+fn grant(id: &str, capacity: f64, expiry: f64, refresh: i64, safe: Option<f64>) -> ResourceResponse {
+    ResourceResponse {
+        resource_id: id.to_string(),
+        gets: Lease { expiry_time: expiry as i64, refresh_interval: refresh, capacity },
+        safe_capacity: safe,
+    }
+}
+
+fn answer(grants: Vec<ResourceResponse>) -> GetCapacityResponse {
+    GetCapacityResponse { response: grants, mastership: None }
+}
+
+fn redirect(address: Option<&str>) -> GetCapacityResponse {
+    GetCapacityResponse {
+        response: vec![],
+        mastership: Some(Mastership { master_address: address.map(str::to_string) }),
+    }
+}
+
+fn is_due(client: &LeaseClient, now: f64) -> bool {
+    client.next_due().is_some_and(|due| due <= now)
+}
+
+/// A client with `ids` configured and touched, and its first request sent at T0.
+fn asking(ids: &[(&str, Fallback)]) -> LeaseClient {
+    let mut client = LeaseClient::new("pod-1:8080".to_string(), 7);
+    client.configure(ids.iter().map(|&(id, fallback)| spec(id, fallback)));
+    for (id, _) in ids {
+        client.touch(id);
+    }
+    client.request(T0, |_| 10.0).unwrap();
+    client
+}
+
+#[test]
+fn a_first_use_is_asked_for_at_once_and_refreshed_on_the_servers_interval() {
+    let mut client = LeaseClient::new("pod-1:8080".to_string(), 7);
+    assert_eq!(client.client_id(), "pod-1:8080");
+    assert!(client.configure([spec("a", Fallback::Safe), spec("b", Fallback::Safe)]).is_empty());
+    assert_eq!(client.next_due(), None, "nothing in use, nothing to ask");
+    assert!(client.request(T0, |_| 1.0).is_none());
+
+    client.touch("a");
+    client.touch("unknown");
+    assert!(is_due(&client, T0));
+    let request = client.request(T0, |id| if id == "a" { 42.0 } else { 0.0 }).unwrap();
+    assert_eq!(request.client_id, "pod-1:8080");
+    assert_eq!(request.resource.len(), 1);
+    assert_eq!(request.resource[0].resource_id, "a");
+    assert_eq!(request.resource[0].priority, 1);
+    assert_eq!(request.resource[0].wants, 42.0);
+    assert_eq!(request.resource[0].has, None);
+    assert_eq!(client.next_due(), None, "one request at a time");
+    assert_eq!(client.effective(T0, "a").unwrap().mode, Mode::Pending);
+
+    let response = answer(vec![grant("a", 30.0, T0 + 60.0, 5, Some(7.0)), grant("gone", 1.0, T0 + 60.0, 1, None)]);
+    assert_eq!(client.on_response(T0 + 0.5, response), Answer::Updated);
+    let effective = client.effective(T0 + 1.0, "a").unwrap();
+    assert_eq!(
+        effective,
+        Effective {
+            capacity: 30.0,
+            mode: Mode::Leased,
+            fallback: Fallback::Safe,
+            expiry: Some((T0 + 60.0) as i64),
+            refresh_interval: Some(5)
+        }
+    );
+    assert_eq!(effective.label(), "leased");
+    assert_eq!(client.next_due(), Some(T0 + 5.5));
+    assert_eq!(client.effective(T0, "gone"), None);
+
+    // The refresh carries the lease held and every resource in use.
+    client.touch("b");
+    assert!(is_due(&client, T0 + 1.0));
+    let refresh = client.request(T0 + 1.0, |_| 3.0).unwrap();
+    assert_eq!(refresh.resource.iter().map(|r| r.resource_id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+    assert_eq!(refresh.resource[0].has.as_ref().map(|lease| lease.capacity), Some(30.0));
+}
+
+#[test]
+fn the_smallest_refresh_interval_wins_but_never_below_a_second() {
+    let mut client = asking(&[("a", Fallback::Safe), ("b", Fallback::Safe)]);
+    let response = answer(vec![grant("a", 1.0, T0 + 60.0, 10, None), grant("b", 1.0, T0 + 60.0, 3, None)]);
+    client.on_response(T0, response);
+    assert_eq!(client.next_due(), Some(T0 + 3.0));
+    client.request(T0 + 3.0, |_| 1.0).unwrap();
+    client.on_response(T0 + 3.0, answer(vec![grant("a", 1.0, T0 + 60.0, 0, None)]));
+    assert_eq!(client.next_due(), Some(T0 + 4.0));
+}
+
+#[test]
+fn a_resource_touched_during_a_request_is_asked_for_right_after() {
+    let mut client = asking(&[("a", Fallback::Safe)]);
+    client.configure([spec("a", Fallback::Safe), spec("b", Fallback::Safe)]);
+    client.touch("b");
+    assert_eq!(client.next_due(), None);
+    client.on_response(T0 + 0.1, answer(vec![grant("a", 1.0, T0 + 60.0, 10, None)]));
+    assert!(is_due(&client, T0 + 0.1));
+    assert_eq!(client.effective(T0 + 0.1, "b").unwrap().mode, Mode::Pending);
+}
+
+/// The delays after successive errors, from a client with no valid lease.
+fn backoffs(seed: u64, errors: usize) -> Vec<f64> {
+    let mut client = LeaseClient::new("c".to_string(), seed);
+    client.configure([spec("a", Fallback::Safe)]);
+    client.touch("a");
+    let mut now = T0;
+    (0..errors)
+        .map(|_| {
+            client.request(now, |_| 1.0).unwrap();
+            client.on_error(now);
+            let due = client.next_due().unwrap();
+            let delay = due - now;
+            now = due;
+            delay
+        })
+        .collect()
+}
+
+#[test]
+fn errors_back_off_exponentially_with_jitter() {
+    let delays = backoffs(1, 9);
+    for (i, delay) in delays.iter().enumerate() {
+        let ceiling = f64::min(2f64.powi(i as i32), 30.0);
+        assert!(
+            (ceiling / 2.0..=ceiling).contains(delay),
+            "attempt {i}: {delay} outside [{}, {ceiling}]",
+            ceiling / 2.0
+        );
+    }
+    assert_eq!(backoffs(1, 9), delays, "the same seed replays");
+    assert_ne!(backoffs(2, 9), delays, "another seed spreads out");
+}
+
+#[test]
+fn a_success_resets_the_backoff() {
+    let mut client = asking(&[("a", Fallback::Safe)]);
+    for _ in 0..5 {
+        client.on_error(T0);
+        client.request(T0, |_| 1.0).unwrap();
+    }
+    client.on_response(T0, answer(vec![grant("a", 1.0, T0 + 60.0, 10, None)]));
+    client.request(T0 + 10.0, |_| 1.0).unwrap();
+    client.on_error(T0 + 10.0);
+    let delay = client.next_due().unwrap() - (T0 + 10.0);
+    assert!((0.5..=1.0).contains(&delay), "{delay}");
+}
+
+#[test]
+fn a_retry_comes_before_a_valid_lease_expires() {
+    let mut client = asking(&[("a", Fallback::Safe)]);
+    client.on_response(T0, answer(vec![grant("a", 1.0, T0 + 20.0, 10, None)]));
+    let mut now = T0 + 10.0;
+    for _ in 0..6 {
+        client.request(now, |_| 1.0).unwrap();
+        client.on_error(now);
+        let due = client.next_due().unwrap();
+        assert!(due <= (T0 + 18.0).max(now + 0.5) && due >= now + 0.5, "{due}");
+        now = due;
+    }
+}
+
+#[test]
+fn a_redirect_is_followed_at_once_then_backs_off() {
+    let mut client = asking(&[("a", Fallback::Safe)]);
+    client.on_response(T0, answer(vec![grant("a", 30.0, T0 + 60.0, 10, None)]));
+    client.request(T0 + 10.0, |_| 1.0).unwrap();
+    let answer = client.on_response(T0 + 10.0, redirect(Some("master:1234")));
+    assert_eq!(answer, Answer::Redirect(Some("master:1234".to_string())));
+    assert!(is_due(&client, T0 + 10.0));
+    assert_eq!(client.effective(T0 + 10.0, "a").unwrap().capacity, 30.0, "leases are kept");
+
+    // Sent back and forth: the second redirect in a row waits.
+    client.request(T0 + 10.0, |_| 1.0).unwrap();
+    client.on_response(T0 + 10.0, redirect(Some("other:1234")));
+    assert!(!is_due(&client, T0 + 10.0));
+
+    // Nobody knows the master: retry later.
+    let mut client = asking(&[("a", Fallback::Safe)]);
+    assert_eq!(client.on_response(T0, redirect(None)), Answer::Redirect(None));
+    assert!(!is_due(&client, T0));
+    assert_eq!(client.effective(T0, "a").unwrap().mode, Mode::Fallback);
+}
+
+#[test]
+fn without_a_lease_each_resource_falls_back_as_configured() {
+    let ids = [("safe", Fallback::Safe), ("optimistic", Fallback::Optimistic), ("pessimistic", Fallback::Pessimistic)];
+    let mut client = asking(&ids);
+    // Before any answer: pending, on the fallback; the configured safe capacity stands in.
+    let pending: Vec<(f64, &str)> = ids
+        .iter()
+        .map(|(id, _)| client.effective(T0, id).unwrap())
+        .map(|effective| (effective.capacity, effective.label()))
+        .collect();
+    assert_eq!(pending, [(5.0, "pending"), (f64::INFINITY, "pending"), (0.0, "pending")]);
+
+    let grants = ids.iter().map(|(id, _)| grant(id, 30.0, T0 + 60.0, 10, Some(7.0))).collect();
+    client.on_response(T0, answer(grants));
+    assert!(ids.iter().all(|(id, _)| client.effective(T0 + 59.9, id).unwrap().mode == Mode::Leased));
+
+    // Expired: the server's safe capacity, no limit, nothing.
+    let expired: Vec<(f64, &str)> = ids
+        .iter()
+        .map(|(id, _)| client.effective(T0 + 60.0, id).unwrap())
+        .map(|effective| (effective.capacity, effective.label()))
+        .collect();
+    assert_eq!(
+        expired,
+        [(7.0, "fallback_safe"), (f64::INFINITY, "fallback_optimistic"), (0.0, "fallback_pessimistic")]
+    );
+    // An expired lease is not offered back to the server.
+    let request = client.request(T0 + 60.0, |_| 1.0).unwrap();
+    assert!(request.resource.iter().all(|r| r.has.is_none()));
+}
+
+#[test]
+fn a_safe_capacity_of_minus_one_means_no_limit() {
+    let mut client = asking(&[("a", Fallback::Safe)]);
+    client.on_response(T0, answer(vec![grant("a", 30.0, T0 + 60.0, 10, Some(-1.0))]));
+    assert_eq!(client.effective(T0 + 61.0, "a").unwrap().capacity, f64::INFINITY);
+}
+
+#[test]
+fn an_error_before_any_answer_decides_the_fallback() {
+    let mut client = asking(&[("a", Fallback::Pessimistic)]);
+    client.on_error(T0 + 5.0);
+    let effective = client.effective(T0 + 5.0, "a").unwrap();
+    assert_eq!((effective.capacity, effective.label()), (0.0, "fallback_pessimistic"));
+}
+
+#[test]
+fn resources_dropped_from_the_config_are_released_and_the_rest_kept() {
+    let mut client = asking(&[("a", Fallback::Safe), ("b", Fallback::Safe)]);
+    client.configure([spec("a", Fallback::Safe), spec("b", Fallback::Safe), spec("idle", Fallback::Safe)]);
+    client.on_response(T0, answer(vec![grant("a", 30.0, T0 + 60.0, 10, None), grant("b", 20.0, T0 + 60.0, 10, None)]));
+
+    let mut changed = spec("a", Fallback::Optimistic);
+    changed.priority = 3;
+    assert_eq!(client.configure([changed]), ["b"], "only what was in use is released");
+    let effective = client.effective(T0 + 1.0, "a").unwrap();
+    assert_eq!((effective.capacity, effective.fallback), (30.0, Fallback::Optimistic));
+    assert_eq!(client.effective(T0 + 1.0, "b"), None);
+    let request = client.request(T0 + 10.0, |_| 1.0).unwrap();
+    assert_eq!(request.resource.len(), 1);
+    assert_eq!(request.resource[0].priority, 3);
+
+    // Nothing left in use: nothing due.
+    client.on_response(T0 + 10.0, answer(vec![grant("a", 30.0, T0 + 70.0, 10, None)]));
+    client.configure([]);
+    assert_eq!(client.next_due(), None);
+}
+
+#[test]
+fn shutdown_releases_everything_in_use() {
+    let mut client = asking(&[("a", Fallback::Safe), ("b", Fallback::Safe)]);
+    client.configure([spec("a", Fallback::Safe), spec("b", Fallback::Safe), spec("idle", Fallback::Safe)]);
+    client.on_response(T0, answer(vec![grant("a", 30.0, T0 + 60.0, 10, None)]));
+    assert_eq!(client.release_all(), ["a", "b"]);
+    assert_eq!(client.next_due(), None);
+    assert_eq!(client.effective(T0, "a").unwrap().mode, Mode::Fallback);
+    assert!(client.release_all().is_empty());
+}
