@@ -52,14 +52,7 @@ impl fmt::Display for Failure {
 
 pub async fn run(args: Args) -> Result<(), Failure> {
     telemetry::init(args.log_format, &args.log).map_err(Failure::Usage)?;
-    let (source, text) = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| Failure::Usage(format!("--config {}: {e}", path.display())))?;
-            (path.display().to_string(), text)
-        }
-        None => ("embedded default configuration".to_owned(), EMBEDDED_CONFIG.to_owned()),
-    };
+    let (source, text) = read_config(args.config.as_deref(), EMBEDDED_CONFIG)?;
     let repository = config::parse(&text).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
     let tls = args.tls().map(|files| files.load()).transpose().map_err(Failure::Usage)?;
 
@@ -131,6 +124,19 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         }
     };
     served.map_err(|e| Failure::Runtime(format!("gRPC server: {e}")))
+}
+
+/// The configuration file's name and text, or the embedded default's when there is no file.
+/// Shared with the sidecar.
+pub fn read_config(path: Option<&std::path::Path>, embedded: &str) -> Result<(String, String), Failure> {
+    match path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Failure::Usage(format!("--config {}: {e}", path.display())))?;
+            Ok((path.display().to_string(), text))
+        }
+        None => Ok(("embedded default configuration".to_owned(), embedded.to_owned())),
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT, naming it.

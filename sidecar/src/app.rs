@@ -5,7 +5,7 @@ use std::sync::{Arc, atomic::Ordering};
 
 use arc_swap::ArcSwap;
 use sluice_server::{
-    app::{Failure, termination},
+    app::{Failure, read_config, termination},
     reload::Reloader,
     telemetry,
 };
@@ -27,14 +27,7 @@ use crate::{
 
 pub async fn run(args: Args) -> Result<(), Failure> {
     telemetry::init(args.log_format, &args.log).map_err(Failure::Usage)?;
-    let (source, text) = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| Failure::Usage(format!("--config {}: {e}", path.display())))?;
-            (path.display().to_string(), text)
-        }
-        None => ("embedded default configuration".to_owned(), EMBEDDED_CONFIG.to_owned()),
-    };
+    let (source, text) = read_config(args.config.as_deref(), EMBEDDED_CONFIG)?;
     let config = config::parse(&text).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
     let handle = metrics::install().map_err(Failure::Runtime)?;
     let client_id = args.client_id.clone().unwrap_or_else(|| default_client_id(&config));
