@@ -17,10 +17,11 @@ use crate::{
     cli::Args,
     config,
     defaults::{EMBEDDED_CONFIG, MAX_REQUEST_BYTES, SHUTDOWN_GRACE, SWEEP_BATCH, SWEEP_INTERVAL},
-    metrics,
+    discovery::Servers,
+    metrics, parent,
     reload::Reloader,
     service::CapacityService,
-    state::{self, State},
+    state::{self, ParentLink, State},
     telemetry,
 };
 
@@ -65,7 +66,18 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let (grpc_addr, admin_addr) = (local(grpc.local_addr()), local(admin.local_addr()));
 
     let handle = metrics::install().map_err(Failure::Runtime)?;
-    let state = Arc::new(State::new(repository, args.advertise_address(), state::now()));
+    let parent = match args.parent.is_empty() {
+        true => None,
+        false => {
+            let tls = args.parent_tls().map(|files| files.load()).transpose().map_err(Failure::Usage)?;
+            Some(ParentLink {
+                servers: Servers::new(args.parent.clone(), tls, metrics::record_parent_rpc),
+                server_id: args.server_id.clone().unwrap_or_else(|| args.advertise_address()),
+            })
+        }
+    };
+    let state = Arc::new(State::new(repository, args.advertise_address(), parent, state::now()));
+    tokio::spawn(parent::run(state.clone()));
     admin::spawn(admin, state.clone(), handle.clone()).map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
     tokio::spawn(sweep(state.clone(), handle));
     // Installed before serving: SIGHUP's default action would end the process.

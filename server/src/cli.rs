@@ -4,7 +4,10 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Parser, ValueEnum};
 
-use crate::{defaults, tls::TlsFiles};
+use crate::{
+    defaults,
+    tls::{ParentTlsFiles, TlsFiles},
+};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum LogFormat {
@@ -34,6 +37,30 @@ pub struct Args {
     /// listen address.
     #[arg(long, env = "SLUICE_ADVERTISE_ADDRESS")]
     pub advertise_address: Option<String>,
+
+    /// Makes this an intermediate server: it gets its capacity from the parent node at these
+    /// addresses (comma-separated host:port of its replicas, or one balanced name) instead of
+    /// from its configuration (SPEC §3.6).
+    #[arg(long, env = "SLUICE_PARENT", value_delimiter = ',')]
+    pub parent: Vec<String>,
+
+    /// This server's id in its requests to the parent. Replicas of one node should share it,
+    /// so that a new master takes over the lease of the old one. Defaults to the advertise
+    /// address.
+    #[arg(long, env = "SLUICE_SERVER_ID", requires = "parent")]
+    pub server_id: Option<String>,
+
+    /// PEM CA bundle that signs the parent's certificate: talk to the parent over TLS.
+    #[arg(long, env = "SLUICE_PARENT_TLS_CA", requires = "parent")]
+    pub parent_tls_ca: Option<PathBuf>,
+
+    /// PEM certificate chain presented to the parent (mTLS).
+    #[arg(long, env = "SLUICE_PARENT_TLS_CERT", requires_all = ["parent_tls_ca", "parent_tls_key"])]
+    pub parent_tls_cert: Option<PathBuf>,
+
+    /// PEM private key for --parent-tls-cert.
+    #[arg(long, env = "SLUICE_PARENT_TLS_KEY", requires = "parent_tls_cert")]
+    pub parent_tls_key: Option<PathBuf>,
 
     /// How often to check the configuration file for changes, e.g. "2s" or "500ms".
     #[arg(long, env = "SLUICE_CONFIG_POLL_INTERVAL", value_parser = positive_duration,
@@ -72,6 +99,13 @@ impl Args {
             cert: self.tls_cert.clone()?,
             key: self.tls_key.clone()?,
             client_ca: self.tls_client_ca.clone(),
+        })
+    }
+
+    pub fn parent_tls(&self) -> Option<ParentTlsFiles> {
+        Some(ParentTlsFiles {
+            ca: self.parent_tls_ca.clone()?,
+            identity: self.parent_tls_cert.clone().zip(self.parent_tls_key.clone()),
         })
     }
 

@@ -57,3 +57,31 @@ pub const STATUS_LEASES_SHOWN: usize = 1_000;
 
 /// Time allowed for in-flight RPCs after SIGTERM.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Each level further from the root hands out this fraction of the refresh interval it got
+/// from its parent (Doorman's decay factor), so lower levels see fresh demand when they ask.
+pub const REFRESH_DECAY: f64 = 0.5;
+
+/// Shortest refresh interval a server hands out, in seconds: the protocol's unit.
+pub const MIN_REFRESH_INTERVAL: i64 = 1;
+
+/// After a failed request to the parent, retries back off from this many seconds...
+pub const BACKOFF_BASE: f64 = 1.0;
+
+/// ...doubling up to this; a random half of the interval is waited (equal jitter), so
+/// replicas restarted together do not retry together.
+pub const BACKOFF_CAP: f64 = 30.0;
+
+/// A retry is brought forward to this long before the earliest valid lease expires, so that one
+/// success in time keeps the capacity instead of falling back.
+pub const EXPIRY_MARGIN: f64 = 2.0;
+
+/// Timeout of one RPC to a capacity server (a sidecar's, or an intermediate server's parent).
+pub const CAPACITY_RPC_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connect timeout toward a capacity server.
+pub const CAPACITY_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Longest an intermediate server waits between looks at its schedule, so that a request
+/// brought forward (a new resource) never waits long for a missed wake-up.
+pub const PARENT_CHECK_INTERVAL: Duration = Duration::from_millis(250);

@@ -23,6 +23,10 @@ const CLIENTS: &str = "sluice_server_clients";
 const LEARNING: &str = "sluice_server_learning_mode";
 const IS_MASTER: &str = "sluice_server_is_master";
 const RELOADS: &str = "sluice_server_config_reloads_total";
+const PARENT_LEASE: &str = "sluice_server_parent_lease_capacity";
+const BAND_WANTS: &str = "sluice_server_band_wants";
+const BAND_HAS: &str = "sluice_server_band_has";
+const PARENT_RPCS: &str = "sluice_server_parent_rpcs_total";
 
 /// Installs the process-wide recorder.
 pub fn install() -> Result<PrometheusHandle, String> {
@@ -32,19 +36,33 @@ pub fn install() -> Result<PrometheusHandle, String> {
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     describe_counter!(REQUESTS, "gRPC requests handled, by method and status code.");
     describe_histogram!(DURATION, Unit::Seconds, "Time to handle a gRPC request, by method.");
-    describe_gauge!(CAPACITY, "Configured capacity of a resource.");
+    describe_gauge!(
+        CAPACITY,
+        "Capacity a resource shares: the configured one at a root, the parent's lease at an intermediate server."
+    );
     describe_gauge!(HAS, "Sum of the capacity granted on a resource's unexpired leases.");
     describe_gauge!(WANTS, "Sum of the capacity wanted by a resource's lease holders.");
     describe_gauge!(CLIENTS, "Clients holding a lease on a resource.");
     describe_gauge!(LEARNING, "1 while a resource is in learning mode.");
     describe_gauge!(IS_MASTER, "1 when this server is the master.");
     describe_counter!(RELOADS, "Configuration reloads, by result (success or failure).");
+    describe_gauge!(
+        PARENT_LEASE,
+        "Capacity an intermediate server holds on a resource from its parent (valid leases only)."
+    );
+    describe_gauge!(BAND_WANTS, "Capacity wanted on a resource, by priority band.");
+    describe_gauge!(BAND_HAS, "Capacity granted on a resource, by priority band.");
+    describe_counter!(PARENT_RPCS, "RPCs to the parent node, by method and result (ok or error).");
     Ok(handle)
 }
 
 pub fn record_request(method: &'static str, code: Code, elapsed: Duration) {
     counter!(REQUESTS, "method" => method, "code" => code_name(code)).increment(1);
     histogram!(DURATION, "method" => method).record(elapsed.as_secs_f64());
+}
+
+pub fn record_parent_rpc(method: &'static str, ok: bool) {
+    counter!(PARENT_RPCS, "method" => method, "result" => if ok { "ok" } else { "error" }).increment(1);
 }
 
 pub fn record_reload(ok: bool) {
@@ -56,7 +74,17 @@ pub fn publish(status: &ServerStatus) {
     gauge!(IS_MASTER).set(f64::from(u8::from(status.is_master)));
     for r in &status.resources {
         let id = r.id.clone();
-        gauge!(CAPACITY, "resource" => id.clone()).set(r.capacity);
+        // Without a lease from its parent, an intermediate server shares nothing but safe
+        // capacity.
+        gauge!(CAPACITY, "resource" => id.clone()).set(r.capacity.unwrap_or(0.0));
+        if let Some(lease) = &r.parent_lease {
+            gauge!(PARENT_LEASE, "resource" => id.clone()).set(lease.capacity);
+        }
+        for band in &r.bands {
+            let priority = band.priority.to_string();
+            gauge!(BAND_WANTS, "resource" => id.clone(), "priority" => priority.clone()).set(band.wants);
+            gauge!(BAND_HAS, "resource" => id.clone(), "priority" => priority).set(band.has);
+        }
         gauge!(HAS, "resource" => id.clone()).set(r.has);
         gauge!(WANTS, "resource" => id.clone()).set(r.wants);
         gauge!(CLIENTS, "resource" => id.clone()).set(r.clients as f64);

@@ -11,7 +11,7 @@ use sluice_proto::{
 use tonic::{Code, Request, Response, Status};
 
 use crate::{
-    core::{Algorithm, Grant, Ledger},
+    core::{Algorithm, Grant, Ledger, UnixSeconds},
     metrics,
     state::{self, State},
     validate::{self, ResourceClaim},
@@ -26,34 +26,80 @@ impl CapacityService {
     pub fn new(state: Arc<State>, max_resources: usize) -> CapacityService {
         CapacityService { state, max_resources }
     }
+}
 
-    /// Grants every claim under one hold of the ledger lock, answering each with `respond`; or
-    /// none, if the new resources would not fit.
-    fn grant<T>(
-        &self,
-        client: &str,
-        claims: &[ResourceClaim<'_>],
-        respond: impl Fn(&str, &Grant, &Ledger) -> T,
-    ) -> Result<Vec<T>, Status> {
-        let now = state::now();
-        let mut ledger = self.state.ledger();
-        // Counting the new resources costs a lookup each; only needed near the limit.
-        let near_limit = ledger.len() + claims.len() > self.max_resources;
-        let new = || claims.iter().filter(|(id, _)| ledger.resource(id).is_none()).count();
-        if near_limit && ledger.len() + new() > self.max_resources {
-            return Err(Status::resource_exhausted(format!(
-                "this server keeps at most {} resources; the new ones in this request do not fit",
-                self.max_resources
-            )));
+/// Answers a GetCapacity on `ledger` at `now` (the RPC without the network, shared with the
+/// simulator): every claim is granted, or none if the new resources would not fit.
+pub fn get_capacity(
+    ledger: &mut Ledger,
+    now: UnixSeconds,
+    req: &GetCapacityRequest,
+    max_resources: usize,
+) -> Result<GetCapacityResponse, Status> {
+    let claims = validate::get_capacity(req)?;
+    let response = grant(ledger, now, &req.client_id, &claims, max_resources, |id, grant, _| ResourceResponse {
+        resource_id: id.to_owned(),
+        gets: lease(grant),
+        safe_capacity: Some(grant.safe_capacity),
+    })?;
+    Ok(GetCapacityResponse { response, mastership: None })
+}
+
+/// Answers a GetServerCapacity on `ledger` at `now`, like [`get_capacity`].
+pub fn get_server_capacity(
+    ledger: &mut Ledger,
+    now: UnixSeconds,
+    req: &GetServerCapacityRequest,
+    max_resources: usize,
+) -> Result<GetServerCapacityResponse, Status> {
+    let claims = validate::get_server_capacity(req)?;
+    let response = grant(ledger, now, &req.server_id, &claims, max_resources, |id, grant, ledger| {
+        let resource = ledger.resource(id).expect("a resource exists once claimed");
+        ServerCapacityResourceResponse {
+            resource_id: id.to_owned(),
+            gets: lease(grant),
+            // The parent's algorithm at an intermediate server: one algorithm per tree.
+            algorithm: Some(algorithm(resource.algorithm())),
+            safe_capacity: Some(grant.safe_capacity),
         }
-        Ok(claims
-            .iter()
-            .map(|(id, claim)| {
-                let grant = ledger.claim(now, client, id, claim);
-                respond(id, &grant, &ledger)
-            })
-            .collect())
+    })?;
+    Ok(GetServerCapacityResponse { response, mastership: None })
+}
+
+/// Answers a ReleaseCapacity on `ledger`.
+pub fn release_capacity(ledger: &mut Ledger, req: &ReleaseCapacityRequest) -> Result<ReleaseCapacityResponse, Status> {
+    validate::release_capacity(req)?;
+    for id in &req.resource_id {
+        ledger.release(&req.client_id, id);
     }
+    Ok(ReleaseCapacityResponse { mastership: None })
+}
+
+/// Grants every claim, answering each with `respond`; or none, if the new resources would not
+/// fit.
+fn grant<T>(
+    ledger: &mut Ledger,
+    now: UnixSeconds,
+    client: &str,
+    claims: &[ResourceClaim<'_>],
+    max_resources: usize,
+    respond: impl Fn(&str, &Grant, &Ledger) -> T,
+) -> Result<Vec<T>, Status> {
+    // Counting the new resources costs a lookup each; only needed near the limit.
+    let near_limit = ledger.len() + claims.len() > max_resources;
+    let new = || claims.iter().filter(|(id, _)| ledger.resource(id).is_none()).count();
+    if near_limit && ledger.len() + new() > max_resources {
+        return Err(Status::resource_exhausted(format!(
+            "this server keeps at most {max_resources} resources; the new ones in this request do not fit"
+        )));
+    }
+    Ok(claims
+        .iter()
+        .map(|(id, claim)| {
+            let grant = ledger.claim(now, client, id, claim);
+            respond(id, &grant, ledger)
+        })
+        .collect())
 }
 
 /// Runs a handler, recording its outcome and duration.
@@ -103,14 +149,10 @@ impl Capacity for CapacityService {
         request: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
         observe("GetCapacity", || {
-            let req = request.get_ref();
-            let claims = validate::get_capacity(req)?;
-            let response = self.grant(&req.client_id, &claims, |id, grant, _| ResourceResponse {
-                resource_id: id.to_owned(),
-                gets: lease(grant),
-                safe_capacity: Some(grant.safe_capacity),
-            })?;
-            Ok(GetCapacityResponse { response, mastership: None })
+            let mut ledger = self.state.ledger();
+            let response = get_capacity(&mut ledger, state::now(), request.get_ref(), self.max_resources)?;
+            self.state.wake_parent_if_due(&ledger);
+            Ok(response)
         })
     }
 
@@ -119,18 +161,10 @@ impl Capacity for CapacityService {
         request: Request<GetServerCapacityRequest>,
     ) -> Result<Response<GetServerCapacityResponse>, Status> {
         observe("GetServerCapacity", || {
-            let req = request.get_ref();
-            let claims = validate::get_server_capacity(req)?;
-            let response = self.grant(&req.server_id, &claims, |id, grant, ledger| {
-                let template = ledger.resource(id).expect("a resource exists once claimed").template();
-                ServerCapacityResourceResponse {
-                    resource_id: id.to_owned(),
-                    gets: lease(grant),
-                    algorithm: Some(algorithm(&template.algorithm)),
-                    safe_capacity: Some(grant.safe_capacity),
-                }
-            })?;
-            Ok(GetServerCapacityResponse { response, mastership: None })
+            let mut ledger = self.state.ledger();
+            let response = get_server_capacity(&mut ledger, state::now(), request.get_ref(), self.max_resources)?;
+            self.state.wake_parent_if_due(&ledger);
+            Ok(response)
         })
     }
 
@@ -138,14 +172,6 @@ impl Capacity for CapacityService {
         &self,
         request: Request<ReleaseCapacityRequest>,
     ) -> Result<Response<ReleaseCapacityResponse>, Status> {
-        observe("ReleaseCapacity", || {
-            let req = request.get_ref();
-            validate::release_capacity(req)?;
-            let mut ledger = self.state.ledger();
-            for id in &req.resource_id {
-                ledger.release(&req.client_id, id);
-            }
-            Ok(ReleaseCapacityResponse { mastership: None })
-        })
+        observe("ReleaseCapacity", || release_capacity(&mut self.state.ledger(), request.get_ref()))
     }
 }

@@ -10,12 +10,31 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
+use tokio::sync::Notify;
 
-use crate::core::{Ledger, Repository, UnixSeconds};
+use crate::{
+    core::{Ledger, Repository, UnixSeconds},
+    discovery::Servers,
+};
+
+/// An empty ledger that starts serving — and learning — at `now`: a root's, or an intermediate
+/// server's that asks its parent for capacity.
+fn fresh_ledger(repository: Arc<Repository>, parent: Option<&ParentLink>, now: UnixSeconds) -> Ledger {
+    let ledger = Ledger::new(repository, now);
+    match parent {
+        Some(link) => ledger.with_parent(link.server_id.clone(), now as u64 ^ u64::from(std::process::id())),
+        None => ledger,
+    }
+}
 
 /// The wall clock, in the protocol's whole seconds. The core never reads a clock itself.
 pub fn now() -> UnixSeconds {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as UnixSeconds)
+}
+
+/// The wall clock with sub-second precision, for scheduling requests.
+pub fn precise_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
 pub struct State {
@@ -24,18 +43,53 @@ pub struct State {
     /// adopts it the next time anyone takes the lock.
     config: ArcSwap<Repository>,
     advertise_address: String,
+    /// Set for an intermediate server.
+    parent: Option<ParentLink>,
+    /// Tells the parent task that a request is due at once (a resource appeared).
+    parent_wanted: Notify,
     ready: AtomicBool,
 }
 
+/// Where an intermediate server gets its capacity.
+pub struct ParentLink {
+    /// The parent node's replicas.
+    pub servers: Servers,
+    /// This server's id in its requests to the parent.
+    pub server_id: String,
+}
+
 impl State {
-    pub fn new(repository: Repository, advertise_address: String, now: UnixSeconds) -> State {
+    pub fn new(
+        repository: Repository,
+        advertise_address: String,
+        parent: Option<ParentLink>,
+        now: UnixSeconds,
+    ) -> State {
         let repository = Arc::new(repository);
         State {
-            ledger: Mutex::new(Ledger::new(repository.clone(), now)),
+            ledger: Mutex::new(fresh_ledger(repository.clone(), parent.as_ref(), now)),
             config: ArcSwap::new(repository),
             advertise_address,
+            parent,
+            parent_wanted: Notify::new(),
             ready: AtomicBool::new(false),
         }
+    }
+
+    pub fn parent(&self) -> Option<&ParentLink> {
+        self.parent.as_ref()
+    }
+
+    /// Called after claims: wakes the parent task if they made a request due at once.
+    pub fn wake_parent_if_due(&self, ledger: &Ledger) {
+        if ledger.parent_due() == Some(f64::NEG_INFINITY) {
+            self.parent_wanted.notify_one();
+        }
+    }
+
+    /// Resolves when claims made a request to the parent due at once.
+    pub async fn parent_wanted(&self) {
+        self.parent_wanted.notified().await;
     }
 
     /// The ledger, under the current configuration.

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::core::{Ledger, Resource, UnixSeconds};
+use crate::core::{Ledger, PriorityMode, Resource, UnixSeconds};
 
 #[derive(Serialize)]
 pub struct ServerStatus {
@@ -13,8 +13,18 @@ pub struct ServerStatus {
     pub master_address: String,
     pub serving_since: UnixSeconds,
     pub now: UnixSeconds,
+    /// For an intermediate server: its parent and how asking it goes.
+    pub parent: Option<ParentStatus>,
     pub templates: Vec<TemplateStatus>,
     pub resources: Vec<ResourceStatus>,
+}
+
+#[derive(Serialize)]
+pub struct ParentStatus {
+    pub address: String,
+    pub server_id: String,
+    /// Failed requests in a row.
+    pub failures: u32,
 }
 
 #[derive(Serialize)]
@@ -34,13 +44,36 @@ pub struct ResourceStatus {
     pub id: String,
     pub template: String,
     pub algorithm: &'static str,
-    pub capacity: f64,
+    pub priority_mode: &'static str,
+    /// What the resource shares now; `None` at an intermediate server without a valid lease
+    /// from its parent (it hands out safe capacity).
+    pub capacity: Option<f64>,
+    /// At an intermediate server: its own lease from the parent, while valid.
+    pub parent_lease: Option<OwnLease>,
+    /// Most important first.
+    pub bands: Vec<BandStatus>,
     pub safe_capacity: f64,
     pub has: f64,
     pub wants: f64,
     pub clients: usize,
     pub subclients: f64,
     pub learning: bool,
+}
+
+#[derive(Serialize)]
+pub struct OwnLease {
+    pub capacity: f64,
+    pub expiry_time: UnixSeconds,
+    pub refresh_interval: i64,
+}
+
+#[derive(Serialize)]
+pub struct BandStatus {
+    pub priority: i64,
+    pub shares: usize,
+    pub subclients: f64,
+    pub wants: f64,
+    pub has: f64,
 }
 
 #[derive(Serialize)]
@@ -55,13 +88,21 @@ pub struct ResourceDetail {
 #[derive(Serialize)]
 pub struct LeaseStatus {
     pub client: String,
+    /// Its most important band.
+    pub priority: i64,
     pub has: f64,
     pub wants: f64,
     pub subclients: f64,
     pub expiry_time: UnixSeconds,
 }
 
-pub fn server(ledger: &Ledger, now: UnixSeconds, is_master: bool, master_address: &str) -> ServerStatus {
+pub fn server(
+    ledger: &Ledger,
+    now: UnixSeconds,
+    is_master: bool,
+    master_address: &str,
+    parent_address: Option<&str>,
+) -> ServerStatus {
     let templates = ledger
         .repository()
         .templates()
@@ -84,6 +125,11 @@ pub fn server(ledger: &Ledger, now: UnixSeconds, is_master: bool, master_address
         master_address: master_address.to_owned(),
         serving_since: ledger.serving_since(),
         now,
+        parent: ledger.parent().zip(parent_address).map(|(p, address)| ParentStatus {
+            address: address.to_owned(),
+            server_id: p.server_id().to_owned(),
+            failures: p.schedule().failures(),
+        }),
         templates,
         resources,
     }
@@ -97,6 +143,7 @@ pub fn resource_detail(ledger: &Ledger, id: &str, now: UnixSeconds, limit: usize
         .take(limit)
         .map(|l| LeaseStatus {
             client: l.client.to_owned(),
+            priority: l.priority,
             has: l.demand.has,
             wants: l.demand.wants,
             subclients: l.demand.subclients,
@@ -108,14 +155,37 @@ pub fn resource_detail(ledger: &Ledger, id: &str, now: UnixSeconds, limit: usize
 }
 
 fn resource(ledger: &Ledger, id: &str, r: &Resource, now: UnixSeconds) -> ResourceStatus {
-    let sums = r.leases().band().sums();
-    let t = r.template();
+    let sums = r.bands().sums();
+    let algorithm = r.algorithm();
     ResourceStatus {
         id: id.to_owned(),
-        template: t.identifier_glob.clone(),
-        algorithm: t.algorithm.kind.name(),
-        capacity: t.capacity,
-        safe_capacity: r.safe_capacity(),
+        template: r.template().identifier_glob.clone(),
+        algorithm: algorithm.kind.name(),
+        priority_mode: match PriorityMode::of(algorithm) {
+            PriorityMode::Strict => "strict",
+            PriorityMode::Ignore => "ignore",
+        },
+        capacity: r.capacity(now),
+        parent_lease: r.parent_lease(now).map(|l| OwnLease {
+            capacity: l.capacity,
+            expiry_time: l.expiry,
+            refresh_interval: l.refresh_interval,
+        }),
+        bands: r
+            .bands()
+            .iter()
+            .map(|(priority, band)| {
+                let sums = band.sums();
+                BandStatus {
+                    priority,
+                    shares: band.len(),
+                    subclients: sums.subclients,
+                    wants: sums.wants,
+                    has: sums.has,
+                }
+            })
+            .collect(),
+        safe_capacity: r.safe_capacity(now),
         has: sums.has,
         wants: sums.wants,
         clients: r.leases().len(),
@@ -135,16 +205,27 @@ pub fn server_html(s: &ServerStatus) -> String {
         s.serving_since,
         s.now
     );
-    html.push_str("<h2>Resources</h2><table><tr><th>resource</th><th>template</th><th>algorithm</th><th>capacity</th><th>Σ has</th><th>Σ wants</th><th>clients</th><th>subclients</th><th>safe capacity</th><th>learning</th></tr>");
+    if let Some(p) = &s.parent {
+        let _ = write!(
+            html,
+            "<p>parent: <b>{}</b> · asking as {} · failed requests in a row: {}</p>",
+            escape(&p.address),
+            escape(&p.server_id),
+            p.failures
+        );
+    }
+    html.push_str("<h2>Resources</h2><table><tr><th>resource</th><th>template</th><th>algorithm</th><th>capacity</th><th>own lease expires</th><th>bands</th><th>Σ has</th><th>Σ wants</th><th>clients</th><th>subclients</th><th>safe capacity</th><th>learning</th></tr>");
     for r in &s.resources {
         let _ = write!(
             html,
-            "<tr><td><a href=\"/debug/status?resource={}\">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{:.3}</td><td>{}</td></tr>",
+            "<tr><td><a href=\"/debug/status?resource={}\">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{:.3}</td><td>{}</td></tr>",
             query_escape(&r.id),
             escape(&r.id),
             escape(&r.template),
             r.algorithm,
-            r.capacity,
+            capacity(r),
+            r.parent_lease.as_ref().map_or_else(|| "-".to_owned(), |l| l.expiry_time.to_string()),
+            bands(r),
             r.has,
             r.wants,
             r.clients,
@@ -180,10 +261,11 @@ pub fn resource_html(d: &ResourceDetail) -> String {
     let mut html = page_head(&format!("Resource {}", r.id));
     let _ = write!(
         html,
-        "<p>template <b>{}</b> · {} · capacity {} · Σ has {:.3} · Σ wants {:.3} · {} clients ({} subclients) · safe capacity {:.3} · learning {}</p>",
+        "<p>template <b>{}</b> · {} · capacity {} · bands {} · Σ has {:.3} · Σ wants {:.3} · {} clients ({} subclients) · safe capacity {:.3} · learning {}</p>",
         escape(&r.template),
         r.algorithm,
-        r.capacity,
+        capacity(r),
+        bands(r),
         r.has,
         r.wants,
         r.clients,
@@ -194,12 +276,15 @@ pub fn resource_html(d: &ResourceDetail) -> String {
     if d.lease_count > d.leases.len() {
         let _ = write!(html, "<p>showing {} of {} leases</p>", d.leases.len(), d.lease_count);
     }
-    html.push_str("<table><tr><th>client</th><th>has</th><th>wants</th><th>subclients</th><th>expires</th></tr>");
+    html.push_str(
+        "<table><tr><th>client</th><th>priority</th><th>has</th><th>wants</th><th>subclients</th><th>expires</th></tr>",
+    );
     for l in &d.leases {
         let _ = write!(
             html,
-            "<tr><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td></tr>",
             escape(&l.client),
+            l.priority,
             l.has,
             l.wants,
             l.subclients,
@@ -212,6 +297,20 @@ pub fn resource_html(d: &ResourceDetail) -> String {
         query_escape(&r.id)
     );
     html
+}
+
+fn capacity(r: &ResourceStatus) -> String {
+    r.capacity.map_or_else(|| "no lease: safe".to_owned(), |c| c.to_string())
+}
+
+/// The bands as "priority: has/wants" from the most important down, with the priority mode.
+fn bands(r: &ResourceStatus) -> String {
+    let list: Vec<String> = r
+        .bands
+        .iter()
+        .map(|b| format!("{}: {:.3}/{:.3} ({} clients)", b.priority, b.has, b.wants, b.subclients))
+        .collect();
+    format!("{} [{}]", r.priority_mode, escape(&list.join(", ")))
 }
 
 fn page_head(title: &str) -> String {

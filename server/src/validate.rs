@@ -6,8 +6,10 @@ use std::collections::HashSet;
 use sluice_proto::{GetCapacityRequest, GetServerCapacityRequest, Lease, ReleaseCapacityRequest};
 use tonic::Status;
 
+use smallvec::SmallVec;
+
 use crate::{
-    core::Claim,
+    core::{Claim, Wants},
     defaults::{MAX_ID_BYTES, MAX_RESOURCES_PER_REQUEST},
 };
 
@@ -22,20 +24,20 @@ pub fn get_capacity(req: &GetCapacityRequest) -> Result<Vec<ResourceClaim<'_>>, 
         |i, r| {
             amount(&format!("resource[{i}].wants"), r.wants)?;
             let has = reported(&format!("resource[{i}].has"), r.has.as_ref())?;
-            Ok(Claim { wants: r.wants, subclients: 1.0, has })
+            Ok(Claim::single(r.priority, r.wants, has))
         },
     )
 }
 
-/// A lower-level server claims for all its clients: its wants and weight are the sums over its
-/// priority bands. A resource without bands counts as one subclient wanting nothing.
+/// A lower-level server claims for all its clients, one entry per priority band. A resource
+/// without bands counts as one subclient wanting nothing.
 pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<ResourceClaim<'_>>, Status> {
     id("server_id", &req.server_id)?;
     claims(
         &req.resource,
         |r| &r.resource_id,
         |i, r| {
-            let (mut wants, mut subclients) = (0.0, 0.0);
+            let mut bands = SmallVec::with_capacity(r.wants.len());
             for (j, band) in r.wants.iter().enumerate() {
                 amount(&format!("resource[{i}].wants[{j}].wants"), band.wants)?;
                 if band.num_clients <= 0 {
@@ -44,12 +46,15 @@ pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<Resourc
                         band.num_clients
                     )));
                 }
-                wants += band.wants;
-                subclients += band.num_clients as f64;
+                bands.push(Wants { priority: band.priority, wants: band.wants, subclients: band.num_clients as f64 });
             }
-            amount(&format!("resource[{i}].wants"), wants)?;
             let has = reported(&format!("resource[{i}].has"), r.has.as_ref())?;
-            Ok(Claim { wants, subclients: subclients.max(1.0), has })
+            let claim = Claim { wants: bands, has, holds: has.unwrap_or(0.0) };
+            amount(&format!("resource[{i}].wants"), claim.total_wants())?;
+            if claim.wants.is_empty() {
+                return Ok(Claim { wants: Claim::single(0, 0.0, None).wants, ..claim });
+            }
+            Ok(claim)
         },
     )
 }
@@ -173,8 +178,8 @@ mod tests {
     }
 
     #[test]
-    fn server_requests_sum_their_bands() {
-        let band = |num_clients, wants| PriorityBandAggregate { priority: 0, num_clients, wants };
+    fn server_requests_keep_their_bands() {
+        let band = |num_clients, wants| PriorityBandAggregate { priority: num_clients, num_clients, wants };
         let mut req = GetServerCapacityRequest {
             server_id: "leaf".into(),
             resource: vec![ServerCapacityResourceRequest {
@@ -184,8 +189,16 @@ mod tests {
             }],
         };
         let claims = get_server_capacity(&req).unwrap();
-        assert_eq!(claims[0].1, Claim { wants: 15.0, subclients: 5.0, has: None });
+        let wants = |priority, wants, subclients| Wants { priority, wants, subclients };
+        assert_eq!(claims[0].1.wants.as_slice(), [wants(3, 10.0, 3.0), wants(2, 5.0, 2.0)]);
+        req.resource[0].wants.clear();
+        assert_eq!(
+            get_server_capacity(&req).unwrap()[0].1,
+            Claim::single(0, 0.0, None),
+            "no bands: one idle subclient"
+        );
+        req.resource[0].wants.push(band(2, 5.0));
         req.resource[0].wants.push(band(0, 1.0));
-        assert_eq!(message(get_server_capacity(&req)), "resource[0].wants[2].num_clients: must be > 0, got 0");
+        assert_eq!(message(get_server_capacity(&req)), "resource[0].wants[1].num_clients: must be > 0, got 0");
     }
 }

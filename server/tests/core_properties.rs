@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use sluice_server::core::{Algorithm, Claim, Kind, Ledger, Repository, Resource, Template, UnixSeconds};
+use sluice_server::core::{Algorithm, Claim, Kind, Ledger, Repository, Resource, Template, UnixSeconds, Wants};
 
 const RESOURCE: &str = "r";
 const LEASE_LENGTH: i64 = 6;
@@ -44,6 +44,11 @@ fn ledger(kind: Kind, capacity: f64, learning_mode_duration: i64) -> Ledger {
     Ledger::new(Arc::new(Repository::new(vec![template]).unwrap()), 0)
 }
 
+/// An end client's claim at priority 0, weighted by `subclients`.
+fn claim(wants: f64, subclients: f64, has: Option<f64>) -> Claim {
+    Claim { wants: [Wants { priority: 0, wants, subclients }].into(), has, holds: 0.0 }
+}
+
 fn client(i: usize) -> String {
     format!("client-{i}")
 }
@@ -67,7 +72,7 @@ fn run(ledger: &mut Ledger, ops: &[Op], check_cap: bool) -> Result<UnixSeconds, 
             }
             Op::Request { client: c, wants, subclients, advance } => {
                 now += advance;
-                let claim = Claim { wants, subclients, has: None };
+                let claim = claim(wants, subclients, None);
                 let grant = ledger.claim(now, &client(c), RESOURCE, &claim);
                 prop_assert!(
                     grant.capacity >= 0.0 && grant.capacity <= wants,
@@ -85,7 +90,7 @@ fn run(ledger: &mut Ledger, ops: &[Op], check_cap: bool) -> Result<UnixSeconds, 
             prop_assert!(held <= capacity + 1e-9 * capacity.max(1.0), "Σ grants {held} > capacity {capacity}");
         }
         // The band's running sums against a recomputation from the leases.
-        let sums = resource.leases().band().sums();
+        let sums = resource.bands().sums();
         let leases: Vec<_> = resource.leases().iter().collect();
         prop_assert!(close(sums.wants, leases.iter().map(|l| l.demand.wants).sum()));
         prop_assert!(close(sums.subclients, leases.iter().map(|l| l.demand.subclients).sum()));
@@ -131,7 +136,7 @@ proptest! {
     ) {
         let mut ledger = ledger(Kind::FairShare, capacity, 1_000);
         for (i, has) in reported.iter().enumerate() {
-            let claim = Claim { wants: has * 1.5, subclients: 1.0, has: Some(*has) };
+            let claim = claim(has * 1.5, 1.0, Some(*has));
             let grant = ledger.claim(0, &client(i % 10), RESOURCE, &claim);
             prop_assert!(grant.capacity <= *has);
             let held = unexpired_grants(ledger.resource(RESOURCE).unwrap(), 0);
@@ -173,7 +178,7 @@ proptest! {
             order.sort_by_key(|&i| (seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).rotate_left(17));
             for i in order {
                 let (w, s) = wants[i];
-                let claim = Claim { wants: w, subclients: f64::from(s), has: None };
+                let claim = claim(w, f64::from(s), None);
                 last[i] = ledger.claim(now, &client(i), RESOURCE, &claim).capacity;
             }
         }

@@ -1,9 +1,10 @@
-//! Every worked example of `data/algorithms.yaml` (SPEC §3.3), run against the core.
+//! Every worked example of `data/algorithms.yaml` (SPEC §3.3) and of the priority bands in
+//! `data/priorities.yaml` (SPEC §3.7), run against the core.
 
 use std::{collections::HashMap, sync::Arc};
 
 use serde::Deserialize;
-use sluice_server::core::{Algorithm, Claim, Kind, Resource, Template};
+use sluice_server::core::{Algorithm, Claim, Kind, Parameter, Resource, Template, Wants};
 
 #[derive(Deserialize)]
 struct Vectors {
@@ -15,6 +16,7 @@ struct Case {
     name: String,
     algorithm: String,
     capacity: f64,
+    priority_mode: Option<String>,
     #[serde(default)]
     preload: Vec<Preload>,
     steps: Vec<Step>,
@@ -23,9 +25,39 @@ struct Case {
 #[derive(Deserialize)]
 struct Preload {
     client: String,
+    #[serde(flatten)]
+    demand: DemandDoc,
+}
+
+/// One band (`wants`, `subclients`, `priority`), or a server's `bands`.
+#[derive(Deserialize)]
+struct DemandDoc {
+    #[serde(default)]
     wants: f64,
     #[serde(default = "one")]
     subclients: f64,
+    #[serde(default)]
+    priority: i64,
+    bands: Option<Vec<BandDoc>>,
+}
+
+#[derive(Deserialize)]
+struct BandDoc {
+    priority: i64,
+    wants: f64,
+    subclients: f64,
+}
+
+impl DemandDoc {
+    fn claim(&self, has: Option<f64>) -> Claim {
+        let wants = match &self.bands {
+            Some(bands) => {
+                bands.iter().map(|b| Wants { priority: b.priority, wants: b.wants, subclients: b.subclients }).collect()
+            }
+            None => [Wants { priority: self.priority, wants: self.wants, subclients: self.subclients }].into(),
+        };
+        Claim { wants, has, holds: 0.0 }
+    }
 }
 
 #[derive(Deserialize)]
@@ -36,9 +68,8 @@ enum Step {
     },
     Request {
         client: String,
-        wants: f64,
-        #[serde(default = "one")]
-        subclients: f64,
+        #[serde(flatten)]
+        demand: DemandDoc,
         has: Option<f64>,
         #[serde(default)]
         learning: bool,
@@ -61,10 +92,24 @@ fn kind(name: &str) -> Kind {
 }
 
 #[test]
-fn every_vector_passes() {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/algorithms.yaml")).unwrap();
-    let vectors: Vectors = yaml_serde::from_str(&text).unwrap();
-    assert!(vectors.cases.len() >= 20, "the vectors file lost cases");
+fn every_algorithm_vector_passes() {
+    run(&load("algorithms.yaml", 20));
+}
+
+#[test]
+fn every_priority_vector_passes() {
+    run(&load("priorities.yaml", 6));
+}
+
+/// Reads a vectors file, checking that it still has at least `least` cases.
+fn load(name: &str, least: usize) -> Vectors {
+    let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
+    let vectors: Vectors = yaml_serde::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert!(vectors.cases.len() >= least, "{name} lost cases");
+    vectors
+}
+
+fn run(vectors: &Vectors) {
     let now = 1_000;
     let mut failures = Vec::new();
     for case in &vectors.cases {
@@ -78,7 +123,11 @@ fn every_vector_passes() {
                 kind: kind(&case.algorithm),
                 lease_length: 3_600,
                 refresh_interval: 1,
-                parameters: vec![],
+                parameters: case
+                    .priority_mode
+                    .iter()
+                    .map(|mode| Parameter { name: "priority_mode".into(), value: Some(mode.clone()) })
+                    .collect(),
                 learning_mode_duration: None,
             },
         };
@@ -86,7 +135,7 @@ fn every_vector_passes() {
         // A preloaded client is in the store with its wants and has 0: what a learning-mode
         // request reporting nothing leaves behind.
         for p in &case.preload {
-            let claim = Claim { wants: p.wants, subclients: p.subclients, has: None };
+            let claim = p.demand.claim(None);
             assert_eq!(resource.claim(&p.client, &claim, now, true).capacity, 0.0);
         }
         let mut granted: HashMap<&str, f64> = HashMap::new();
@@ -96,9 +145,9 @@ fn every_vector_passes() {
                     assert!(resource.release(release), "{}: step {i}: {release} held no lease", case.name);
                     granted.remove(release.as_str());
                 }
-                Step::Request { client, wants, subclients, has, learning, expect } => {
+                Step::Request { client, demand, has, learning, expect } => {
                     let has = has.or_else(|| granted.get(client.as_str()).copied());
-                    let claim = Claim { wants: *wants, subclients: *subclients, has };
+                    let claim = demand.claim(has);
                     let got = resource.claim(client, &claim, now, *learning).capacity;
                     if (got - expect).abs() > 1e-6 {
                         failures.push(format!("{}: step {i} ({client}): expected {expect}, got {got}", case.name));

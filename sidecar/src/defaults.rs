@@ -51,12 +51,6 @@ pub const BURST_SECONDS: f64 = 0.1;
 /// capacity at all).
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// Timeout of one RPC to a capacity server.
-pub const CAPACITY_RPC_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Connect timeout toward a capacity server.
-pub const CAPACITY_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-
 /// How often leases are re-applied to the limiters between refreshes, so an expiry switches a
 /// resource to its fallback promptly.
 pub const LEASE_CHECK_INTERVAL: Duration = Duration::from_millis(250);

@@ -8,11 +8,10 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use sluice_proto::{
-    DiscoveryRequest, GetCapacityRequest, GetCapacityResponse, ReleaseCapacityRequest, capacity_client::CapacityClient,
-};
+use sluice_proto::ReleaseCapacityRequest;
+use sluice_server::discovery::Servers;
 use tokio::sync::{mpsc::UnboundedReceiver, watch};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 use crate::{
     config::{Config, ServerConfig},
@@ -32,7 +31,8 @@ pub struct Leasing {
 impl Leasing {
     pub fn new(client_id: String, server: &ServerConfig) -> Result<Leasing, String> {
         let seed = unix_now().to_bits() ^ u64::from(std::process::id());
-        Ok(Leasing { client: Mutex::new(LeaseClient::new(client_id, seed)), servers: Servers::new(server)? })
+        let servers = Servers::new(server.addresses.clone(), tls_config(server)?, metrics::record_rpc);
+        Ok(Leasing { client: Mutex::new(LeaseClient::new(client_id, seed)), servers })
     }
 
     fn lock(&self) -> MutexGuard<'_, LeaseClient> {
@@ -91,7 +91,7 @@ impl Leasing {
             let request = self.lock().request(now, |id| plan.gate(id).map_or(0.0, |g| g.wants()));
             if let Some(request) = request {
                 let answer = tokio::select! {
-                    answer = self.servers.get_capacity(request) => answer,
+                    answer = self.servers.call("GetCapacity", |mut c| async move { c.get_capacity(request).await }) => answer,
                     _ = stopped(&mut stop) => break,
                 };
                 let now = unix_now();
@@ -119,8 +119,8 @@ impl Leasing {
             return;
         }
         let request = ReleaseCapacityRequest { client_id: self.client_id(), resource_id: ids };
-        match self.servers.release(request).await {
-            Ok(()) => tracing::info!("leases released"),
+        match self.servers.call("ReleaseCapacity", |mut c| async move { c.release_capacity(request).await }).await {
+            Ok(_) => tracing::info!("leases released"),
             Err(error) => tracing::warn!(%error, "ReleaseCapacity failed; the leases will expire on their own"),
         }
     }
@@ -130,130 +130,20 @@ pub fn unix_now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// The capacity servers: the configured addresses, tried in turn, and the master they name.
-struct Servers {
-    addresses: Vec<String>,
-    tls: Option<ClientTlsConfig>,
-    current: Mutex<Current>,
-}
-
-struct Current {
-    /// Index of the configured address last tried.
-    index: usize,
-    /// The master's address once Discovery or a redirect named it.
-    master: Option<String>,
-    channel: Option<Channel>,
-}
-
-impl Servers {
-    fn new(config: &ServerConfig) -> Result<Servers, String> {
-        let tls = match &config.tls {
-            None => None,
-            Some(t) => {
-                let read =
-                    |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("server.tls: {}: {e}", p.display()));
-                let mut tls = ClientTlsConfig::new();
-                tls = match &t.ca {
-                    Some(ca) => tls.ca_certificate(Certificate::from_pem(read(ca)?)),
-                    None => tls.with_native_roots(),
-                };
-                if let (Some(cert), Some(key)) = (&t.cert, &t.key) {
-                    tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
-                }
-                if let Some(name) = &t.server_name {
-                    tls = tls.domain_name(name.clone());
-                }
-                Some(tls)
-            }
-        };
-        Ok(Servers {
-            addresses: config.addresses.clone(),
-            tls,
-            current: Mutex::new(Current { index: 0, master: None, channel: None }),
-        })
+/// TLS toward the capacity servers, from the `server.tls` section.
+fn tls_config(config: &ServerConfig) -> Result<Option<ClientTlsConfig>, String> {
+    let Some(t) = &config.tls else { return Ok(None) };
+    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("server.tls: {}: {e}", p.display()));
+    let mut tls = ClientTlsConfig::new();
+    tls = match &t.ca {
+        Some(ca) => tls.ca_certificate(Certificate::from_pem(read(ca)?)),
+        None => tls.with_native_roots(),
+    };
+    if let (Some(cert), Some(key)) = (&t.cert, &t.key) {
+        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
     }
-
-    fn lock(&self) -> MutexGuard<'_, Current> {
-        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    if let Some(name) = &t.server_name {
+        tls = tls.domain_name(name.clone());
     }
-
-    fn endpoint(&self, address: &str) -> Result<Channel, String> {
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
-            .map_err(|e| format!("{address}: {e}"))?
-            .connect_timeout(defaults::CAPACITY_CONNECT_TIMEOUT)
-            .timeout(defaults::CAPACITY_RPC_TIMEOUT)
-            .tcp_nodelay(true);
-        if let Some(tls) = &self.tls {
-            endpoint = endpoint.tls_config(tls.clone()).map_err(|e| format!("{address}: {e}"))?;
-        }
-        Ok(endpoint.connect_lazy())
-    }
-
-    /// A channel to the master, asking Discovery first when it is not known.
-    async fn master(&self) -> Result<Channel, String> {
-        let (address, known) = {
-            let current = self.lock();
-            if let Some(channel) = &current.channel {
-                return Ok(channel.clone());
-            }
-            match &current.master {
-                Some(master) => (master.clone(), true),
-                None => (self.addresses[current.index].clone(), false),
-            }
-        };
-        let channel = self.endpoint(&address)?;
-        let address = if known {
-            address
-        } else {
-            let discovered = CapacityClient::new(channel.clone()).discovery(DiscoveryRequest {}).await;
-            metrics::record_rpc("Discovery", if discovered.is_ok() { "ok" } else { "error" });
-            let response = discovered.map_err(|s| format!("Discovery at {address}: {}", s.message()))?.into_inner();
-            match response.mastership.master_address {
-                Some(master) if !response.is_master && master != address => {
-                    let channel = self.endpoint(&master)?;
-                    let mut current = self.lock();
-                    current.master = Some(master);
-                    current.channel = Some(channel.clone());
-                    return Ok(channel);
-                }
-                _ if !response.is_master => return Err(format!("{address} is not the master and knows none")),
-                _ => address,
-            }
-        };
-        let mut current = self.lock();
-        current.master = Some(address);
-        current.channel = Some(channel.clone());
-        Ok(channel)
-    }
-
-    async fn get_capacity(&self, request: GetCapacityRequest) -> Result<GetCapacityResponse, String> {
-        let channel = self.master().await?;
-        let answer = CapacityClient::new(channel).get_capacity(request).await;
-        metrics::record_rpc("GetCapacity", if answer.is_ok() { "ok" } else { "error" });
-        answer.map(|r| r.into_inner()).map_err(|s| format!("{:?}: {}", s.code(), s.message()))
-    }
-
-    async fn release(&self, request: ReleaseCapacityRequest) -> Result<(), String> {
-        let channel = self.master().await?;
-        let answer = CapacityClient::new(channel).release_capacity(request).await;
-        metrics::record_rpc("ReleaseCapacity", if answer.is_ok() { "ok" } else { "error" });
-        answer.map(|_| ()).map_err(|s| format!("{:?}: {}", s.code(), s.message()))
-    }
-
-    /// Follows a master redirect; an unknown master means asking Discovery again.
-    fn redirect(&self, master: Option<String>) {
-        let mut current = self.lock();
-        tracing::info!(master = master.as_deref().unwrap_or("unknown"), "redirected to the master");
-        current.channel = None;
-        current.master = master;
-    }
-
-    /// After an error: forget the master and try the next configured address.
-    fn next(&self) {
-        let mut current = self.lock();
-        current.channel = None;
-        current.master = None;
-        current.index = (current.index + 1) % self.addresses.len();
-    }
+    Ok(Some(tls))
 }

@@ -57,8 +57,8 @@ pub fn record_reload(ok: bool) {
     counter!(RELOADS, "result" => if ok { "success" } else { "failure" }).increment(1);
 }
 
-pub fn record_rpc(method: &'static str, result: &'static str) {
-    counter!(RPCS, "method" => method, "result" => result).increment(1);
+pub fn record_rpc(method: &'static str, ok: bool) {
+    counter!(RPCS, "method" => method, "result" => if ok { "ok" } else { "error" }).increment(1);
 }
 
 /// One resource's series.

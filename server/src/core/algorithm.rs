@@ -28,6 +28,13 @@ impl Kind {
         }
     }
 
+    /// The kind Doorman's name stands for.
+    pub fn from_name(name: &str) -> Option<Kind> {
+        [Kind::NoAlgorithm, Kind::Static, Kind::ProportionalShare, Kind::FairShare]
+            .into_iter()
+            .find(|k| k.name() == name)
+    }
+
     /// Whether the algorithm divides one global capacity among the clients. Only those have
     /// outstanding leases to respect, and so a learning mode.
     pub fn shares_capacity(self) -> bool {

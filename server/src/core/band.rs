@@ -42,7 +42,7 @@ impl Sums {
         Sums { wants: d.wants, subclients: d.subclients, has: d.has }
     }
 
-    fn plus(self, o: Sums) -> Sums {
+    pub fn plus(self, o: Sums) -> Sums {
         Sums { wants: self.wants + o.wants, subclients: self.subclients + o.subclients, has: self.has + o.has }
     }
 }
@@ -73,8 +73,7 @@ impl Default for Band {
     fn default() -> Self {
         // Each RandomState has its own keys, so each band its own seed. The seed shapes the tree
         // only; allocations do not depend on it beyond the rounding of sums.
-        let seed = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), 0u64);
-        Band { seed, nodes: Vec::new(), root: NIL, free: NIL, len: 0 }
+        Band::with_seed(std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), 0u64))
     }
 }
 
@@ -88,6 +87,12 @@ fn mix(seed: u64, id: NodeId) -> u64 {
 }
 
 impl Band {
+    /// A band whose tree shape is fixed by `seed`, for runs that must replay bit for bit (the
+    /// simulator); servers use `default`, whose seed nobody can guess.
+    pub fn with_seed(seed: u64) -> Band {
+        Band { seed, nodes: Vec::new(), root: NIL, free: NIL, len: 0 }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

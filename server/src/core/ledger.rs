@@ -1,14 +1,19 @@
 //! The ledger: every resource a server has seen, under the current templates, and since when the
 //! server has been serving (which decides learning mode).
 
-use std::sync::Arc;
+use std::{
+    hash::{DefaultHasher, Hash, Hasher},
+    sync::Arc,
+};
 
 use hashbrown::HashMap;
+use sluice_proto::{GetServerCapacityRequest, GetServerCapacityResponse};
 
 use crate::defaults::EXPIRY_PER_CLAIM;
 
 use super::{
-    resource::{Claim, Grant, Resource},
+    parent::{Answer, Parent},
+    resource::{Claim, Grant, Resource, Supply},
     store::UnixSeconds,
     template::Repository,
 };
@@ -18,12 +23,27 @@ pub struct Ledger {
     repository: Arc<Repository>,
     resources: HashMap<String, Resource>,
     serving_since: UnixSeconds,
+    /// Set for an intermediate server: its requests to its parent.
+    parent: Option<Parent>,
+    /// Fixes the shape of every band's tree, so that a simulation replays bit for bit.
+    seed: Option<u64>,
 }
 
 impl Ledger {
-    /// An empty ledger that starts serving — and learning — at `now`.
+    /// An empty root ledger that starts serving — and learning — at `now`.
     pub fn new(repository: Arc<Repository>, now: UnixSeconds) -> Ledger {
-        Ledger { repository, resources: HashMap::new(), serving_since: now }
+        Ledger { repository, resources: HashMap::new(), serving_since: now, parent: None, seed: None }
+    }
+
+    /// Makes this an intermediate server's ledger: capacity comes from the parent, asked for
+    /// as `server_id`; `seed` drives the retry jitter.
+    pub fn with_parent(self, server_id: String, seed: u64) -> Ledger {
+        Ledger { parent: Some(Parent::new(server_id, seed)), ..self }
+    }
+
+    /// Fixes the bands' tree shapes (simulations); servers keep unguessable ones.
+    pub fn with_seed(self, seed: u64) -> Ledger {
+        Ledger { seed: Some(seed), ..self }
     }
 
     pub fn repository(&self) -> &Arc<Repository> {
@@ -48,11 +68,23 @@ impl Ledger {
     }
 
     pub fn claim(&mut self, now: UnixSeconds, client: &str, resource_id: &str, claim: &Claim) -> Grant {
-        let repository = &self.repository;
-        let resource = self
-            .resources
-            .entry_ref(resource_id)
-            .or_insert_with(|| Resource::new(repository.find(resource_id).clone()));
+        let (repository, parent, seed) = (&self.repository, &mut self.parent, self.seed);
+        let resource = self.resources.entry_ref(resource_id).or_insert_with(|| {
+            let template = repository.find(resource_id).clone();
+            let seed = seed.map(|seed| {
+                let mut hasher = DefaultHasher::new();
+                (seed, resource_id).hash(&mut hasher);
+                hasher.finish()
+            });
+            match parent {
+                Some(parent) => {
+                    // A resource first seen here is asked for at once (SPEC §3.6).
+                    parent.wake();
+                    Resource::with_supply(template, Supply::Parent(None), seed)
+                }
+                None => Resource::with_supply(template, Supply::Template, seed),
+            }
+        });
         resource.expire(now, EXPIRY_PER_CLAIM);
         let learning = learning(self.serving_since, resource, now);
         resource.claim(client, claim, now, learning)
@@ -92,6 +124,39 @@ impl Ledger {
     pub fn resources(&self) -> impl Iterator<Item = (&str, &Resource)> {
         self.resources.iter().map(|(id, r)| (id.as_str(), r))
     }
+
+    /// The parent side, for an intermediate server.
+    pub fn parent(&self) -> Option<&Parent> {
+        self.parent.as_ref()
+    }
+
+    /// When the next request to the parent is due (−∞: at once); `None` for a root, while a
+    /// request is in flight, or while no resource has clients.
+    pub fn parent_due(&self) -> Option<f64> {
+        let due = self.parent.as_ref()?.schedule().due()?;
+        self.resources.values().any(|r| !r.leases().is_empty()).then_some(due)
+    }
+
+    /// The bulk request to the parent for every resource with clients; marks it in flight.
+    pub fn parent_request(&mut self, now: f64) -> Option<GetServerCapacityRequest> {
+        let resources = self.resources.iter().map(|(id, r)| (id.as_str(), r));
+        self.parent.as_mut()?.request(now as UnixSeconds, resources)
+    }
+
+    /// Takes the parent's answer to the request in flight.
+    pub fn on_parent_response(&mut self, now: f64, response: GetServerCapacityResponse) -> Answer {
+        match self.parent.as_mut() {
+            Some(parent) => parent.on_response(now, response, &mut self.resources),
+            None => Answer::Updated,
+        }
+    }
+
+    /// The request in flight to the parent failed.
+    pub fn on_parent_error(&mut self, now: f64) {
+        if let Some(parent) = self.parent.as_mut() {
+            parent.on_error(now, &self.resources);
+        }
+    }
 }
 
 fn learning(serving_since: UnixSeconds, resource: &Resource, now: UnixSeconds) -> bool {
@@ -119,7 +184,7 @@ mod tests {
             },
         };
         let mut ledger = Ledger::new(Arc::new(Repository::new(vec![template]).unwrap()), 0);
-        let claim = Claim { wants: 1.0, subclients: 1.0, has: None };
+        let claim = Claim::single(0, 1.0, None);
         let expired = EXPIRY_PER_CLAIM + 500;
         for i in 0..expired {
             ledger.claim(0, &format!("c{i}"), "r", &claim);

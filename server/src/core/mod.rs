@@ -7,18 +7,27 @@
 //! - [`store`]: the leases of one resource and their expiry;
 //! - [`template`]: configuration templates and their lookup;
 //! - [`resource`]: a resource's template and leases, turning claims into grants;
-//! - [`ledger`]: all resources of a server, and learning mode.
+//! - [`priority`]: demands by priority band, shared from the most important down;
+//! - [`ledger`]: all resources of a server, and learning mode;
+//! - [`parent`]: an intermediate server's requests to its parent;
+//! - [`schedule`]: when a lease holder asks again (shared with the sidecar's lease client).
 
 pub mod algorithm;
 pub mod band;
 pub mod ledger;
+pub mod parent;
+pub mod priority;
 pub mod resource;
+pub mod schedule;
 pub mod store;
 pub mod template;
 
 pub use algorithm::{Algorithm, Kind, Parameter};
 pub use band::{Band, Demand, Sums};
 pub use ledger::Ledger;
-pub use resource::{Claim, Grant, Resource};
+pub use parent::{Answer, Parent};
+pub use priority::{Bands, PriorityMode, Wants};
+pub use resource::{Claim, Grant, ParentLease, Resource, Supply};
+pub use schedule::Schedule;
 pub use store::{LeaseStore, LeaseView, UnixSeconds};
 pub use template::{Repository, Template, TemplateError};

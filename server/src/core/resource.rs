@@ -1,22 +1,41 @@
-//! One resource: its template and its leases, and how a claim on it becomes a grant.
+//! One resource: its template, its leases, where its capacity comes from, and how a claim on it
+//! becomes a grant.
 
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use super::{
-    algorithm,
+    algorithm::{Algorithm, Kind},
+    priority::{self, Bands, PriorityMode, Wants},
     store::{LeaseStore, UnixSeconds},
     template::Template,
 };
+use crate::defaults::{MIN_REFRESH_INTERVAL, REFRESH_DECAY};
 
 /// A client's request for one resource, already validated.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Claim {
-    /// Finite and ≥ 0.
-    pub wants: f64,
-    /// The client's weight: 1 for an end client, the number of clients behind a server; > 0.
-    pub subclients: f64,
+    /// One entry per priority band: an end client has one, a lower-level server one per
+    /// priority among its clients. Never empty.
+    pub wants: SmallVec<[Wants; 1]>,
     /// What the client says it holds; used in learning mode.
     pub has: Option<f64>,
+    /// What a lower-level server's clients still hold from earlier grants (its reported
+    /// `has`); it stays reserved until they have refreshed. 0 for an end client, which obeys a
+    /// smaller grant at once.
+    pub holds: f64,
+}
+
+impl Claim {
+    /// An end client's claim: one band.
+    pub fn single(priority: i64, wants: f64, has: Option<f64>) -> Claim {
+        Claim { wants: smallvec::smallvec![Wants { priority, wants, subclients: 1.0 }], has, holds: 0.0 }
+    }
+
+    pub fn total_wants(&self) -> f64 {
+        self.wants.iter().map(|w| w.wants).sum()
+    }
 }
 
 /// The answer to a claim: a lease and the capacity to fall back on without one.
@@ -28,15 +47,50 @@ pub struct Grant {
     pub safe_capacity: f64,
 }
 
+/// The lease an intermediate server holds from its parent for one resource (SPEC §3.6).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParentLease {
+    pub capacity: f64,
+    pub expiry: UnixSeconds,
+    pub refresh_interval: i64,
+    /// How the parent shares the resource; the server shares its lease the same way.
+    pub algorithm: Option<Algorithm>,
+    pub safe_capacity: Option<f64>,
+}
+
+/// Where a resource's capacity comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Supply {
+    /// A root server: the template's capacity.
+    Template,
+    /// An intermediate server: what its parent leased it, once it has answered.
+    Parent(Option<ParentLease>),
+}
+
+/// The terms a claim is decided under at one moment.
+struct Terms {
+    capacity: f64,
+    kind: Kind,
+    mode: PriorityMode,
+    expiry: UnixSeconds,
+    refresh_interval: i64,
+}
+
 #[derive(Debug)]
 pub struct Resource {
     template: Arc<Template>,
     leases: LeaseStore,
+    supply: Supply,
 }
 
 impl Resource {
     pub fn new(template: Arc<Template>) -> Resource {
-        Resource { template, leases: LeaseStore::default() }
+        Resource::with_supply(template, Supply::Template, None)
+    }
+
+    /// A resource with the given supply; `seed` fixes its bands' tree shapes (simulations).
+    pub fn with_supply(template: Arc<Template>, supply: Supply, seed: Option<u64>) -> Resource {
+        Resource { template, leases: LeaseStore::seeded(seed), supply }
     }
 
     pub fn template(&self) -> &Arc<Template> {
@@ -53,24 +107,105 @@ impl Resource {
         &self.leases
     }
 
-    /// Grants `client` its share (SPEC §3.2–3.4): the algorithm's target — or in learning mode
-    /// what the client reports holding — capped by its wants and, for the algorithms that share
-    /// one capacity, by what the other leases leave free.
+    pub fn bands(&self) -> &Bands {
+        self.leases.bands()
+    }
+
+    pub fn supply(&self) -> &Supply {
+        &self.supply
+    }
+
+    /// Records the lease the parent granted this resource.
+    pub fn set_parent_lease(&mut self, lease: ParentLease) {
+        self.supply = Supply::Parent(Some(lease));
+    }
+
+    /// The parent's lease while it is valid.
+    pub fn parent_lease(&self, now: UnixSeconds) -> Option<&ParentLease> {
+        match &self.supply {
+            Supply::Parent(Some(lease)) if now < lease.expiry => Some(lease),
+            _ => None,
+        }
+    }
+
+    /// The algorithm in force: the parent's once it named one, else the template's.
+    pub fn algorithm(&self) -> &Algorithm {
+        match &self.supply {
+            Supply::Parent(Some(ParentLease { algorithm: Some(algorithm), .. })) => algorithm,
+            _ => &self.template.algorithm,
+        }
+    }
+
+    /// The capacity this resource shares now: the template's at a root, the parent's lease at
+    /// an intermediate server; `None` for an intermediate server without a valid lease, which
+    /// hands out safe capacity instead.
+    pub fn capacity(&self, now: UnixSeconds) -> Option<f64> {
+        match self.supply {
+            Supply::Template => Some(self.template.capacity),
+            Supply::Parent(_) => self.parent_lease(now).map(|lease| lease.capacity),
+        }
+    }
+
+    fn terms(&self, now: UnixSeconds) -> Option<Terms> {
+        let algorithm = self.algorithm();
+        let (kind, mode) = (algorithm.kind, PriorityMode::of(algorithm));
+        let own_expiry = now.saturating_add(algorithm.lease_length);
+        match &self.supply {
+            Supply::Template => Some(Terms {
+                capacity: self.template.capacity,
+                kind,
+                mode,
+                expiry: own_expiry,
+                refresh_interval: algorithm.refresh_interval,
+            }),
+            Supply::Parent(_) => self.parent_lease(now).map(|lease| Terms {
+                capacity: lease.capacity,
+                kind,
+                mode,
+                // A client's lease never outlives this server's own.
+                expiry: own_expiry.min(lease.expiry),
+                // One level further from the root, clients refresh more often, so that each
+                // level's picture is fresh when it asks the level below.
+                refresh_interval: ((lease.refresh_interval as f64 * REFRESH_DECAY) as i64).max(MIN_REFRESH_INTERVAL),
+            }),
+        }
+    }
+
+    /// Grants `client` its share (SPEC §3.2–3.4, §3.7): the algorithm's target band by band —
+    /// or in learning mode what the client reports holding — capped by its wants and, for the
+    /// algorithms that share one capacity, by what the other leases leave free. An
+    /// intermediate server without a valid lease from its parent hands out safe capacity.
     pub fn claim(&mut self, client: &str, claim: &Claim, now: UnixSeconds, learning: bool) -> Grant {
-        let Template { capacity, ref algorithm, .. } = *self.template;
-        let expiry = now.saturating_add(algorithm.lease_length);
-        let kind = algorithm.kind;
+        let safe_capacity = self.safe_capacity(now);
+        let Some(Terms { capacity, kind, mode, expiry, refresh_interval }) = self.terms(now) else {
+            return self.claim_safe(client, claim, now, safe_capacity);
+        };
+        let filed = priority::file(mode, &claim.wants);
         let reported = claim.has.unwrap_or(0.0);
-        let capacity = self.leases.claim(client, claim.wants, claim.subclients, expiry, |band, me| {
-            let target = if learning { reported } else { algorithm::target(kind, capacity, band, me) };
-            let mut grant = target.min(me.wants);
+        let capacity = self.leases.claim(client, &filed, claim.holds, expiry, |bands, mine, others| {
+            let wants: f64 = mine.iter().map(|(_, d)| d.wants).sum();
+            let target = if learning { reported } else { bands.target(kind, capacity, mine) };
+            let mut grant = target.min(wants);
             if kind.shares_capacity() {
-                let others = band.sums().has - me.has;
                 grant = grant.min(capacity - others);
             }
             grant.max(0.0)
         });
-        Grant { capacity, expiry, refresh_interval: algorithm.refresh_interval, safe_capacity: self.safe_capacity() }
+        Grant { capacity, expiry, refresh_interval, safe_capacity }
+    }
+
+    /// Without a lease of its own, a server grants each client at most the safe capacity per
+    /// subclient — what the client would allow itself if it could not reach any server — under
+    /// the template's lease terms.
+    fn claim_safe(&mut self, client: &str, claim: &Claim, now: UnixSeconds, safe_capacity: f64) -> Grant {
+        let algorithm = &self.template.algorithm;
+        let expiry = now.saturating_add(algorithm.lease_length);
+        let filed = priority::file(PriorityMode::of(algorithm), &claim.wants);
+        let capacity = self.leases.claim(client, &filed, claim.holds, expiry, |_, mine, _| {
+            let (wants, subclients) = mine.iter().fold((0.0, 0.0), |(w, s), (_, d)| (w + d.wants, s + d.subclients));
+            if safe_capacity < 0.0 { wants } else { wants.min(safe_capacity * subclients) }
+        });
+        Grant { capacity, expiry, refresh_interval: algorithm.refresh_interval, safe_capacity }
     }
 
     /// Forgets a client's lease; false if it held none.
@@ -83,12 +218,17 @@ impl Resource {
         self.leases.expire(now, budget)
     }
 
-    /// SPEC §3.5: the template's value, else the capacity divided among the subclients.
-    pub fn safe_capacity(&self) -> f64 {
-        let capacity = self.template.capacity;
-        self.template.safe_capacity.unwrap_or_else(|| {
-            let subclients = self.leases.band().sums().subclients;
-            if subclients > 0.0 { capacity / subclients } else { capacity }
-        })
+    /// SPEC §3.5: the template's value; at an intermediate server, else the parent's; else the
+    /// capacity shared now divided among the subclients.
+    pub fn safe_capacity(&self, now: UnixSeconds) -> f64 {
+        if let Some(safe) = self.template.safe_capacity {
+            return safe;
+        }
+        if let Supply::Parent(Some(ParentLease { safe_capacity: Some(safe), .. })) = self.supply {
+            return safe;
+        }
+        let capacity = self.capacity(now).unwrap_or(self.template.capacity);
+        let subclients = self.leases.bands().sums().subclients;
+        if subclients > 0.0 { capacity / subclients } else { capacity }
     }
 }

@@ -1,5 +1,5 @@
-//! The lease store of one resource: which client holds a lease, its demand (kept in the band) and
-//! when the lease expires.
+//! The lease store of one resource: which client holds a lease, its demands (kept in the
+//! resource's priority bands) and when the lease expires.
 //!
 //! Leases live in a slab indexed by a hash table on the client id. Expiry times are whole seconds,
 //! so leases are kept in one intrusive list per expiry second, the seconds in a `BTreeMap`:
@@ -9,8 +9,12 @@
 use std::{collections::BTreeMap, hash::BuildHasher};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
+use smallvec::SmallVec;
 
-use super::band::{Band, Demand, NodeId};
+use super::{
+    band::{Demand, NodeId},
+    priority::{Bands, Wants},
+};
 
 /// Unix time in whole seconds, the protocol's unit.
 pub type UnixSeconds = i64;
@@ -18,11 +22,16 @@ pub type UnixSeconds = i64;
 type Slot = u32;
 const NONE: Slot = Slot::MAX;
 
+/// Where one of a lease's demands sits: its priority band and its node there. An end client has
+/// one; a lower-level server one per priority among its clients.
+type Place = (i64, NodeId);
+
 #[derive(Debug)]
 struct Entry {
     /// Empty for a free slot.
     client: Box<str>,
-    node: NodeId,
+    /// Most important first.
+    places: SmallVec<[Place; 1]>,
     expiry: UnixSeconds,
     /// Neighbours in the list of leases expiring in the same second; for a free slot, `next`
     /// chains the free list.
@@ -34,7 +43,10 @@ struct Entry {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LeaseView<'a> {
     pub client: &'a str,
+    /// The sums over its bands.
     pub demand: Demand,
+    /// Its most important band.
+    pub priority: i64,
     pub expiry: UnixSeconds,
 }
 
@@ -46,56 +58,97 @@ pub struct LeaseStore {
     hasher: DefaultHashBuilder,
     /// Expiry second → first lease of its list.
     expiries: BTreeMap<UnixSeconds, Slot>,
-    band: Band,
+    bands: Bands,
+    len: usize,
 }
 
 impl LeaseStore {
+    /// A store whose bands' trees are shaped by `seed` (see [`Bands::seeded`]).
+    pub fn seeded(seed: Option<u64>) -> LeaseStore {
+        LeaseStore { bands: Bands::seeded(seed), ..LeaseStore::default() }
+    }
+
     pub fn len(&self) -> usize {
-        self.band.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.band.is_empty()
+        self.len == 0
     }
 
-    /// The demands of every lease holder.
-    pub fn band(&self) -> &Band {
-        &self.band
+    /// The demands of every lease holder, by priority.
+    pub fn bands(&self) -> &Bands {
+        &self.bands
     }
 
     pub fn get(&self, client: &str) -> Option<LeaseView<'_>> {
         self.find(client).map(|slot| self.view(slot))
     }
 
-    /// Records a client's new demand, asks `decide` for its grant (with the demand already in
-    /// the band, still holding its previous grant) and stores the grant until `expiry`.
+    /// Records a client's new demands (`wants`: one per priority, most important first, at
+    /// least one), asks `decide` for its grant — given the bands with the new demands in them,
+    /// the client's demands by band, and what the other leases hold — and stores the lease
+    /// until `expiry`.
+    ///
+    /// The lease holds the grant, or more while the client's own clients still hold more
+    /// (`holds`, reported by a lower-level server): capacity taken back from a server is only
+    /// free once its clients have refreshed onto their smaller shares. It never holds more than
+    /// before.
     pub fn claim(
         &mut self,
         client: &str,
-        wants: f64,
-        subclients: f64,
+        wants: &[Wants],
+        holds: f64,
         expiry: UnixSeconds,
-        decide: impl FnOnce(&Band, &Demand) -> f64,
+        decide: impl FnOnce(&Bands, &[(i64, Demand)], f64) -> f64,
     ) -> f64 {
-        let slot = match self.find(client) {
+        debug_assert!(!wants.is_empty(), "a claim has at least one band");
+        let (slot, held) = match self.find(client) {
             Some(slot) => {
-                let node = self.entries[slot as usize].node;
-                let has = self.band.demand(node).has;
-                self.band.update(node, Demand { wants, subclients, has });
                 self.unlink(slot);
-                slot
+                (slot, self.forget_places(slot))
             }
             None => {
-                let node = self.band.insert(Demand { wants, subclients, has: 0.0 });
-                self.allocate(client, node)
+                self.len += 1;
+                (self.allocate(client), 0.0)
             }
         };
-        let node = self.entries[slot as usize].node;
-        let demand = *self.band.demand(node);
-        let has = decide(&self.band, &demand);
-        self.band.update(node, Demand { has, ..demand });
+        let mine: SmallVec<[(i64, Demand); 1]> =
+            wants.iter().map(|w| (w.priority, Demand { wants: w.wants, subclients: w.subclients, has: 0.0 })).collect();
+        // With the previous demands out, what the bands hold is what the others hold.
+        let others = self.bands.sums().has;
+        let grant = decide(self.insert(slot, &mine), &mine, others);
+        self.distribute(slot, grant.max(holds.min(held)));
         self.link(slot, expiry);
-        has
+        grant
+    }
+
+    /// Takes a lease's demands out of their bands; returns what it held.
+    fn forget_places(&mut self, slot: Slot) -> f64 {
+        let places = std::mem::take(&mut self.entries[slot as usize].places);
+        places.into_iter().map(|(priority, node)| self.bands.remove(priority, node).has).sum()
+    }
+
+    /// Files a lease's demands in their bands.
+    fn insert(&mut self, slot: Slot, mine: &[(i64, Demand)]) -> &Bands {
+        let places = mine.iter().map(|&(p, demand)| (p, self.bands.band_mut(p).insert(demand))).collect();
+        self.entries[slot as usize].places = places;
+        &self.bands
+    }
+
+    /// Spreads a grant over a lease's bands, the most important first, each up to its wants.
+    fn distribute(&mut self, slot: Slot, grant: f64) {
+        let mut left = grant;
+        let places = self.entries[slot as usize].places.clone();
+        let last = places.len() - 1;
+        for (i, (priority, node)) in places.into_iter().enumerate() {
+            let band = self.bands.band_mut(priority);
+            let demand = *band.demand(node);
+            // The last band takes any rounding left over, so the bands add up to the grant.
+            let has = if i == last { left } else { left.min(demand.wants) };
+            band.update(node, Demand { has, ..demand });
+            left -= has;
+        }
     }
 
     /// Forgets a client's lease; false if it held none.
@@ -129,7 +182,11 @@ impl LeaseStore {
 
     fn view(&self, slot: Slot) -> LeaseView<'_> {
         let e = &self.entries[slot as usize];
-        LeaseView { client: &e.client, demand: *self.band.demand(e.node), expiry: e.expiry }
+        let demand = e.places.iter().fold(Demand::default(), |sum, &(priority, node)| {
+            let d = self.bands.get(priority).expect("a lease's band exists").demand(node);
+            Demand { wants: sum.wants + d.wants, subclients: sum.subclients + d.subclients, has: sum.has + d.has }
+        });
+        LeaseView { client: &e.client, demand, priority: e.places.first().map_or(0, |p| p.0), expiry: e.expiry }
     }
 
     fn find(&self, client: &str) -> Option<Slot> {
@@ -137,8 +194,8 @@ impl LeaseStore {
         self.index.find(hash, |&slot| &*self.entries[slot as usize].client == client).copied()
     }
 
-    fn allocate(&mut self, client: &str, node: NodeId) -> Slot {
-        let entry = Entry { client: client.into(), node, expiry: 0, prev: NONE, next: NONE };
+    fn allocate(&mut self, client: &str) -> Slot {
+        let entry = Entry { client: client.into(), places: SmallVec::new(), expiry: 0, prev: NONE, next: NONE };
         let slot = match self.free {
             Some(slot) => {
                 let next = self.entries[slot as usize].next;
@@ -156,14 +213,15 @@ impl LeaseStore {
         slot
     }
 
-    /// Frees an unlinked slot: out of the index, the band and the slab.
+    /// Frees an unlinked slot: out of the index, the bands and the slab.
     fn release(&mut self, slot: Slot) {
         let hash = self.hasher.hash_one(&*self.entries[slot as usize].client);
         if let Ok(found) = self.index.find_entry(hash, |&s| s == slot) {
             found.remove();
         }
+        self.forget_places(slot);
+        self.len -= 1;
         let e = &mut self.entries[slot as usize];
-        self.band.remove(e.node);
         e.client = Box::default();
         e.next = self.free.unwrap_or(NONE);
         self.free = Some(slot);
@@ -202,7 +260,7 @@ mod tests {
     use super::*;
 
     fn claim(store: &mut LeaseStore, client: &str, wants: f64, expiry: UnixSeconds) -> f64 {
-        store.claim(client, wants, 1.0, expiry, |_, me| me.wants)
+        store.claim(client, &[Wants { priority: 0, wants, subclients: 1.0 }], 0.0, expiry, |_, _, _| wants)
     }
 
     #[test]
@@ -219,6 +277,25 @@ mod tests {
         assert_eq!(store.expire(20, 1), 1, "the budget bounds the work");
         assert_eq!(store.len(), 1);
         assert_eq!(store.get("a").unwrap().demand, Demand { wants: 4.0, subclients: 1.0, has: 4.0 });
+    }
+
+    #[test]
+    fn grants_fill_bands_from_the_top_and_a_server_keeps_what_its_clients_hold() {
+        let mut store = LeaseStore::default();
+        let wants =
+            [Wants { priority: 2, wants: 10.0, subclients: 2.0 }, Wants { priority: 0, wants: 30.0, subclients: 3.0 }];
+        assert_eq!(store.claim("leaf", &wants, 0.0, 10, |_, _, _| 25.0), 25.0);
+        let band = |p| store.bands().get(p).unwrap().sums();
+        assert_eq!((band(2).has, band(0).has), (10.0, 15.0));
+        // Cut to 5 while its clients still hold 20: the lease keeps 20 until they refresh...
+        assert_eq!(store.claim("leaf", &wants, 20.0, 10, |_, _, others| 5.0 + others), 5.0);
+        assert_eq!(store.get("leaf").unwrap().demand.has, 20.0);
+        // ...never more than it held before, and the grant when that is larger.
+        assert_eq!(store.claim("leaf", &wants, 99.0, 10, |_, _, _| 5.0), 5.0);
+        assert_eq!(store.get("leaf").unwrap().demand.has, 20.0);
+        store.claim("leaf", &wants, 0.0, 10, |_, _, _| 5.0);
+        assert_eq!(store.get("leaf").unwrap().demand.has, 5.0);
+        assert_eq!(store.get("leaf").unwrap().priority, 2);
     }
 
     #[test]

@@ -5,7 +5,10 @@ use std::{collections::HashMap, fmt, sync::Arc};
 
 use globset::{GlobBuilder, GlobMatcher};
 
-use super::algorithm::Algorithm;
+use super::{
+    algorithm::Algorithm,
+    priority::{PRIORITY_MODE, PriorityMode},
+};
 use crate::defaults::MAX_TEMPLATE_SECONDS;
 
 /// The glob every repository must end with, matching every resource id.
@@ -89,6 +92,11 @@ impl Repository {
             }
             if let Some(p) = a.parameters.iter().find(|p| p.name.is_empty()) {
                 return Err(fail("algorithm.parameters", format!("a parameter has no name (value {:?})", p.value)));
+            }
+            if let Some(p) = a.parameters.iter().find(|p| p.name == PRIORITY_MODE)
+                && let Err(why) = PriorityMode::parse(p.value.as_deref())
+            {
+                return Err(fail(&format!("algorithm.parameters.{PRIORITY_MODE}"), why));
             }
             let glob = GlobBuilder::new(&t.identifier_glob)
                 .literal_separator(false)

@@ -5,17 +5,8 @@
 use std::collections::BTreeMap;
 
 use sluice_proto::{GetCapacityRequest, GetCapacityResponse, Lease, ResourceRequest};
-
-/// Backoff after a failed request: `BACKOFF_BASE` doubling up to `BACKOFF_CAP`, of which a
-/// random half is waited (equal jitter), so sidecars restarted together do not retry together
-/// and yet never retry in a tight loop.
-const BACKOFF_BASE: f64 = 1.0;
-const BACKOFF_CAP: f64 = 30.0;
-/// A retry is brought forward to this long before the earliest valid lease expires, so one
-/// success in time keeps the resource leased instead of falling back.
-const EXPIRY_MARGIN: f64 = 2.0;
-/// Refreshes come at least this far apart, whatever interval a server names.
-const MIN_REFRESH: f64 = 1.0;
+pub use sluice_server::core::Answer;
+use sluice_server::core::Schedule;
 
 /// What a resource enforces while it holds no valid lease (`when_unreachable`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,16 +64,6 @@ impl Effective {
     }
 }
 
-/// How a response was taken.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Answer {
-    /// Leases recorded.
-    Updated,
-    /// The server is not the master. `Some(address)`: ask there (the request is due at once
-    /// unless the previous attempt failed too); `None`: unknown, retry after a backoff.
-    Redirect(Option<String>),
-}
-
 struct Entry {
     spec: ResourceSpec,
     /// Touched: it is asked for in every request.
@@ -106,25 +87,13 @@ pub struct LeaseClient {
     client_id: String,
     /// Ordered, so requests and releases come out the same way every time.
     entries: BTreeMap<String, Entry>,
-    rng: fastrand::Rng,
-    /// When the next request is due; −∞: at once.
-    due: f64,
-    in_flight: bool,
-    /// Consecutive failed attempts (errors and redirects).
-    failures: u32,
+    schedule: Schedule,
 }
 
 impl LeaseClient {
     /// `seed` drives the backoff jitter, so a simulation replays exactly.
     pub fn new(client_id: String, seed: u64) -> Self {
-        LeaseClient {
-            client_id,
-            entries: BTreeMap::new(),
-            rng: fastrand::Rng::with_seed(seed),
-            due: f64::NEG_INFINITY,
-            in_flight: false,
-            failures: 0,
-        }
+        LeaseClient { client_id, entries: BTreeMap::new(), schedule: Schedule::new(seed) }
     }
 
     pub fn client_id(&self) -> &str {
@@ -158,23 +127,21 @@ impl LeaseClient {
             && !entry.used
         {
             entry.used = true;
-            // While a request is in flight, its conclusion makes the next one due.
-            if !self.in_flight {
-                self.due = f64::NEG_INFINITY;
-            }
+            self.schedule.wake();
         }
     }
 
     /// Unix time the next request is due (−∞: at once); `None` while one is in flight or no
     /// resource is in use.
     pub fn next_due(&self) -> Option<f64> {
-        (!self.in_flight && self.entries.values().any(|entry| entry.used)).then_some(self.due)
+        let due = self.schedule.due()?;
+        self.entries.values().any(|entry| entry.used).then_some(due)
     }
 
     /// One request for every resource in use, each with its valid lease and `wants(id)`; marks
     /// it in flight until [`Self::on_response`] or [`Self::on_error`].
     pub fn request(&mut self, now: f64, mut wants: impl FnMut(&str) -> f64) -> Option<GetCapacityRequest> {
-        if self.in_flight {
+        if self.schedule.in_flight() {
             return None;
         }
         let resource: Vec<ResourceRequest> = self
@@ -196,21 +163,17 @@ impl LeaseClient {
         if resource.is_empty() {
             return None;
         }
-        self.in_flight = true;
+        self.schedule.begin();
         Some(GetCapacityRequest { client_id: self.client_id.clone(), resource })
     }
 
     /// Takes the answer to the request in flight.
     pub fn on_response(&mut self, now: f64, response: GetCapacityResponse) -> Answer {
-        self.in_flight = false;
         if let Some(mastership) = response.mastership {
             let address = mastership.master_address;
-            let retry_at_once = address.is_some() && self.failures == 0;
-            self.conclude(!retry_at_once);
-            self.fail(now);
-            if retry_at_once {
-                self.due = f64::NEG_INFINITY;
-            }
+            let at_once = self.schedule.redirected(now, address.is_some(), self.earliest_expiry(now));
+            // Followed at once, the redirect does not decide the fallbacks yet.
+            self.conclude(!at_once);
             return Answer::Redirect(address);
         }
         for granted in response.response {
@@ -222,33 +185,27 @@ impl LeaseClient {
                 }
             }
         }
-        let touched_meanwhile = self.conclude(true);
+        self.conclude(true);
         let refresh = self
             .entries
             .values()
             .filter(|entry| entry.used)
             .filter_map(|entry| entry.valid_lease(now))
-            .map(|lease| (lease.refresh_interval as f64).max(MIN_REFRESH))
+            .map(|lease| lease.refresh_interval as f64)
             .min_by(f64::total_cmp);
         match refresh {
-            Some(refresh) => {
-                self.failures = 0;
-                self.due = if touched_meanwhile { f64::NEG_INFINITY } else { now + refresh };
-            }
+            Some(refresh) => self.schedule.succeeded(now, refresh),
             // Nothing valid came back for what is in use: as good as an error.
-            None => self.fail(now),
+            None => self.schedule.failed(now, self.earliest_expiry(now)),
         }
         Answer::Updated
     }
 
-    /// The request in flight failed (transport error, timeout, error status). The next one
-    /// backs off: equal jitter over `BACKOFF_BASE · 2^(failures−1)` capped at `BACKOFF_CAP`,
-    /// brought forward to `EXPIRY_MARGIN` before the earliest valid lease expires (but no
-    /// sooner than half the base).
+    /// The request in flight failed (transport error, timeout, error status); the next one
+    /// backs off (see [`Schedule::failed`]).
     pub fn on_error(&mut self, now: f64) {
-        self.in_flight = false;
         self.conclude(true);
-        self.fail(now);
+        self.schedule.failed(now, self.earliest_expiry(now));
     }
 
     /// What a resource should enforce now; `None` if it is not configured.
@@ -290,31 +247,21 @@ impl LeaseClient {
     }
 
     /// The request in flight is over; `decided`: its resources' fallbacks now apply in earnest
-    /// (not for a redirect followed at once). Returns whether a resource in use was not in it.
-    fn conclude(&mut self, decided: bool) -> bool {
-        let mut touched_meanwhile = false;
+    /// (not for a redirect followed at once).
+    fn conclude(&mut self, decided: bool) {
         for entry in self.entries.values_mut().filter(|entry| entry.used) {
-            touched_meanwhile |= !entry.requested;
             entry.asked |= decided && entry.requested;
             entry.requested = false;
         }
-        touched_meanwhile
     }
 
-    fn fail(&mut self, now: f64) {
-        self.failures = self.failures.saturating_add(1);
-        let ceiling = (BACKOFF_BASE * 2f64.powi(self.failures.min(32) as i32 - 1)).min(BACKOFF_CAP);
-        let mut due = now + ceiling * (0.5 + 0.5 * self.rng.f64());
-        if let Some(expiry) = self
-            .entries
+    /// When the first valid lease of a resource in use runs out.
+    fn earliest_expiry(&self, now: f64) -> Option<f64> {
+        self.entries
             .values()
             .filter(|entry| entry.used)
             .filter_map(|entry| entry.valid_lease(now))
             .map(|lease| lease.expiry_time as f64)
             .min_by(f64::total_cmp)
-        {
-            due = due.min((expiry - EXPIRY_MARGIN).max(now + BACKOFF_BASE / 2.0));
-        }
-        self.due = due;
     }
 }

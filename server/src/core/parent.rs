@@ -1,0 +1,165 @@
+//! An intermediate server's side of the tree (SPEC §3.6): one bulk `GetServerCapacity` for
+//! every resource its clients use — its own lease and its clients' wants per priority band —
+//! and the leases that come back. The ledger owns one of these when the server has a parent.
+
+use hashbrown::HashMap;
+use sluice_proto::{
+    self as proto, GetServerCapacityRequest, GetServerCapacityResponse, PriorityBandAggregate,
+    ServerCapacityResourceRequest,
+};
+
+use super::{
+    algorithm::{Algorithm, Kind, Parameter},
+    resource::{ParentLease, Resource},
+    schedule::Schedule,
+    store::UnixSeconds,
+};
+use crate::defaults::MAX_TEMPLATE_SECONDS;
+
+/// How a response was taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Leases recorded.
+    Updated,
+    /// The server asked is not the master. `Some(address)`: ask there; `None`: unknown, ask
+    /// Discovery again after a backoff.
+    Redirect(Option<String>),
+}
+
+#[derive(Debug)]
+pub struct Parent {
+    /// This server's id towards its parent.
+    server_id: String,
+    schedule: Schedule,
+}
+
+impl Parent {
+    pub fn new(server_id: String, seed: u64) -> Parent {
+        Parent { server_id, schedule: Schedule::new(seed) }
+    }
+
+    pub fn server_id(&self) -> &str {
+        &self.server_id
+    }
+
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// A resource appeared: ask for it now rather than at the next refresh.
+    pub fn wake(&mut self) {
+        self.schedule.wake();
+    }
+
+    /// One request for `resources` (those with clients), each with this server's valid lease
+    /// and its clients' wants summed per band; `None` if one is in flight or there is nothing
+    /// to ask for. The lease is reported with what the clients actually hold when that is more
+    /// (its capacity was cut and they have not all refreshed yet), so that the parent keeps
+    /// that much reserved meanwhile.
+    pub fn request<'a>(
+        &mut self,
+        now: UnixSeconds,
+        resources: impl Iterator<Item = (&'a str, &'a Resource)>,
+    ) -> Option<GetServerCapacityRequest> {
+        if self.schedule.in_flight() {
+            return None;
+        }
+        let resource: Vec<ServerCapacityResourceRequest> = resources
+            .filter(|(_, r)| !r.leases().is_empty())
+            .map(|(id, r)| ServerCapacityResourceRequest {
+                resource_id: id.to_owned(),
+                has: r.parent_lease(now).map(|lease| proto::Lease {
+                    expiry_time: lease.expiry,
+                    refresh_interval: lease.refresh_interval,
+                    capacity: lease.capacity.max(r.bands().sums().has),
+                }),
+                wants: r
+                    .bands()
+                    .iter()
+                    .map(|(priority, band)| {
+                        let sums = band.sums();
+                        PriorityBandAggregate {
+                            priority,
+                            // Subclients are whole clients; rounding only undoes float sums.
+                            num_clients: (sums.subclients.round() as i64).max(1),
+                            wants: sums.wants,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect();
+        if resource.is_empty() {
+            return None;
+        }
+        self.schedule.begin();
+        Some(GetServerCapacityRequest { server_id: self.server_id.clone(), resource })
+    }
+
+    /// Takes the answer to the request in flight: the leases go to the resources this server
+    /// still has.
+    pub fn on_response(
+        &mut self,
+        now: f64,
+        response: GetServerCapacityResponse,
+        resources: &mut HashMap<String, Resource>,
+    ) -> Answer {
+        if let Some(mastership) = response.mastership {
+            let named = mastership.master_address.is_some();
+            self.schedule.redirected(now, named, earliest_expiry(now, resources));
+            return Answer::Redirect(mastership.master_address);
+        }
+        let mut refresh = None::<i64>;
+        for granted in response.response {
+            let Some(r) = resources.get_mut(&granted.resource_id) else { continue };
+            let lease = ParentLease {
+                capacity: if granted.gets.capacity.is_finite() { granted.gets.capacity.max(0.0) } else { 0.0 },
+                expiry: granted.gets.expiry_time,
+                refresh_interval: granted.gets.refresh_interval.max(1),
+                algorithm: granted.algorithm.as_ref().and_then(algorithm),
+                safe_capacity: granted.safe_capacity.filter(|s| s.is_finite()),
+            };
+            if (lease.expiry as f64) > now {
+                refresh = Some(refresh.map_or(lease.refresh_interval, |r| r.min(lease.refresh_interval)));
+            }
+            r.set_parent_lease(lease);
+        }
+        match refresh {
+            Some(refresh) => self.schedule.succeeded(now, refresh as f64),
+            // Nothing valid came back: as good as an error.
+            None => self.schedule.failed(now, earliest_expiry(now, resources)),
+        }
+        Answer::Updated
+    }
+
+    /// The request in flight failed (transport error, error status).
+    pub fn on_error(&mut self, now: f64, resources: &HashMap<String, Resource>) {
+        self.schedule.failed(now, earliest_expiry(now, resources));
+    }
+}
+
+/// When the first of this server's valid leases from its parent runs out.
+fn earliest_expiry(now: f64, resources: &HashMap<String, Resource>) -> Option<f64> {
+    resources
+        .values()
+        .filter_map(|r| r.parent_lease(now as UnixSeconds))
+        .map(|l| l.expiry as f64)
+        .min_by(f64::total_cmp)
+}
+
+/// The parent's algorithm in the core's terms; `None` (keep the template's) if it names an
+/// unknown kind or durations no template could have.
+fn algorithm(a: &proto::Algorithm) -> Option<Algorithm> {
+    let kind = proto::algorithm::Kind::try_from(a.kind).ok()?;
+    let kind = Kind::from_name(kind.as_str_name())?;
+    let seconds = |s: i64| (1..=MAX_TEMPLATE_SECONDS).contains(&s);
+    if !(seconds(a.lease_length) && seconds(a.refresh_interval)) || a.refresh_interval > a.lease_length {
+        return None;
+    }
+    Some(Algorithm {
+        kind,
+        lease_length: a.lease_length,
+        refresh_interval: a.refresh_interval,
+        parameters: a.parameters.iter().map(|p| Parameter { name: p.name.clone(), value: p.value.clone() }).collect(),
+        learning_mode_duration: a.learning_mode_duration.filter(|d| (0..=MAX_TEMPLATE_SECONDS).contains(d)),
+    })
+}

@@ -1,0 +1,157 @@
+//! Priority bands (SPEC §3.7): a resource's demands grouped by priority, and capacity shared
+//! band by band from the most important down.
+//!
+//! Sharing is always strict over the bands present; `priority_mode: ignore` (Doorman's
+//! behaviour) simply files every demand in one band, so one code path serves both modes. A
+//! lower-level server's claim may span several bands, one per priority of its clients.
+
+use std::{collections::BTreeMap, ops::Bound};
+
+use super::{
+    algorithm::{self, Algorithm, Kind},
+    band::{Band, Demand, Sums},
+};
+
+/// The template parameter that chooses the mode.
+pub const PRIORITY_MODE: &str = "priority_mode";
+
+/// How a resource treats its clients' priorities.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PriorityMode {
+    /// Higher priorities are served in full before lower ones get anything. The default: a
+    /// client that sends a priority means it, and when every client sends the same one this is
+    /// exactly Doorman's behaviour.
+    #[default]
+    Strict,
+    /// Every client in one band, whatever its priority (Doorman's behaviour).
+    Ignore,
+}
+
+impl PriorityMode {
+    pub fn parse(value: Option<&str>) -> Result<PriorityMode, String> {
+        match value {
+            Some("strict") => Ok(PriorityMode::Strict),
+            Some("ignore") => Ok(PriorityMode::Ignore),
+            other => Err(format!("must be \"strict\" or \"ignore\", got {other:?}")),
+        }
+    }
+
+    /// The mode an algorithm's parameters name; a repository only holds valid values.
+    pub fn of(algorithm: &Algorithm) -> PriorityMode {
+        algorithm
+            .parameters
+            .iter()
+            .find(|p| p.name == PRIORITY_MODE)
+            .and_then(|p| PriorityMode::parse(p.value.as_deref()).ok())
+            .unwrap_or_default()
+    }
+}
+
+/// What a client wants in one priority band.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Wants {
+    /// Higher is more important.
+    pub priority: i64,
+    /// Finite and ≥ 0.
+    pub wants: f64,
+    /// The weight: 1 for an end client, the number of clients behind a server; > 0.
+    pub subclients: f64,
+}
+
+/// Files a claim's wants under `mode`: one entry per priority, most important first.
+pub fn file(mode: PriorityMode, wants: &[Wants]) -> smallvec::SmallVec<[Wants; 1]> {
+    let mut filed = smallvec::SmallVec::<[Wants; 1]>::new();
+    for w in wants {
+        let priority = if mode == PriorityMode::Ignore { 0 } else { w.priority };
+        match filed.iter_mut().find(|f| f.priority == priority) {
+            Some(f) => {
+                f.wants += w.wants;
+                f.subclients += w.subclients;
+            }
+            None => filed.push(Wants { priority, ..*w }),
+        }
+    }
+    filed.sort_by(|a, b| b.priority.cmp(&a.priority));
+    filed
+}
+
+/// A resource's bands, by priority.
+#[derive(Clone, Debug, Default)]
+pub struct Bands {
+    bands: BTreeMap<i64, Band>,
+    /// Seeds new bands' trees when set, so that a simulation replays exactly.
+    seed: Option<u64>,
+}
+
+impl Bands {
+    pub fn seeded(seed: Option<u64>) -> Bands {
+        Bands { bands: BTreeMap::new(), seed }
+    }
+
+    /// Sums over every band.
+    pub fn sums(&self) -> Sums {
+        self.bands.values().map(Band::sums).fold(Sums::default(), Sums::plus)
+    }
+
+    /// How many demands (client shares) all bands hold.
+    pub fn len(&self) -> usize {
+        self.bands.values().map(Band::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bands.is_empty()
+    }
+
+    /// The bands, most important first.
+    pub fn iter(&self) -> impl Iterator<Item = (i64, &Band)> {
+        self.bands.iter().rev().map(|(&p, b)| (p, b))
+    }
+
+    pub fn get(&self, priority: i64) -> Option<&Band> {
+        self.bands.get(&priority)
+    }
+
+    pub(crate) fn band_mut(&mut self, priority: i64) -> &mut Band {
+        let seed = self.seed;
+        self.bands.entry(priority).or_insert_with(|| match seed {
+            Some(seed) => Band::with_seed(seed ^ priority as u64),
+            None => Band::default(),
+        })
+    }
+
+    /// Takes a demand out of its band, dropping the band once empty (so that walks over the
+    /// bands stay as short as the priorities in use).
+    pub(crate) fn remove(&mut self, priority: i64, node: super::band::NodeId) -> Demand {
+        let band = self.bands.get_mut(&priority).expect("a lease's band exists");
+        let demand = band.remove(node);
+        if band.is_empty() {
+            self.bands.remove(&priority);
+        }
+        demand
+    }
+
+    /// What the bands more important than `priority` leave of `capacity`.
+    pub fn capacity_below(&self, priority: i64, capacity: f64) -> f64 {
+        let above: f64 =
+            self.bands.range((Bound::Excluded(priority), Bound::Unbounded)).map(|(_, b)| b.sums().wants).sum();
+        (capacity - above).max(0.0)
+    }
+
+    /// The algorithm's target for a client whose demands (`mine`, already in the bands) may
+    /// span several bands: in each band, its share of what the bands above leave.
+    pub fn target(&self, kind: Kind, capacity: f64, mine: &[(i64, Demand)]) -> f64 {
+        let wants: f64 = mine.iter().map(|(_, d)| d.wants).sum();
+        match kind {
+            // Neither divides one capacity, so there is nothing for priorities to order.
+            Kind::NoAlgorithm => wants,
+            Kind::Static => wants.min(capacity),
+            Kind::ProportionalShare | Kind::FairShare => mine
+                .iter()
+                .map(|(priority, demand)| {
+                    let band = self.get(*priority).expect("a claim's demands are in their bands");
+                    algorithm::target(kind, self.capacity_below(*priority, capacity), band, demand)
+                })
+                .sum(),
+        }
+    }
+}

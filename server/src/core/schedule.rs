@@ -1,0 +1,164 @@
+//! When a lease holder asks again: after the refresh interval on success, at once when
+//! something new needs asking for, and after a jittered exponential backoff on failure — never
+//! so late that a valid lease runs out unasked. Shared by the sidecar's lease client and an
+//! intermediate server's requests to its parent. Times are unix seconds (f64).
+
+use crate::defaults::{BACKOFF_BASE, BACKOFF_CAP, EXPIRY_MARGIN};
+
+/// Refreshes come at least this far apart, whatever interval a server names.
+const MIN_REFRESH: f64 = 1.0;
+
+#[derive(Debug)]
+pub struct Schedule {
+    /// When the next request is due; −∞: at once.
+    due: f64,
+    in_flight: bool,
+    /// Something new came up while a request was in flight: ask again as soon as it ends.
+    woken: bool,
+    /// Consecutive failed attempts (errors and redirects).
+    failures: u32,
+    rng: fastrand::Rng,
+}
+
+impl Schedule {
+    /// `seed` drives the backoff jitter, so a simulation replays exactly.
+    pub fn new(seed: u64) -> Schedule {
+        Schedule {
+            due: f64::NEG_INFINITY,
+            in_flight: false,
+            woken: false,
+            failures: 0,
+            rng: fastrand::Rng::with_seed(seed),
+        }
+    }
+
+    /// Something new needs asking for: at once, or as soon as the request in flight ends.
+    pub fn wake(&mut self) {
+        if self.in_flight {
+            self.woken = true;
+        } else {
+            self.due = f64::NEG_INFINITY;
+        }
+    }
+
+    /// When the next request is due (−∞: at once); `None` while one is in flight.
+    pub fn due(&self) -> Option<f64> {
+        (!self.in_flight).then_some(self.due)
+    }
+
+    pub fn in_flight(&self) -> bool {
+        self.in_flight
+    }
+
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// A request goes out; false if one is already in flight.
+    pub fn begin(&mut self) -> bool {
+        !std::mem::replace(&mut self.in_flight, true)
+    }
+
+    /// The request in flight was answered with leases; the next is due after `refresh` (the
+    /// shortest refresh interval among them).
+    pub fn succeeded(&mut self, now: f64, refresh: f64) {
+        self.end();
+        self.failures = 0;
+        self.due = if std::mem::take(&mut self.woken) { f64::NEG_INFINITY } else { now + refresh.max(MIN_REFRESH) };
+    }
+
+    /// The request in flight failed (transport error, error status, or nothing valid came
+    /// back). The next one backs off: equal jitter over `BACKOFF_BASE · 2^(failures−1)`
+    /// capped at `BACKOFF_CAP`, brought forward to `EXPIRY_MARGIN` before `earliest_expiry`
+    /// (the first valid lease to run out) but no sooner than half the base.
+    pub fn failed(&mut self, now: f64, earliest_expiry: Option<f64>) {
+        self.end();
+        self.woken = false;
+        self.failures = self.failures.saturating_add(1);
+        let ceiling = (BACKOFF_BASE * 2f64.powi(self.failures.min(32) as i32 - 1)).min(BACKOFF_CAP);
+        let mut due = now + ceiling * (0.5 + 0.5 * self.rng.f64());
+        if let Some(expiry) = earliest_expiry {
+            due = due.min((expiry - EXPIRY_MARGIN).max(now + BACKOFF_BASE / 2.0));
+        }
+        self.due = due;
+    }
+
+    /// The server was not the master. A named master after a success is asked at once; an
+    /// unknown one, or redirects in a row, back off like a failure. Returns whether the
+    /// request is due at once.
+    pub fn redirected(&mut self, now: f64, master_named: bool, earliest_expiry: Option<f64>) -> bool {
+        let at_once = master_named && self.failures == 0;
+        self.failed(now, earliest_expiry);
+        if at_once {
+            self.due = f64::NEG_INFINITY;
+        }
+        at_once
+    }
+
+    fn end(&mut self) {
+        self.in_flight = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn success_waits_the_refresh_and_a_wake_in_flight_asks_again_at_once() {
+        let mut s = Schedule::new(1);
+        assert_eq!(s.due(), Some(f64::NEG_INFINITY));
+        assert!(s.begin());
+        assert!(!s.begin(), "one request at a time");
+        assert_eq!(s.due(), None);
+        s.succeeded(100.0, 5.0);
+        assert_eq!(s.due(), Some(105.0));
+        s.begin();
+        s.wake();
+        s.succeeded(105.0, 5.0);
+        assert_eq!(s.due(), Some(f64::NEG_INFINITY));
+        s.begin();
+        s.succeeded(106.0, 0.2);
+        assert_eq!(s.due(), Some(107.0), "refreshes at least a second apart");
+    }
+
+    #[test]
+    fn failures_back_off_with_jitter_but_not_past_a_lease_expiry() {
+        let mut s = Schedule::new(7);
+        let mut ceilings = Vec::new();
+        for _ in 0..8 {
+            s.begin();
+            s.failed(0.0, None);
+            ceilings.push(s.due().unwrap());
+        }
+        for (i, due) in ceilings.iter().enumerate() {
+            let ceiling = (BACKOFF_BASE * 2f64.powi(i as i32)).min(BACKOFF_CAP);
+            assert!(
+                *due >= ceiling / 2.0 && *due <= ceiling,
+                "attempt {i}: {due} outside [{}, {ceiling}]",
+                ceiling / 2.0
+            );
+        }
+        s.begin();
+        s.failed(0.0, Some(10.0));
+        assert_eq!(s.due(), Some(10.0 - EXPIRY_MARGIN));
+        s.begin();
+        s.failed(0.0, Some(1.0));
+        assert_eq!(s.due(), Some(BACKOFF_BASE / 2.0), "never a tight loop");
+    }
+
+    #[test]
+    fn a_named_master_is_asked_at_once_only_after_a_success() {
+        let mut s = Schedule::new(3);
+        s.begin();
+        assert!(s.redirected(0.0, true, None));
+        assert_eq!(s.due(), Some(f64::NEG_INFINITY));
+        s.begin();
+        assert!(!s.redirected(0.0, true, None), "a second redirect in a row backs off");
+        assert!(s.due().unwrap() > 0.0);
+        s.begin();
+        s.succeeded(1.0, 5.0);
+        s.begin();
+        assert!(!s.redirected(2.0, false, None), "an unknown master backs off");
+    }
+}

@@ -1,0 +1,132 @@
+//! The replicas of one tree node as a client sees them (SPEC §2, §3.8): the configured
+//! addresses tried in turn, the master that Discovery or a redirect names, and one channel to
+//! it. Used by the sidecar toward its capacity servers and by an intermediate server toward
+//! its parent.
+
+use std::{
+    future::Future,
+    sync::{Mutex, MutexGuard},
+};
+
+use sluice_proto::{DiscoveryRequest, capacity_client::CapacityClient};
+use tonic::{
+    Response, Status,
+    transport::{Channel, ClientTlsConfig, Endpoint},
+};
+
+use crate::defaults::{CAPACITY_CONNECT_TIMEOUT, CAPACITY_RPC_TIMEOUT};
+
+/// Called once per RPC with its method and whether it succeeded, for the caller's metrics.
+pub type Record = fn(&'static str, bool);
+
+pub struct Servers {
+    addresses: Vec<String>,
+    tls: Option<ClientTlsConfig>,
+    record: Record,
+    current: Mutex<Current>,
+}
+
+struct Current {
+    /// Index of the configured address last tried.
+    index: usize,
+    /// The master's address once Discovery or a redirect named it.
+    master: Option<String>,
+    channel: Option<Channel>,
+}
+
+impl Servers {
+    /// `addresses`: at least one host:port of the node's replicas (or a name balancing over
+    /// them).
+    pub fn new(addresses: Vec<String>, tls: Option<ClientTlsConfig>, record: Record) -> Servers {
+        assert!(!addresses.is_empty(), "a node has at least one address");
+        Servers { addresses, tls, record, current: Mutex::new(Current { index: 0, master: None, channel: None }) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Current> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The master's address if known, else the configured address being tried.
+    pub fn address(&self) -> String {
+        let current = self.lock();
+        current.master.clone().unwrap_or_else(|| self.addresses[current.index].clone())
+    }
+
+    fn endpoint(&self, address: &str) -> Result<Channel, String> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
+            .map_err(|e| format!("{address}: {e}"))?
+            .connect_timeout(CAPACITY_CONNECT_TIMEOUT)
+            .timeout(CAPACITY_RPC_TIMEOUT)
+            .tcp_nodelay(true);
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint.tls_config(tls.clone()).map_err(|e| format!("{address}: {e}"))?;
+        }
+        Ok(endpoint.connect_lazy())
+    }
+
+    /// A channel to the master, asking Discovery first when it is not known.
+    async fn master(&self) -> Result<Channel, String> {
+        let (address, known) = {
+            let current = self.lock();
+            if let Some(channel) = &current.channel {
+                return Ok(channel.clone());
+            }
+            match &current.master {
+                Some(master) => (master.clone(), true),
+                None => (self.addresses[current.index].clone(), false),
+            }
+        };
+        let channel = self.endpoint(&address)?;
+        let address = if known {
+            address
+        } else {
+            let discovered = CapacityClient::new(channel.clone()).discovery(DiscoveryRequest {}).await;
+            (self.record)("Discovery", discovered.is_ok());
+            let response = discovered.map_err(|s| format!("Discovery at {address}: {}", s.message()))?.into_inner();
+            match response.mastership.master_address {
+                Some(master) if !response.is_master && master != address => {
+                    let channel = self.endpoint(&master)?;
+                    let mut current = self.lock();
+                    current.master = Some(master);
+                    current.channel = Some(channel.clone());
+                    return Ok(channel);
+                }
+                _ if !response.is_master => return Err(format!("{address} is not the master and knows none")),
+                _ => address,
+            }
+        };
+        let mut current = self.lock();
+        current.master = Some(address);
+        current.channel = Some(channel.clone());
+        Ok(channel)
+    }
+
+    /// One RPC to the master; errors come back as one line.
+    pub async fn call<T, F, Fut>(&self, method: &'static str, rpc: F) -> Result<T, String>
+    where
+        F: FnOnce(CapacityClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let channel = self.master().await?;
+        let answer = rpc(CapacityClient::new(channel)).await;
+        (self.record)(method, answer.is_ok());
+        answer.map(Response::into_inner).map_err(|s| format!("{method}: {:?}: {}", s.code(), s.message()))
+    }
+
+    /// Follows a master redirect; an unknown master means asking Discovery again.
+    pub fn redirect(&self, master: Option<String>) {
+        let mut current = self.lock();
+        tracing::info!(master = master.as_deref().unwrap_or("unknown"), "redirected to the master");
+        current.channel = None;
+        current.master = master;
+    }
+
+    /// After an error: forget the master and try the next configured address.
+    pub fn next(&self) {
+        let mut current = self.lock();
+        current.channel = None;
+        current.master = None;
+        current.index = (current.index + 1) % self.addresses.len();
+    }
+}

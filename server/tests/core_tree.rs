@@ -1,0 +1,209 @@
+//! The server tree on the sans-I/O core (SPEC §3.6–3.7), on a fake clock: an intermediate
+//! ledger's requests aggregate its clients per band, its grants are capped by its own lease,
+//! refresh intervals decay per level, and a root and its children hand out no more than the
+//! root's capacity. Messages go through the same functions the gRPC service uses.
+
+use std::sync::Arc;
+
+use sluice_proto::{GetCapacityRequest, GetServerCapacityResponse, PriorityBandAggregate, ResourceRequest};
+use sluice_server::{
+    core::{Algorithm, Answer, Kind, Ledger, Parameter, Repository, Template, UnixSeconds},
+    service,
+};
+
+const MAX_RESOURCES: usize = 1_000;
+
+fn repository(capacity: f64, safe_capacity: Option<f64>, mode: &str) -> Arc<Repository> {
+    let template = Template {
+        identifier_glob: "*".into(),
+        capacity,
+        safe_capacity,
+        description: None,
+        algorithm: Algorithm {
+            kind: Kind::FairShare,
+            lease_length: 60,
+            refresh_interval: 8,
+            parameters: vec![Parameter { name: "priority_mode".into(), value: Some(mode.into()) }],
+            learning_mode_duration: Some(0),
+        },
+    };
+    Arc::new(Repository::new(vec![template]).unwrap())
+}
+
+fn root(capacity: f64) -> Ledger {
+    Ledger::new(repository(capacity, None, "strict"), 0)
+}
+
+/// An intermediate server; its own configuration says capacity 0 (it must come from the parent).
+fn intermediate(name: &str) -> Ledger {
+    Ledger::new(repository(0.0, None, "strict"), 0).with_parent(name.into(), 1)
+}
+
+/// An end client's GetCapacity for resource "r"; returns (capacity, expiry, refresh interval).
+fn ask(ledger: &mut Ledger, now: UnixSeconds, client: &str, priority: i64, wants: f64) -> (f64, i64, i64) {
+    let req = GetCapacityRequest {
+        client_id: client.into(),
+        resource: vec![ResourceRequest { resource_id: "r".into(), priority, has: None, wants }],
+    };
+    let gets = service::get_capacity(ledger, now, &req, MAX_RESOURCES).unwrap().response.remove(0).gets;
+    (gets.capacity, gets.expiry_time, gets.refresh_interval)
+}
+
+/// One round trip from `child` to `parent` at `now`.
+fn refresh(child: &mut Ledger, parent: &mut Ledger, now: UnixSeconds) -> GetServerCapacityResponse {
+    let request = child.parent_request(now as f64).expect("a request is due");
+    let response = service::get_server_capacity(parent, now, &request, MAX_RESOURCES).unwrap();
+    assert_eq!(child.on_parent_response(now as f64, response.clone()), Answer::Updated);
+    response
+}
+
+fn granted_to_children(ledger: &Ledger) -> f64 {
+    ledger.resource("r").map_or(0.0, |r| r.bands().sums().has)
+}
+
+#[test]
+fn requests_aggregate_clients_per_band_and_new_resources_are_asked_at_once() {
+    let mut leaf = intermediate("leaf");
+    assert_eq!(leaf.parent_due(), None, "nothing to ask for yet");
+    ask(&mut leaf, 100, "a", 2, 10.0);
+    assert_eq!(leaf.parent_due(), Some(f64::NEG_INFINITY), "a new resource is asked for at once");
+    ask(&mut leaf, 100, "b", 2, 5.0);
+    ask(&mut leaf, 100, "c", 0, 7.0);
+    let request = leaf.parent_request(100.0).unwrap();
+    assert_eq!(request.server_id, "leaf");
+    assert_eq!(leaf.parent_due(), None, "in flight");
+    assert!(leaf.parent_request(100.0).is_none(), "one request at a time");
+    let r = &request.resource[0];
+    assert_eq!(r.resource_id, "r");
+    assert_eq!(r.has, None, "no lease yet");
+    let band = |priority, num_clients, wants| PriorityBandAggregate { priority, num_clients, wants };
+    assert_eq!(r.wants, [band(2, 2, 15.0), band(0, 1, 7.0)], "most important band first");
+}
+
+#[test]
+fn child_leases_are_capped_by_the_own_lease_and_refresh_decays_per_level() {
+    let mut root = root(100.0);
+    let mut region = intermediate("region");
+    let mut leaf = intermediate("leaf");
+    // Demand flows down first: the leaf's client, the leaf at the region, the region at the root.
+    ask(&mut leaf, 0, "client", 0, 30.0);
+    let leaf_request = leaf.parent_request(0.0).unwrap();
+    service::get_server_capacity(&mut region, 0, &leaf_request, MAX_RESOURCES).unwrap();
+    leaf.on_parent_error(0.0);
+    let to_root = refresh(&mut region, &mut root, 0);
+    let root_lease = &to_root.response[0].gets;
+    assert_eq!((root_lease.capacity, root_lease.expiry_time, root_lease.refresh_interval), (30.0, 60, 8));
+    // The region received its lease at 0 (expiring at 60); at 10 it hands out leases that end
+    // with its own and refresh twice as often.
+    let to_leaf = refresh(&mut leaf, &mut region, 10);
+    let region_lease = &to_leaf.response[0].gets;
+    assert_eq!((region_lease.capacity, region_lease.expiry_time, region_lease.refresh_interval), (30.0, 60, 4));
+    assert_eq!(
+        to_leaf.response[0].algorithm.as_ref().map(|a| a.kind),
+        Some(sluice_proto::algorithm::Kind::FairShare as i32),
+        "the root's algorithm travels down"
+    );
+    // One level further: refresh 2, still capped by the region's lease.
+    assert_eq!(ask(&mut leaf, 20, "client", 0, 30.0), (30.0, 60, 2));
+    // The floor is one second.
+    let mut deep = intermediate("deep");
+    ask(&mut deep, 20, "x", 0, 1.0);
+    refresh(&mut deep, &mut leaf, 20);
+    let mut deeper = intermediate("deeper");
+    ask(&mut deeper, 20, "y", 0, 1.0);
+    refresh(&mut deeper, &mut deep, 20);
+    assert_eq!(ask(&mut deeper, 20, "y", 0, 1.0).2, 1);
+}
+
+#[test]
+fn without_a_valid_own_lease_a_server_hands_out_safe_capacity() {
+    let mut root = Ledger::new(repository(100.0, Some(4.0), "strict"), 0);
+    let mut leaf = intermediate("leaf");
+    // Before the parent answers: the leaf's own template (no safe capacity: capacity 0 over its
+    // clients) applies.
+    assert_eq!(ask(&mut leaf, 0, "a", 0, 10.0).0, 0.0);
+    refresh(&mut leaf, &mut root, 0);
+    assert_eq!(ask(&mut leaf, 1, "a", 0, 10.0).0, 10.0);
+    // The lease from the root expires at 60 and the root is gone: from then on each client gets
+    // at most the root's safe capacity of 4.
+    leaf.parent_request(50.0).unwrap();
+    leaf.on_parent_error(50.0);
+    assert_eq!(ask(&mut leaf, 59, "a", 0, 10.0).0, 10.0, "the lease still holds");
+    let (capacity, expiry, _) = ask(&mut leaf, 60, "a", 0, 10.0);
+    assert_eq!((capacity, expiry), (4.0, 120));
+}
+
+#[test]
+fn a_failed_request_backs_off_but_retries_before_the_own_lease_expires() {
+    let mut root = root(100.0);
+    let mut leaf = intermediate("leaf");
+    ask(&mut leaf, 0, "a", 0, 10.0);
+    refresh(&mut leaf, &mut root, 0);
+    assert_eq!(leaf.parent_due(), Some(8.0), "the next refresh after the root's interval");
+    leaf.parent_request(8.0).unwrap();
+    leaf.on_parent_error(8.0);
+    let due = leaf.parent_due().unwrap();
+    assert!((8.5..=9.0).contains(&due), "first retry after half to one backoff base: {due}");
+    let mut retries = Vec::new();
+    while let Some(due) = leaf.parent_due().filter(|&due| due < 60.0) {
+        retries.push(due);
+        leaf.parent_request(due).unwrap();
+        leaf.on_parent_error(due);
+    }
+    assert!(retries.windows(2).all(|w| w[0] < w[1]));
+    // Backing off from 1 s, capped at 30 s, it still retries in the last 2 s of the lease.
+    assert!(retries.iter().any(|&t| (58.0..60.0).contains(&t)), "retries: {retries:?}");
+}
+
+#[test]
+fn a_two_level_tree_never_hands_out_more_than_the_root_capacity() {
+    // Two leaves, each with clients at two priorities, under a root of capacity 100, refreshed
+    // in turns for a few minutes of fake time with changing demand.
+    let mut root = root(100.0);
+    let mut leaves = [intermediate("leaf-0"), intermediate("leaf-1")];
+    let mut rng = fastrand::Rng::with_seed(5);
+    for now in 0..300 {
+        for (l, leaf) in leaves.iter_mut().enumerate() {
+            for c in 0..4 {
+                let priority = i64::from(c % 2 == 0);
+                ask(leaf, now, &format!("{l}-{c}"), priority, rng.f64() * 40.0);
+            }
+            if leaf.parent_due().is_some_and(|due| due <= now as f64) {
+                refresh(leaf, &mut root, now);
+            }
+            root.expire(now, usize::MAX);
+        }
+        let reserved = granted_to_children(&root);
+        assert!(reserved <= 100.0 + 1e-9, "{now}: the root reserved {reserved}");
+        // What the end clients hold: never more than the root's capacity, even while a leaf's
+        // lease shrinks and its clients have not all refreshed yet.
+        let held: f64 = leaves.iter().map(granted_to_children).sum();
+        assert!(held <= 100.0 + 1e-9, "{now}: clients hold {held}");
+    }
+}
+
+#[test]
+fn strict_priority_through_two_levels_serves_the_high_band_first() {
+    // Capacity 100. Leaf A has high-priority clients wanting 70 in all; leaf B has a high client
+    // wanting 20 and low clients wanting 200. The high band (90) is served in full; the low
+    // band gets the remaining 10.
+    let mut root = root(100.0);
+    let mut a = intermediate("a");
+    let mut b = intermediate("b");
+    for round in 0..4 {
+        let now = round * 10;
+        ask(&mut a, now, "a-high-1", 5, 40.0);
+        ask(&mut a, now, "a-high-2", 5, 30.0);
+        ask(&mut b, now, "b-high", 5, 20.0);
+        ask(&mut b, now, "b-low-1", 1, 100.0);
+        ask(&mut b, now, "b-low-2", 1, 100.0);
+        refresh(&mut a, &mut root, now);
+        refresh(&mut b, &mut root, now);
+    }
+    let now = 40;
+    assert_eq!(ask(&mut a, now, "a-high-1", 5, 40.0).0, 40.0);
+    assert_eq!(ask(&mut a, now, "a-high-2", 5, 30.0).0, 30.0);
+    assert_eq!(ask(&mut b, now, "b-high", 5, 20.0).0, 20.0);
+    let low = ask(&mut b, now, "b-low-1", 1, 100.0).0 + ask(&mut b, now, "b-low-2", 1, 100.0).0;
+    assert!((low - 10.0).abs() < 1e-9, "the low band shares what is left: {low}");
+}
