@@ -49,13 +49,13 @@ impl Client {
             resource: vec![ResourceRequest {
                 resource_id: "r".into(),
                 priority: self.priority,
-                has: self.lease.clone(),
+                has: self.lease,
                 wants: self.wants,
             }],
         };
         let response = self.rpc.get_capacity(request).await.expect("GetCapacity").into_inner();
         assert!(response.mastership.is_none(), "every server here is its own master");
-        let lease = response.response[0].gets.clone();
+        let lease = response.response[0].gets;
         let capacity = lease.capacity;
         self.lease = Some(lease);
         capacity

@@ -71,7 +71,7 @@ pub fn file(mode: PriorityMode, wants: &[Wants]) -> smallvec::SmallVec<[Wants; 1
             None => filed.push(Wants { priority, ..*w }),
         }
     }
-    filed.sort_by(|a, b| b.priority.cmp(&a.priority));
+    filed.sort_by_key(|w| std::cmp::Reverse(w.priority));
     filed
 }
 
