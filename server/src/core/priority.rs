@@ -93,15 +93,6 @@ impl Bands {
         self.bands.values().map(Band::sums).fold(Sums::default(), Sums::plus)
     }
 
-    /// How many demands (client shares) all bands hold.
-    pub fn len(&self) -> usize {
-        self.bands.values().map(Band::len).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.bands.is_empty()
-    }
-
     /// The bands, most important first.
     pub fn iter(&self) -> impl Iterator<Item = (i64, &Band)> {
         self.bands.iter().rev().map(|(&p, b)| (p, b))
@@ -131,7 +122,7 @@ impl Bands {
     }
 
     /// What the bands more important than `priority` leave of `capacity`.
-    pub fn capacity_below(&self, priority: i64, capacity: f64) -> f64 {
+    fn capacity_below(&self, priority: i64, capacity: f64) -> f64 {
         let above: f64 =
             self.bands.range((Bound::Excluded(priority), Bound::Unbounded)).map(|(_, b)| b.sums().wants).sum();
         (capacity - above).max(0.0)

@@ -111,10 +111,6 @@ impl Resource {
         self.leases.bands()
     }
 
-    pub fn supply(&self) -> &Supply {
-        &self.supply
-    }
-
     /// Records the lease the parent granted this resource.
     pub fn set_parent_lease(&mut self, lease: ParentLease) {
         self.supply = Supply::Parent(Some(lease));
