@@ -26,7 +26,8 @@ pub struct Outcome {
 }
 
 enum Event {
-    Sample,
+    /// The `n`th sample, at `n · sample_every` (counted, so that times do not drift).
+    Sample(u32),
     Sweep(ServerId),
     Join(ClientId),
     Leave(ClientId),
@@ -141,7 +142,7 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, String> {
     for server in 0..sim.servers.len() {
         sim.clock.at(0.0, Event::Sweep(server));
     }
-    sim.clock.at(0.0, Event::Sample);
+    sim.clock.at(0.0, Event::Sample(0));
     while let Some(event) = sim.clock.next_until(scenario.duration) {
         sim.handle(event);
     }
@@ -209,9 +210,9 @@ impl Simulation {
     fn handle(&mut self, event: Event) {
         let now = self.now();
         match event {
-            Event::Sample => {
+            Event::Sample(n) => {
                 self.sample();
-                self.clock.after(self.sample_every, Event::Sample);
+                self.clock.at(f64::from(n + 1) * self.sample_every, Event::Sample(n + 1));
             }
             Event::Sweep(server) => {
                 self.servers[server].sweep(now);
