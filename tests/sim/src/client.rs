@@ -78,7 +78,15 @@ pub struct Outgoing {
 }
 
 impl Client {
-    pub fn new(id: String, group: &ClientGroup, resource: &str, server: (ServerId, usize), seed: u64) -> Client {
+    /// A client of `server`, which has `replicas` addresses.
+    pub fn new(
+        id: String,
+        group: &ClientGroup,
+        resource: &str,
+        server: ServerId,
+        replicas: usize,
+        seed: u64,
+    ) -> Client {
         let mut seeds = fastrand::Rng::with_seed(seed);
         let mut lease = LeaseClient::new(id, seeds.u64(..));
         lease.configure([ResourceSpec {
@@ -93,7 +101,7 @@ impl Client {
         }]);
         Client {
             phase: Phase::Waiting,
-            server: server.0,
+            server,
             resource: resource.to_owned(),
             lease,
             // A gate with servers configured starts at capacity 0 until a lease or fallback applies.
@@ -102,7 +110,7 @@ impl Client {
             arrivals: Arrivals::new(group.request_cost, group.join),
             spikes: 0,
             admitted: 0.0,
-            routing: Routing { replicas: server.1, index: 0, master: None },
+            routing: Routing { replicas, index: 0, master: None },
             exchange: None,
             attempts: 0,
             wake_at: None,

@@ -124,7 +124,7 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, String> {
         for _ in 0..group.count {
             let id = sim.clients.len();
             let server = topology.server_of(id);
-            let client = Client::new(format!("client-{id}"), group, &sim.resource, (server, replicas), seeds.u64(..));
+            let client = Client::new(format!("client-{id}"), group, &sim.resource, server, replicas, seeds.u64(..));
             sim.clock.at(group.join, Event::Join(id));
             if let Some(leave) = group.leave {
                 sim.clock.at(leave, Event::Leave(id));
