@@ -3,7 +3,7 @@ CARGO ?= cargo
 BENCH_CLIENTS ?= 100,10000,100000,1000000
 BENCH_DURATION ?= 10s
 
-.PHONY: all build test demo bench bench-server bench-sidecar lint fmt clean
+.PHONY: all build test demo bench bench-server bench-sidecar sim lint fmt clean
 
 all: build
 
@@ -35,6 +35,15 @@ bench-sidecar:
 	$(CARGO) build --release --workspace --bins
 	./target/release/sluice-bench-sidecar --duration $(BENCH_DURATION)
 	$(CARGO) bench -p sluice-sidecar --bench admission
+
+# Deterministic simulation of Doorman's scenarios on a simulated clock, driving the real server
+# and sidecar cores (release build): a table on stdout, and under sim-results/ a summary CSV and,
+# per scenario, its time series, shifts and an SVG plot. The tree scenarios (5, 7, 8) join once
+# the server tree is in.
+SIM_SCENARIOS ?= $(wildcard tests/sim/scenarios/[1-4]-*.yaml)
+sim:
+	$(CARGO) build --release -p sluice-sim
+	./target/release/sluice-sim --out sim-results $(SIM_SCENARIOS)
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -1,0 +1,271 @@
+//! A simulated sidecar with one rate resource, wired as the real one is: every arrival is offered
+//! to the core's [`Limiter`] (whose demand estimate says what the resource wants), the core's
+//! [`LeaseClient`] decides when to ask and what it holds, and its effective capacity is applied
+//! to the limiter after every answer (`gate.rs`, `leasing.rs`). The server choice — Discovery,
+//! master redirects, the next address after an error — follows `leasing.rs`'s `Servers`.
+
+use sluice_proto::GetCapacityRequest;
+use sluice_sidecar::{
+    core::{Answer, Fallback, Kind, LeaseClient, Limiter, Offer, ResourceSpec},
+    defaults::BURST_SECONDS,
+};
+
+use crate::{
+    clock::Time,
+    load::{Arrivals, Boost, Load},
+    protocol::{Reply, Request},
+    scenario::{ClientGroup, FallbackSpec},
+    server::Server,
+    topology::ServerId,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Not yet joined.
+    Waiting,
+    Active,
+    Left,
+}
+
+pub struct Client {
+    pub phase: Phase,
+    pub server: ServerId,
+    resource: String,
+    lease: LeaseClient,
+    limiter: Limiter,
+    load: Load,
+    arrivals: Arrivals,
+    /// Bumped by each spike, so the end of an earlier one leaves a later one alone.
+    pub spikes: u64,
+    /// Cost admitted since the last [`Client::take_admitted`].
+    admitted: f64,
+    routing: Routing,
+    /// The RPC awaited, if any.
+    exchange: Option<Exchange>,
+    attempts: u64,
+    /// When the pending wake-up is scheduled, so earlier ones left in the queue are ignored.
+    pub wake_at: Option<Time>,
+}
+
+/// An RPC in flight: `attempt` tells its answer and its timeout from stale ones.
+struct Exchange {
+    attempt: u64,
+    /// Discovery first, holding the GetCapacity request to send to the master it names.
+    discovering: Option<(usize, GetCapacityRequest)>,
+}
+
+/// Which replica of its server the client asks: the master once known, else Discovery at the
+/// current address.
+struct Routing {
+    replicas: usize,
+    index: usize,
+    master: Option<usize>,
+}
+
+impl Routing {
+    /// After an error: forget the master and try the next address.
+    fn next(&mut self) {
+        self.master = None;
+        self.index = (self.index + 1) % self.replicas;
+    }
+}
+
+/// An RPC to send: to which replica, what, and the attempt its answer will carry.
+pub struct Outgoing {
+    pub replica: usize,
+    pub request: Request,
+    pub attempt: u64,
+}
+
+impl Client {
+    /// A client of `server`, which has `replicas` addresses.
+    pub fn new(
+        id: String,
+        group: &ClientGroup,
+        resource: &str,
+        server: ServerId,
+        replicas: usize,
+        seed: u64,
+    ) -> Client {
+        let mut seeds = fastrand::Rng::with_seed(seed);
+        let mut lease = LeaseClient::new(id, seeds.u64(..));
+        lease.configure([ResourceSpec {
+            id: resource.to_owned(),
+            priority: group.priority,
+            fallback: match group.fallback {
+                FallbackSpec::Safe => Fallback::Safe,
+                FallbackSpec::Optimistic => Fallback::Optimistic,
+                FallbackSpec::Pessimistic => Fallback::Pessimistic,
+            },
+            safe_capacity: group.safe_capacity,
+        }]);
+        Client {
+            phase: Phase::Waiting,
+            server,
+            resource: resource.to_owned(),
+            lease,
+            // A gate with servers configured starts at capacity 0 until a lease or fallback applies.
+            limiter: Limiter::new(Kind::Rate, 0.0, burst(0.0), group.join),
+            load: Load::new(group.load.clone(), seeds.u64(..)),
+            arrivals: Arrivals::new(group.request_cost, group.join),
+            spikes: 0,
+            admitted: 0.0,
+            routing: Routing { replicas, index: 0, master: None },
+            exchange: None,
+            attempts: 0,
+            wake_at: None,
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        self.lease.client_id()
+    }
+
+    /// The first request arrives: the resource is in use and asked for at once.
+    pub fn join(&mut self, now: Time) {
+        self.phase = Phase::Active;
+        self.feed(now);
+        self.lease.touch(&self.resource);
+        self.apply(now);
+    }
+
+    /// Shutdown: stops the load and returns the release to send, if anything was held.
+    pub fn leave(&mut self, now: Time) -> Option<Request> {
+        self.feed(now);
+        self.phase = Phase::Left;
+        self.exchange = None;
+        let ids = self.lease.release_all();
+        (!ids.is_empty()).then(|| {
+            Request::Release(sluice_proto::ReleaseCapacityRequest { client_id: self.id().to_owned(), resource_id: ids })
+        })
+    }
+
+    /// Where a release goes: the master if known, else the current address.
+    pub fn release_to(&self) -> usize {
+        self.routing.master.unwrap_or(self.routing.index)
+    }
+
+    pub fn load(&self) -> &Load {
+        &self.load
+    }
+
+    /// Offered cost per second now (the true demand).
+    pub fn demand(&self) -> f64 {
+        self.load.rate()
+    }
+
+    /// Arrivals up to now happen at the current rate, then the load moves.
+    pub fn step(&mut self, now: Time) {
+        self.feed(now);
+        self.load.step();
+    }
+
+    pub fn boost(&mut self, now: Time, boost: Option<Boost>) {
+        self.feed(now);
+        self.load.boost(boost);
+    }
+
+    /// Offers every arrival up to `now` to the limiter.
+    pub fn feed(&mut self, now: Time) {
+        if self.phase != Phase::Active {
+            return;
+        }
+        let (limiter, admitted) = (&mut self.limiter, &mut self.admitted);
+        self.arrivals.run(now, self.load.rate(), |at, cost| {
+            if limiter.offer(at, cost, 0.0) == Offer::Admitted {
+                *admitted += cost;
+            }
+        });
+    }
+
+    /// What the client would ask for now.
+    pub fn wants(&mut self, now: Time) -> f64 {
+        self.feed(now);
+        self.limiter.wants(now)
+    }
+
+    /// The capacity the client enforces now: its lease, or its fallback.
+    pub fn has(&self, now: Time) -> f64 {
+        self.lease.effective(now, &self.resource).map_or(0.0, |effective| effective.capacity)
+    }
+
+    pub fn take_admitted(&mut self) -> f64 {
+        std::mem::take(&mut self.admitted)
+    }
+
+    /// When the lease client next wants to ask (−∞: at once), if it does.
+    pub fn due(&self) -> Option<Time> {
+        if self.phase == Phase::Active && self.exchange.is_none() { self.lease.next_due() } else { None }
+    }
+
+    /// The refresh that is due: one GetCapacity, preceded by Discovery if no master is known.
+    pub fn ask(&mut self, now: Time) -> Option<Outgoing> {
+        let wants = self.wants(now);
+        let request = self.lease.request(now, |_| wants)?;
+        match self.routing.master {
+            Some(master) => Some(self.send(master, Request::GetCapacity(request), None)),
+            None => Some(self.send(self.routing.index, Request::Discovery, Some(request))),
+        }
+    }
+
+    /// Takes an answer; returns the GetCapacity to send after a successful Discovery.
+    pub fn on_reply(&mut self, now: Time, attempt: u64, reply: Reply, server: &Server) -> Option<Outgoing> {
+        let exchange = self.exchange.take_if(|exchange| exchange.attempt == attempt)?;
+        match reply {
+            Reply::Discovery(found) => {
+                let (asked, request) = exchange.discovering?;
+                let master = match found.mastership.master_address.and_then(|address| server.replica_at(&address)) {
+                    _ if found.is_master => Some(asked),
+                    Some(master) if master != asked => Some(master),
+                    _ => None,
+                };
+                let Some(master) = master else {
+                    self.fail(now);
+                    return None;
+                };
+                self.routing.master = Some(master);
+                return Some(self.send(master, Request::GetCapacity(request), None));
+            }
+            Reply::GetCapacity(Ok(response)) => {
+                if let Answer::Redirect(master) = self.lease.on_response(now, response) {
+                    self.routing.master = master.and_then(|address| server.replica_at(&address));
+                }
+                self.apply(now);
+            }
+            Reply::GetCapacity(Err(_)) => self.fail(now),
+        }
+        None
+    }
+
+    /// The RPC `attempt` got no answer in time.
+    pub fn on_timeout(&mut self, now: Time, attempt: u64) {
+        if self.exchange.take_if(|exchange| exchange.attempt == attempt).is_some() {
+            self.fail(now);
+        }
+    }
+
+    fn send(&mut self, replica: usize, request: Request, discovering: Option<GetCapacityRequest>) -> Outgoing {
+        self.attempts += 1;
+        let attempt = self.attempts;
+        self.exchange = Some(Exchange { attempt, discovering: discovering.map(|r| (replica, r)) });
+        Outgoing { replica, request, attempt }
+    }
+
+    fn fail(&mut self, now: Time) {
+        self.lease.on_error(now);
+        self.routing.next();
+        self.apply(now);
+    }
+
+    /// Puts the current lease or fallback into force, as `Leasing::apply` does.
+    fn apply(&mut self, now: Time) {
+        self.feed(now);
+        let capacity = self.has(now);
+        self.limiter.set_capacity(now, capacity, burst(capacity));
+    }
+}
+
+/// The gate's default bucket depth (`gate.rs`, no `burst` configured).
+fn burst(capacity: f64) -> f64 {
+    (capacity * BURST_SECONDS).max(2.0)
+}

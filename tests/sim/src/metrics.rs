@@ -1,0 +1,218 @@
+//! What a run is judged by, from samples taken every `sample_every` seconds:
+//!
+//! - utilization: Σ has / min(capacity, Σ wants), averaged over the samples after the first
+//!   learning mode (SPEC §6); `has` is what each client enforces (lease or fallback), `wants`
+//!   what its sidecar would ask for at that moment;
+//! - overshoot: Σ of the unexpired grants in the ledgers of the servers clients talk to, above
+//!   the capacity: how many separate episodes, the peak and the mean while above (% of capacity);
+//! - reconvergence: after each shift (a scenario event or mishap, its start or end), the time
+//!   until Σ has is no more than [`TOLERANCE`] short of min(capacity, Σ wants) and stays so for
+//!   one refresh interval of the clients' servers;
+//! - fairness: Jain's index of the clients' `has` against the exact max-min fair split of the
+//!   capacity over their true demands, averaged over the converged samples after the first
+//!   learning mode (the steady state). A true demand is the offered load with the sidecar's
+//!   [`HEADROOM`], what a sidecar that knew its load exactly would ask for: without it, clients
+//!   below the fair level would count as favoured by the headroom alone;
+//! - server RPCs per second.
+
+use sluice_sidecar::core::HEADROOM;
+
+use crate::{clock::Time, fairness};
+
+/// How far short of its target Σ has may be and count as converged.
+pub const TOLERANCE: f64 = 0.02;
+
+/// The state of the whole system at one instant.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub t: Time,
+    pub capacity: f64,
+    /// Σ what the sidecars would ask for.
+    pub wants: f64,
+    /// Σ offered load.
+    pub demand: f64,
+    /// Σ capacity the clients enforce.
+    pub has: f64,
+    /// Σ unexpired grants in the ledgers.
+    pub granted: f64,
+    /// Cost admitted per second since the previous sample.
+    pub admitted: f64,
+    /// Jain's index against the fair split, after the first learning mode.
+    pub jain: Option<f64>,
+}
+
+impl Sample {
+    /// What Σ has should approach.
+    pub fn target(&self) -> f64 {
+        self.capacity.min(self.wants)
+    }
+
+    /// Whether the capacity that could be handed out is (within [`TOLERANCE`]). Holding more
+    /// than the target is not a shortfall: above the wants it is given back at the next
+    /// refresh, above the capacity it is overshoot, measured on its own.
+    pub fn converged(&self) -> bool {
+        self.has >= (1.0 - TOLERANCE) * self.target()
+    }
+}
+
+/// Per-client figures at one instant, for [`Sample`]'s fairness.
+pub struct ClientState {
+    /// Offered load.
+    pub demand: f64,
+    pub has: f64,
+}
+
+pub fn jain(capacity: f64, clients: &[ClientState]) -> Option<f64> {
+    let demands: Vec<f64> = clients.iter().map(|c| c.demand * HEADROOM).collect();
+    let grants: Vec<f64> = clients.iter().map(|c| c.has).collect();
+    fairness::jain(&grants, &fairness::max_min(&demands, capacity))
+}
+
+/// A shift in demand or supply, and how long the system took to settle after it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shift {
+    pub at: Time,
+    pub what: String,
+    /// `None`: not within the run.
+    pub reconverged_after: Option<Time>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    pub duration: Time,
+    /// When the first learning mode ends; the averages start there.
+    pub learning_end: Time,
+    /// Refresh interval of the servers the clients talk to.
+    pub refresh: Time,
+    /// Fraction (1 = 100%).
+    pub utilization: f64,
+    pub overshoot_events: usize,
+    /// Peak Σ granted / capacity, whether above or not.
+    pub granted_peak: f64,
+    /// Mean Σ granted / capacity over the samples above capacity.
+    pub overshoot_mean: Option<f64>,
+    /// Peak Σ has / capacity: includes leases of dead masters and fallbacks.
+    pub has_peak: f64,
+    pub shifts: Vec<Shift>,
+    pub jain: Option<f64>,
+    pub rpcs_per_second: f64,
+}
+
+impl Summary {
+    pub fn compute(
+        samples: &[Sample],
+        shifts: Vec<(Time, String)>,
+        learning_end: Time,
+        refresh: Time,
+        rpcs: u64,
+    ) -> Summary {
+        let duration = samples.last().map_or(0.0, |s| s.t);
+        let after: Vec<&Sample> = samples.iter().filter(|s| s.t >= learning_end).collect();
+        let utilization = mean(after.iter().filter(|s| s.target() > 0.0).map(|s| s.has / s.target())).unwrap_or(0.0);
+        let ratio = |s: &Sample| s.granted / s.capacity;
+        let above = |s: &Sample| s.granted > s.capacity * (1.0 + 1e-9);
+        let overshoot_events = samples.windows(2).filter(|w| !above(&w[0]) && above(&w[1])).count()
+            + samples.first().is_some_and(above) as usize;
+        Summary {
+            duration,
+            learning_end,
+            refresh,
+            utilization,
+            overshoot_events,
+            granted_peak: samples.iter().map(ratio).fold(0.0, f64::max),
+            overshoot_mean: mean(samples.iter().filter(|s| above(s)).map(ratio)),
+            has_peak: samples.iter().map(|s| s.has / s.capacity).fold(0.0, f64::max),
+            shifts: reconvergence(samples, shifts, learning_end, refresh),
+            jain: mean(after.iter().filter(|s| s.converged()).filter_map(|s| s.jain)),
+            rpcs_per_second: rpcs as f64 / duration.max(f64::MIN_POSITIVE),
+        }
+    }
+
+    /// The longest reconvergence among the shifts that reconverged.
+    pub fn reconvergence_max(&self) -> Option<Time> {
+        self.settled().reduce(f64::max)
+    }
+
+    pub fn reconvergence_mean(&self) -> Option<Time> {
+        mean(self.settled())
+    }
+
+    /// Shifts after which the system did not reconverge within the run.
+    pub fn unsettled(&self) -> usize {
+        self.shifts.iter().filter(|shift| shift.reconverged_after.is_none()).count()
+    }
+
+    fn settled(&self) -> impl Iterator<Item = Time> + '_ {
+        self.shifts.iter().filter_map(|shift| shift.reconverged_after)
+    }
+}
+
+/// For each shift after `learning_end`: the first converged sample from which the system stays
+/// converged for `refresh` seconds (or to the end of the run).
+fn reconvergence(samples: &[Sample], mut shifts: Vec<(Time, String)>, learning_end: Time, refresh: Time) -> Vec<Shift> {
+    shifts.sort_by(|a, b| a.0.total_cmp(&b.0));
+    shifts.dedup_by(|later, earlier| {
+        let same = later.0 == earlier.0;
+        if same {
+            earlier.1 = format!("{}; {}", earlier.1, later.1);
+        }
+        same
+    });
+    // Where the converged run through each sample ends (−∞ if it is not converged).
+    let mut run_end = vec![f64::NEG_INFINITY; samples.len()];
+    for i in (0..samples.len()).rev() {
+        if samples[i].converged() {
+            run_end[i] = run_end.get(i + 1).copied().filter(|end| end.is_finite()).unwrap_or(samples[i].t);
+        }
+    }
+    let end = samples.last().map_or(0.0, |s| s.t);
+    shifts
+        .into_iter()
+        .filter(|(at, _)| *at >= learning_end && *at <= end)
+        .map(|(at, what)| {
+            let first = samples.partition_point(|s| s.t < at);
+            let settled = (first..samples.len())
+                .find(|&i| run_end[i] >= samples[i].t + refresh || run_end[i] == end)
+                .map(|i| samples[i].t - at);
+            Shift { at, what, reconverged_after: settled }
+        })
+        .collect()
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let (n, sum) = values.fold((0usize, 0.0), |(n, sum), v| (n + 1, sum + v));
+    (n > 0).then(|| sum / n as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(t: Time, wants: f64, has: f64, granted: f64) -> Sample {
+        Sample { t, capacity: 100.0, wants, demand: wants, has, granted, admitted: 0.0, jain: Some(1.0) }
+    }
+
+    #[test]
+    fn summary_of_a_short_history() {
+        let samples = [
+            sample(0.0, 200.0, 0.0, 0.0),
+            sample(1.0, 200.0, 100.0, 100.0),
+            sample(2.0, 200.0, 90.0, 103.0),
+            sample(3.0, 200.0, 95.0, 90.0),
+            sample(4.0, 80.0, 80.0, 101.0),
+            sample(5.0, 80.0, 80.0, 80.0),
+            sample(6.0, 80.0, 81.0, 80.0),
+        ];
+        let shifts = vec![(2.0, "drop".into()), (0.5, "during learning".into()), (2.0, "same time".into())];
+        let summary = Summary::compute(&samples, shifts, 1.0, 2.0, 12);
+        // has / min(capacity, wants) over t ≥ 1: 1, 0.9, 0.95, 1, 1, 1.0125.
+        assert!((summary.utilization - 5.8625 / 6.0).abs() < 1e-12);
+        assert_eq!(summary.overshoot_events, 2);
+        assert!((summary.granted_peak - 1.03).abs() < 1e-12);
+        assert!((summary.overshoot_mean.unwrap() - 1.02).abs() < 1e-12);
+        assert_eq!(summary.has_peak, 1.0);
+        assert_eq!(summary.shifts, [Shift { at: 2.0, what: "drop; same time".into(), reconverged_after: Some(2.0) }]);
+        assert_eq!((summary.reconvergence_max(), summary.unsettled()), (Some(2.0), 0));
+        assert_eq!(summary.rpcs_per_second, 2.0);
+    }
+}
