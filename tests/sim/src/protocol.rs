@@ -1,14 +1,10 @@
-//! The server's half of the RPCs, done as the gRPC service does it: the server's own validation
-//! turns a request into claims, the ledger grants them, and the answer is built in Doorman's
-//! messages. The only module that knows the shape of a claim.
+//! The server's half of the RPCs: the gRPC service's own functions (validation, claims, the
+//! answer in Doorman's messages) without the network.
 
-use sluice_proto::{
-    DiscoveryResponse, GetCapacityRequest, GetCapacityResponse, Lease, Mastership, ReleaseCapacityRequest,
-    ResourceResponse,
-};
+use sluice_proto::{DiscoveryResponse, GetCapacityRequest, GetCapacityResponse, Mastership, ReleaseCapacityRequest};
 use sluice_server::{
-    core::{Grant, Ledger, UnixSeconds},
-    validate,
+    core::{Ledger, UnixSeconds},
+    service,
 };
 
 /// An RPC as a capacity server receives it.
@@ -26,32 +22,19 @@ pub enum Reply {
     GetCapacity(Result<GetCapacityResponse, String>),
 }
 
+/// Most resources a simulated server keeps: the binary's default.
+const MAX_RESOURCES: usize = sluice_server::defaults::MAX_RESOURCES;
+
 pub fn get_capacity(
     ledger: &mut Ledger,
     now: UnixSeconds,
     req: &GetCapacityRequest,
 ) -> Result<GetCapacityResponse, String> {
-    let claims = validate::get_capacity(req).map_err(|status| status.message().to_owned())?;
-    let response = claims
-        .iter()
-        .map(|(id, claim)| {
-            let grant = ledger.claim(now, &req.client_id, id, claim);
-            ResourceResponse {
-                resource_id: (*id).to_owned(),
-                gets: lease(&grant),
-                safe_capacity: Some(grant.safe_capacity),
-            }
-        })
-        .collect();
-    Ok(GetCapacityResponse { response, mastership: None })
+    service::get_capacity(ledger, now, req, MAX_RESOURCES).map_err(|status| status.message().to_owned())
 }
 
 pub fn release_capacity(ledger: &mut Ledger, req: &ReleaseCapacityRequest) -> Result<(), String> {
-    validate::release_capacity(req).map_err(|status| status.message().to_owned())?;
-    for id in &req.resource_id {
-        ledger.release(&req.client_id, id);
-    }
-    Ok(())
+    service::release_capacity(ledger, req).map(drop).map_err(|status| status.message().to_owned())
 }
 
 /// What a replica that is not the master answers to GetCapacity: who is, if it knows.
@@ -61,8 +44,4 @@ pub fn not_master(master: Option<String>) -> GetCapacityResponse {
 
 pub fn discovery(master: Option<String>, is_master: bool) -> DiscoveryResponse {
     DiscoveryResponse { mastership: Mastership { master_address: master }, is_master }
-}
-
-fn lease(grant: &Grant) -> Lease {
-    Lease { expiry_time: grant.expiry, refresh_interval: grant.refresh_interval, capacity: grant.capacity }
 }

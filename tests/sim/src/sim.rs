@@ -1,8 +1,8 @@
 //! The run: servers and clients built from a scenario, driven by one event queue until the
 //! scenario's end, sampled at fixed intervals.
 
+use sluice_server::defaults::CAPACITY_RPC_TIMEOUT;
 use sluice_server::defaults::SWEEP_INTERVAL;
-use sluice_sidecar::defaults::CAPACITY_RPC_TIMEOUT;
 
 use crate::{
     client::{Client, Outgoing, Phase},
