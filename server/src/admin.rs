@@ -101,7 +101,7 @@ fn route(req: &Request<Incoming>, state: &State, handle: &PrometheusHandle) -> R
 
 fn status_of(state: &State) -> status::ServerStatus {
     let ledger = state.ledger();
-    status::server(&ledger, state::now(), state.is_master(), state.advertise_address())
+    status::server(&ledger, state::now(), state)
 }
 
 fn detail(state: &State, id: &str) -> Option<status::ResourceDetail> {

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod config;
 pub mod core;
 pub mod defaults;
+pub mod election;
 pub mod metrics;
 pub mod reload;
 pub mod service;

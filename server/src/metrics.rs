@@ -23,6 +23,7 @@ const CLIENTS: &str = "sluice_server_clients";
 const LEARNING: &str = "sluice_server_learning_mode";
 const IS_MASTER: &str = "sluice_server_is_master";
 const RELOADS: &str = "sluice_server_config_reloads_total";
+const ELECTIONS: &str = "sluice_server_elections_total";
 
 /// Installs the process-wide recorder.
 pub fn install() -> Result<PrometheusHandle, String> {
@@ -39,6 +40,7 @@ pub fn install() -> Result<PrometheusHandle, String> {
     describe_gauge!(LEARNING, "1 while a resource is in learning mode.");
     describe_gauge!(IS_MASTER, "1 when this server is the master.");
     describe_counter!(RELOADS, "Configuration reloads, by result (success or failure).");
+    describe_counter!(ELECTIONS, "etcd elections this server won, and masterships it lost (not counting resigning).");
     Ok(handle)
 }
 
@@ -49,6 +51,11 @@ pub fn record_request(method: &'static str, code: Code, elapsed: Duration) {
 
 pub fn record_reload(ok: bool) {
     counter!(RELOADS, "result" => if ok { "success" } else { "failure" }).increment(1);
+}
+
+/// Counts a won election, or a mastership lost with the etcd session.
+pub fn record_election(won: bool) {
+    counter!(ELECTIONS, "result" => if won { "won" } else { "lost" }).increment(1);
 }
 
 /// Sets the gauges from a status snapshot, just before they are rendered.

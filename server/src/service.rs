@@ -13,7 +13,7 @@ use tonic::{Code, Request, Response, Status};
 use crate::{
     core::{Algorithm, Grant, Ledger},
     metrics,
-    state::{self, State},
+    state::{self, Role, State},
     validate::{self, ResourceClaim},
 };
 
@@ -25,6 +25,15 @@ pub struct CapacityService {
 impl CapacityService {
     pub fn new(state: Arc<State>, max_resources: usize) -> CapacityService {
         CapacityService { state, max_resources }
+    }
+
+    /// The mastership gate every RPC passes first (SPEC §3.8): `Err` with who the master is
+    /// when this server is not it.
+    fn master_gate(&self) -> Result<(), Mastership> {
+        match &self.state.standing().role {
+            Role::Master => Ok(()),
+            Role::Follower { leader } => Err(Mastership { master_address: leader.clone() }),
+        }
     }
 
     /// Grants every claim under one hold of the ledger lock, answering each with `respond`; or
@@ -91,9 +100,12 @@ fn algorithm(a: &Algorithm) -> proto::Algorithm {
 impl Capacity for CapacityService {
     async fn discovery(&self, _: Request<DiscoveryRequest>) -> Result<Response<DiscoveryResponse>, Status> {
         observe("Discovery", || {
-            Ok(DiscoveryResponse {
-                mastership: Mastership { master_address: Some(self.state.advertise_address().to_owned()) },
-                is_master: self.state.is_master(),
+            Ok(match self.master_gate() {
+                Ok(()) => DiscoveryResponse {
+                    mastership: Mastership { master_address: Some(self.state.advertise_address().to_owned()) },
+                    is_master: true,
+                },
+                Err(mastership) => DiscoveryResponse { mastership, is_master: false },
             })
         })
     }
@@ -103,6 +115,9 @@ impl Capacity for CapacityService {
         request: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
         observe("GetCapacity", || {
+            if let Err(mastership) = self.master_gate() {
+                return Ok(GetCapacityResponse { response: Vec::new(), mastership: Some(mastership) });
+            }
             let req = request.get_ref();
             let claims = validate::get_capacity(req)?;
             let response = self.grant(&req.client_id, &claims, |id, grant, _| ResourceResponse {
@@ -119,6 +134,9 @@ impl Capacity for CapacityService {
         request: Request<GetServerCapacityRequest>,
     ) -> Result<Response<GetServerCapacityResponse>, Status> {
         observe("GetServerCapacity", || {
+            if let Err(mastership) = self.master_gate() {
+                return Ok(GetServerCapacityResponse { response: Vec::new(), mastership: Some(mastership) });
+            }
             let req = request.get_ref();
             let claims = validate::get_server_capacity(req)?;
             let response = self.grant(&req.server_id, &claims, |id, grant, ledger| {
@@ -139,6 +157,9 @@ impl Capacity for CapacityService {
         request: Request<ReleaseCapacityRequest>,
     ) -> Result<Response<ReleaseCapacityResponse>, Status> {
         observe("ReleaseCapacity", || {
+            if let Err(mastership) = self.master_gate() {
+                return Ok(ReleaseCapacityResponse { mastership: Some(mastership) });
+            }
             let req = request.get_ref();
             validate::release_capacity(req)?;
             let mut ledger = self.state.ledger();

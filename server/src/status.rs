@@ -5,16 +5,34 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::core::{Ledger, Resource, UnixSeconds};
+use crate::{
+    core::{Ledger, Resource, UnixSeconds},
+    state::{Role, State},
+};
 
 #[derive(Serialize)]
 pub struct ServerStatus {
     pub is_master: bool,
-    pub master_address: String,
+    /// This server's advertise address when it is the master, the leader's when it follows one;
+    /// `null` while unknown.
+    pub master_address: Option<String>,
     pub serving_since: UnixSeconds,
     pub now: UnixSeconds,
+    pub election: ElectionStatus,
     pub templates: Vec<TemplateStatus>,
     pub resources: Vec<ResourceStatus>,
+}
+
+#[derive(Serialize)]
+pub struct ElectionStatus {
+    /// `embedded` (always the master) or `etcd` (elected among replicas).
+    pub mode: &'static str,
+    /// The etcd key the replicas campaign on.
+    pub key: Option<String>,
+    /// `master` or `follower`.
+    pub role: &'static str,
+    /// When this server took its role.
+    pub since: UnixSeconds,
 }
 
 #[derive(Serialize)]
@@ -61,7 +79,7 @@ pub struct LeaseStatus {
     pub expiry_time: UnixSeconds,
 }
 
-pub fn server(ledger: &Ledger, now: UnixSeconds, is_master: bool, master_address: &str) -> ServerStatus {
+pub fn server(ledger: &Ledger, now: UnixSeconds, state: &State) -> ServerStatus {
     let templates = ledger
         .repository()
         .templates()
@@ -79,11 +97,22 @@ pub fn server(ledger: &Ledger, now: UnixSeconds, is_master: bool, master_address
         .collect();
     let mut resources: Vec<_> = ledger.resources().map(|(id, r)| resource(ledger, id, r, now)).collect();
     resources.sort_by(|a, b| a.id.cmp(&b.id));
+    let standing = state.standing();
+    let (role, master_address) = match &standing.role {
+        Role::Master => ("master", Some(state.advertise_address().to_owned())),
+        Role::Follower { leader } => ("follower", leader.clone()),
+    };
     ServerStatus {
-        is_master,
-        master_address: master_address.to_owned(),
+        is_master: standing.role == Role::Master,
+        master_address,
         serving_since: ledger.serving_since(),
         now,
+        election: ElectionStatus {
+            mode: if state.election_key().is_some() { "etcd" } else { "embedded" },
+            key: state.election_key().map(str::to_owned),
+            role,
+            since: standing.since,
+        },
         templates,
         resources,
     }
@@ -127,11 +156,15 @@ fn resource(ledger: &Ledger, id: &str, r: &Resource, now: UnixSeconds) -> Resour
 /// `/debug/status`: the server and a table of its resources.
 pub fn server_html(s: &ServerStatus) -> String {
     let mut html = page_head("Sluice capacity server");
+    let e = &s.election;
     let _ = write!(
         html,
-        "<p>master: <b>{}</b> ({}) · serving since {} · now {}</p>",
-        if s.is_master { "yes" } else { "no" },
-        escape(&s.master_address),
+        "<p>role: <b>{}</b> since {} · master: {} · election: {}{} · serving since {} · now {}</p>",
+        e.role,
+        e.since,
+        escape(s.master_address.as_deref().unwrap_or("unknown")),
+        e.mode,
+        e.key.as_deref().map_or_else(String::new, |key| format!(" on key {}", escape(key))),
         s.serving_since,
         s.now
     );
