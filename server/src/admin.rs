@@ -101,8 +101,7 @@ fn route(req: &Request<Incoming>, state: &State, handle: &PrometheusHandle) -> R
 
 fn status_of(state: &State) -> status::ServerStatus {
     let ledger = state.ledger();
-    let parent = state.parent().map(|p| p.servers.address());
-    status::server(&ledger, state::now(), state.is_master(), state.advertise_address(), parent.as_deref())
+    status::server(&ledger, state::now(), state)
 }
 
 fn detail(state: &State, id: &str) -> Option<status::ResourceDetail> {

@@ -1,5 +1,5 @@
 //! Wires the server together: configuration, listeners, the gRPC service, the debug listener,
-//! reload and expiry sweeping, and shutdown.
+//! reload and expiry sweeping, the master election, and shutdown.
 
 use std::{fmt, sync::Arc};
 
@@ -18,6 +18,7 @@ use crate::{
     config,
     defaults::{EMBEDDED_CONFIG, MAX_REQUEST_BYTES, SHUTDOWN_GRACE, SWEEP_BATCH, SWEEP_INTERVAL},
     discovery::Servers,
+    election::Election,
     metrics, parent,
     reload::Reloader,
     service::CapacityService,
@@ -76,9 +77,12 @@ pub async fn run(args: Args) -> Result<(), Failure> {
             })
         }
     };
-    let state = Arc::new(State::new(repository, args.advertise_address(), parent, state::now()));
+    let election = args.election();
+    let election_key = election.as_ref().map(|e| e.key.clone());
+    let state = Arc::new(State::new(repository, args.advertise_address(), election_key, parent, state::now()));
     tokio::spawn(parent::run(state.clone()));
     admin::spawn(admin, state.clone(), handle.clone()).map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
+    let election = election.map(|settings| Election::spawn(settings, state.clone()));
     tokio::spawn(sweep(state.clone(), handle));
     // Installed before serving: SIGHUP's default action would end the process.
     let hangup = signal(SignalKind::hangup()).map_err(|e| Failure::Runtime(format!("SIGHUP handler: {e}")))?;
@@ -131,6 +135,10 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         served = &mut serve => served,
         signal = termination() => {
             tracing::info!(signal, "shutting down");
+            // First, so that a replica takes over while this one drains.
+            if let Some(election) = election {
+                election.resign().await;
+            }
             let _ = stop.send(());
             tokio::time::timeout(SHUTDOWN_GRACE, &mut serve).await.unwrap_or(Ok(()))
         }

@@ -5,7 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use clap::{Parser, ValueEnum};
 
 use crate::{
-    defaults,
+    defaults, election,
     tls::{ParentTlsFiles, TlsFiles},
 };
 
@@ -34,7 +34,7 @@ pub struct Args {
     pub admin_addr: SocketAddr,
 
     /// Address clients are told to use for this server (Discovery); defaults to the gRPC
-    /// listen address.
+    /// listen address. With --etcd-endpoints, the master publishes it as its election value.
     #[arg(long, env = "SLUICE_ADVERTISE_ADDRESS")]
     pub advertise_address: Option<String>,
 
@@ -61,6 +61,22 @@ pub struct Args {
     /// PEM private key for --parent-tls-cert.
     #[arg(long, env = "SLUICE_PARENT_TLS_KEY", requires = "parent_tls_cert")]
     pub parent_tls_key: Option<PathBuf>,
+
+    /// etcd v3 endpoints, comma-separated (e.g. "http://etcd-0:2379,http://etcd-1:2379"): the
+    /// replicas elect their master there. Without it, this server is always the master.
+    #[arg(long, env = "SLUICE_ETCD_ENDPOINTS", value_delimiter = ',', value_parser = etcd_endpoint)]
+    pub etcd_endpoints: Vec<String>,
+
+    /// etcd key prefix the replicas of this capacity server campaign on; one per deployment.
+    #[arg(long, env = "SLUICE_ELECTION_KEY", default_value = defaults::ELECTION_KEY,
+          value_parser = election_key, requires = "etcd_endpoints")]
+    pub election_key: String,
+
+    /// TTL in seconds of the etcd lease behind the campaign: about how long a dead master keeps
+    /// its replicas waiting, and the longest a master cut off from etcd keeps serving.
+    #[arg(long, env = "SLUICE_ETCD_LEASE_TTL", default_value_t = defaults::ETCD_LEASE_TTL,
+          value_parser = clap::value_parser!(i64).range(1..=86_400), requires = "etcd_endpoints")]
+    pub etcd_lease_ttl: i64,
 
     /// How often to check the configuration file for changes, e.g. "2s" or "500ms".
     #[arg(long, env = "SLUICE_CONFIG_POLL_INTERVAL", value_parser = positive_duration,
@@ -112,6 +128,16 @@ impl Args {
     pub fn advertise_address(&self) -> String {
         self.advertise_address.clone().unwrap_or_else(|| self.grpc_addr.to_string())
     }
+
+    /// The etcd election this server takes part in; `None` in the embedded mode.
+    pub fn election(&self) -> Option<election::Settings> {
+        (!self.etcd_endpoints.is_empty()).then(|| election::Settings {
+            endpoints: self.etcd_endpoints.clone(),
+            key: self.election_key.clone(),
+            lease_ttl: self.etcd_lease_ttl,
+            address: self.advertise_address(),
+        })
+    }
 }
 
 /// A duration flag that must be above zero, e.g. "2s" or "500ms".
@@ -121,6 +147,20 @@ pub fn positive_duration(text: &str) -> Result<Duration, String> {
         Ok(d) => Ok(d),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// An etcd endpoint URL. Plain HTTP only: this build has no TLS client for etcd.
+fn etcd_endpoint(text: &str) -> Result<String, String> {
+    let uri: hyper::Uri = text.parse().map_err(|e| format!("{e}"))?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http"), Some(_)) => Ok(text.to_owned()),
+        (Some("https"), _) => Err("https etcd endpoints are not supported yet; use http://".into()),
+        _ => Err("expected a URL such as http://127.0.0.1:2379".into()),
+    }
+}
+
+fn election_key(text: &str) -> Result<String, String> {
+    if text.is_empty() { Err("must not be empty".into()) } else { Ok(text.to_owned()) }
 }
 
 /// Parses the command line; on a usage error, the one line to print (exit code 64).

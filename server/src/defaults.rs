@@ -85,3 +85,24 @@ pub const CAPACITY_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Longest an intermediate server waits between looks at its schedule, so that a request
 /// brought forward (a new resource) never waits long for a missed wake-up.
 pub const PARENT_CHECK_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Election key (an etcd key prefix) replicas campaign on with `--etcd-endpoints`. Replicas of
+/// one capacity server share it; separate deployments on one etcd need keys of their own.
+pub const ELECTION_KEY: &str = "/sluice/election/default";
+
+/// TTL of the etcd lease behind a campaign, in seconds. When a master dies, a replica takes over
+/// within about this long; a master that cannot renew its lease steps down within it. Shorter
+/// means faster failover but more keep-alive traffic and more step-downs on etcd hiccups.
+pub const ETCD_LEASE_TTL: i64 = 10;
+
+/// Bound on each etcd request that should answer at once (lease grant and revoke, resign): an
+/// unreachable etcd must not stall the election task or shutdown.
+pub const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// First wait before trying etcd again after losing the election session; it doubles on each
+/// failure up to `ELECTION_RETRY_MAX`.
+pub const ELECTION_RETRY_MIN: Duration = Duration::from_millis(200);
+
+/// Longest wait between attempts to reach etcd: short enough that a master is back soon after
+/// etcd is, long enough that replicas do not hammer a struggling etcd.
+pub const ELECTION_RETRY_MAX: Duration = Duration::from_secs(3);

@@ -11,6 +11,7 @@ pub mod config;
 pub mod core;
 pub mod defaults;
 pub mod discovery;
+pub mod election;
 pub mod metrics;
 pub mod parent;
 pub mod reload;

@@ -27,6 +27,7 @@ const PARENT_LEASE: &str = "sluice_server_parent_lease_capacity";
 const BAND_WANTS: &str = "sluice_server_band_wants";
 const BAND_HAS: &str = "sluice_server_band_has";
 const PARENT_RPCS: &str = "sluice_server_parent_rpcs_total";
+const ELECTIONS: &str = "sluice_server_elections_total";
 
 /// Installs the process-wide recorder.
 pub fn install() -> Result<PrometheusHandle, String> {
@@ -53,6 +54,7 @@ pub fn install() -> Result<PrometheusHandle, String> {
     describe_gauge!(BAND_WANTS, "Capacity wanted on a resource, by priority band.");
     describe_gauge!(BAND_HAS, "Capacity granted on a resource, by priority band.");
     describe_counter!(PARENT_RPCS, "RPCs to the parent node, by method and result (ok or error).");
+    describe_counter!(ELECTIONS, "etcd elections this server won, and masterships it lost (not counting resigning).");
     Ok(handle)
 }
 
@@ -67,6 +69,11 @@ pub fn record_parent_rpc(method: &'static str, ok: bool) {
 
 pub fn record_reload(ok: bool) {
     counter!(RELOADS, "result" => if ok { "success" } else { "failure" }).increment(1);
+}
+
+/// Counts a won election, or a mastership lost with the etcd session.
+pub fn record_election(won: bool) {
+    counter!(ELECTIONS, "result" => if won { "won" } else { "lost" }).increment(1);
 }
 
 /// Sets the gauges from a status snapshot, just before they are rendered.

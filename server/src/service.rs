@@ -13,7 +13,7 @@ use tonic::{Code, Request, Response, Status};
 use crate::{
     core::{Algorithm, Grant, Ledger, UnixSeconds},
     metrics,
-    state::{self, State},
+    state::{self, Role, State},
     validate::{self, ResourceClaim},
 };
 
@@ -25,6 +25,15 @@ pub struct CapacityService {
 impl CapacityService {
     pub fn new(state: Arc<State>, max_resources: usize) -> CapacityService {
         CapacityService { state, max_resources }
+    }
+
+    /// The mastership gate every RPC passes first (SPEC §3.8): `Err` with who the master is
+    /// when this server is not it.
+    fn master_gate(&self) -> Result<(), Mastership> {
+        match &self.state.standing().role {
+            Role::Master => Ok(()),
+            Role::Follower { leader } => Err(Mastership { master_address: leader.clone() }),
+        }
     }
 }
 
@@ -137,9 +146,12 @@ fn algorithm(a: &Algorithm) -> proto::Algorithm {
 impl Capacity for CapacityService {
     async fn discovery(&self, _: Request<DiscoveryRequest>) -> Result<Response<DiscoveryResponse>, Status> {
         observe("Discovery", || {
-            Ok(DiscoveryResponse {
-                mastership: Mastership { master_address: Some(self.state.advertise_address().to_owned()) },
-                is_master: self.state.is_master(),
+            Ok(match self.master_gate() {
+                Ok(()) => DiscoveryResponse {
+                    mastership: Mastership { master_address: Some(self.state.advertise_address().to_owned()) },
+                    is_master: true,
+                },
+                Err(mastership) => DiscoveryResponse { mastership, is_master: false },
             })
         })
     }
@@ -149,6 +161,9 @@ impl Capacity for CapacityService {
         request: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
         observe("GetCapacity", || {
+            if let Err(mastership) = self.master_gate() {
+                return Ok(GetCapacityResponse { response: Vec::new(), mastership: Some(mastership) });
+            }
             let mut ledger = self.state.ledger();
             let response = get_capacity(&mut ledger, state::now(), request.get_ref(), self.max_resources)?;
             self.state.wake_parent_if_due(&ledger);
@@ -161,6 +176,9 @@ impl Capacity for CapacityService {
         request: Request<GetServerCapacityRequest>,
     ) -> Result<Response<GetServerCapacityResponse>, Status> {
         observe("GetServerCapacity", || {
+            if let Err(mastership) = self.master_gate() {
+                return Ok(GetServerCapacityResponse { response: Vec::new(), mastership: Some(mastership) });
+            }
             let mut ledger = self.state.ledger();
             let response = get_server_capacity(&mut ledger, state::now(), request.get_ref(), self.max_resources)?;
             self.state.wake_parent_if_due(&ledger);
@@ -172,6 +190,11 @@ impl Capacity for CapacityService {
         &self,
         request: Request<ReleaseCapacityRequest>,
     ) -> Result<Response<ReleaseCapacityResponse>, Status> {
-        observe("ReleaseCapacity", || release_capacity(&mut self.state.ledger(), request.get_ref()))
+        observe("ReleaseCapacity", || {
+            if let Err(mastership) = self.master_gate() {
+                return Ok(ReleaseCapacityResponse { mastership: Some(mastership) });
+            }
+            release_capacity(&mut self.state.ledger(), request.get_ref())
+        })
     }
 }

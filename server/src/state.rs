@@ -1,5 +1,5 @@
-//! What the server's tasks share: the ledger behind one lock, the published configuration, and
-//! readiness.
+//! What the server's tasks share: the ledger behind one lock, the published configuration, this
+//! server's role in the election, and readiness.
 
 use std::{
     sync::{
@@ -9,23 +9,13 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, Guard};
 use tokio::sync::Notify;
 
 use crate::{
     core::{Ledger, Repository, UnixSeconds},
     discovery::Servers,
 };
-
-/// An empty ledger that starts serving — and learning — at `now`: a root's, or an intermediate
-/// server's that asks its parent for capacity.
-fn fresh_ledger(repository: Arc<Repository>, parent: Option<&ParentLink>, now: UnixSeconds) -> Ledger {
-    let ledger = Ledger::new(repository, now);
-    match parent {
-        Some(link) => ledger.with_parent(link.server_id.clone(), now as u64 ^ u64::from(std::process::id())),
-        None => ledger,
-    }
-}
 
 /// The wall clock, in the protocol's whole seconds. The core never reads a clock itself.
 pub fn now() -> UnixSeconds {
@@ -37,17 +27,15 @@ pub fn precise_now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
-pub struct State {
-    ledger: Mutex<Ledger>,
-    /// The configuration in force. A reload swaps it without waiting for the ledger; the ledger
-    /// adopts it the next time anyone takes the lock.
-    config: ArcSwap<Repository>,
-    advertise_address: String,
-    /// Set for an intermediate server.
-    parent: Option<ParentLink>,
-    /// Tells the parent task that a request is due at once (a resource appeared).
-    parent_wanted: Notify,
-    ready: AtomicBool,
+/// An empty ledger that starts serving — and learning — at `now`: a root's, or an intermediate
+/// server's that asks its parent for capacity. The only place a ledger is made: at start, on
+/// winning an election, and on losing one.
+fn fresh_ledger(repository: Arc<Repository>, parent: Option<&ParentLink>, now: UnixSeconds) -> Ledger {
+    let ledger = Ledger::new(repository, now);
+    match parent {
+        Some(link) => ledger.with_parent(link.server_id.clone(), now as u64 ^ u64::from(std::process::id())),
+        None => ledger,
+    }
 }
 
 /// Where an intermediate server gets its capacity.
@@ -58,22 +46,118 @@ pub struct ParentLink {
     pub server_id: String,
 }
 
+/// Whether this server hands out capacity (SPEC §3.8).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Role {
+    Master,
+    /// Answers every RPC with who the master is: `leader`, or unknown.
+    Follower {
+        leader: Option<String>,
+    },
+}
+
+/// A role and when this server took it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Standing {
+    pub role: Role,
+    pub since: UnixSeconds,
+}
+
+pub struct State {
+    ledger: Mutex<Ledger>,
+    /// The configuration in force. A reload swaps it without waiting for the ledger; the ledger
+    /// adopts it the next time anyone takes the lock.
+    config: ArcSwap<Repository>,
+    /// Read on every RPC, changed only by the election task and always under the ledger lock, so
+    /// that the ledger a master serves from is the one it started with when it won.
+    standing: ArcSwap<Standing>,
+    advertise_address: String,
+    /// The etcd key the replicas campaign on; `None` in the embedded mode.
+    election_key: Option<String>,
+    /// Set for an intermediate server.
+    parent: Option<ParentLink>,
+    /// Tells the parent task that a request is due at once (a resource appeared).
+    parent_wanted: Notify,
+    ready: AtomicBool,
+}
+
 impl State {
+    /// In the embedded mode (no `election_key`) the server is the master from `now`; otherwise
+    /// it follows an unknown leader until the election says more.
     pub fn new(
         repository: Repository,
         advertise_address: String,
+        election_key: Option<String>,
         parent: Option<ParentLink>,
         now: UnixSeconds,
     ) -> State {
         let repository = Arc::new(repository);
+        let role = match election_key {
+            None => Role::Master,
+            Some(_) => Role::Follower { leader: None },
+        };
         State {
             ledger: Mutex::new(fresh_ledger(repository.clone(), parent.as_ref(), now)),
             config: ArcSwap::new(repository),
+            standing: ArcSwap::from_pointee(Standing { role, since: now }),
             advertise_address,
+            election_key,
             parent,
             parent_wanted: Notify::new(),
             ready: AtomicBool::new(false),
         }
+    }
+
+    /// The ledger, under the current configuration.
+    pub fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        let mut ledger = self.lock_ledger();
+        let config = self.config.load();
+        if !Arc::ptr_eq(ledger.repository(), &config) {
+            ledger.set_repository(Arc::clone(&config));
+        }
+        ledger
+    }
+
+    fn lock_ledger(&self) -> MutexGuard<'_, Ledger> {
+        // A panic while holding the lock is a bug; the ledger's operations leave it consistent
+        // between calls, so serving on beats failing every later request.
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Puts a new, already validated configuration in force.
+    pub fn publish(&self, repository: Repository) {
+        self.config.store(Arc::new(repository));
+    }
+
+    pub fn is_master(&self) -> bool {
+        self.standing.load().role == Role::Master
+    }
+
+    /// This server's role; read on every RPC, so a guard rather than a reference count.
+    pub fn standing(&self) -> Guard<Arc<Standing>> {
+        self.standing.load()
+    }
+
+    /// Makes this server the master with an empty ledger, learning from `now` (SPEC §3.4): it
+    /// knows nothing of the leases its predecessor granted.
+    pub fn become_master(&self, now: UnixSeconds) {
+        let mut ledger = self.lock_ledger();
+        *ledger = fresh_ledger(self.config.load_full(), self.parent.as_ref(), now);
+        self.standing.store(Arc::new(Standing { role: Role::Master, since: now }));
+    }
+
+    /// Makes this server a follower of `leader` (`None`: unknown). A master drops everything it
+    /// knew; a follower only learns the new leader. Returns whether this server was the master.
+    pub fn follow(&self, leader: Option<String>, now: UnixSeconds) -> bool {
+        let mut ledger = self.lock_ledger();
+        let previous = self.standing.load_full();
+        let was_master = previous.role == Role::Master;
+        let since = if was_master { now } else { previous.since };
+        self.standing.store(Arc::new(Standing { role: Role::Follower { leader }, since }));
+        if was_master {
+            *ledger = fresh_ledger(self.config.load_full(), self.parent.as_ref(), now);
+        }
+        was_master
     }
 
     pub fn parent(&self) -> Option<&ParentLink> {
@@ -92,39 +176,64 @@ impl State {
         self.parent_wanted.notified().await;
     }
 
-    /// The ledger, under the current configuration.
-    pub fn ledger(&self) -> MutexGuard<'_, Ledger> {
-        // A panic while holding the lock is a bug; the ledger's operations leave it consistent
-        // between calls, so serving on beats failing every later request.
-        let mut ledger = self.ledger.lock().unwrap_or_else(PoisonError::into_inner);
-        let config = self.config.load();
-        if !Arc::ptr_eq(ledger.repository(), &config) {
-            ledger.set_repository(Arc::clone(&config));
-        }
-        ledger
-    }
-
-    /// Puts a new, already validated configuration in force.
-    pub fn publish(&self, repository: Repository) {
-        self.config.store(Arc::new(repository));
-    }
-
-    /// In the embedded mode, the only one so far, a server is always its own master
-    /// (SPEC §3.8); an elected mode will change this answer.
-    pub fn is_master(&self) -> bool {
-        true
-    }
-
     /// The address clients should use to reach this server.
     pub fn advertise_address(&self) -> &str {
         &self.advertise_address
     }
 
+    pub fn election_key(&self) -> Option<&str> {
+        self.election_key.as_deref()
+    }
+
+    /// The listeners are up.
     pub fn set_ready(&self) {
         self.ready.store(true, Ordering::Release);
     }
 
+    /// Ready for traffic: listening, and either the master or able to name it. A replica that
+    /// cannot name the master (etcd unreachable, no leader yet) has nothing useful to answer.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.ready.load(Ordering::Acquire) && !matches!(self.standing.load().role, Role::Follower { leader: None })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+
+    fn state(election_key: Option<&str>) -> State {
+        let repository = config::parse(crate::defaults::EMBEDDED_CONFIG).expect("embedded config");
+        State::new(repository, "me:7777".into(), election_key.map(str::to_owned), None, 100)
+    }
+
+    #[test]
+    fn embedded_server_is_always_master() {
+        let state = state(None);
+        state.set_ready();
+        assert_eq!(**state.standing(), Standing { role: Role::Master, since: 100 });
+        assert!(state.is_ready());
+    }
+
+    #[test]
+    fn elected_server_follows_until_it_wins_and_drops_its_ledger_when_it_loses() {
+        let state = state(Some("/sluice/election/test"));
+        state.set_ready();
+        assert_eq!(state.standing().role, Role::Follower { leader: None });
+        assert!(!state.is_ready(), "no master to name");
+        assert!(!state.follow(Some("other:7777".into()), 101));
+        assert_eq!(
+            **state.standing(),
+            Standing { role: Role::Follower { leader: Some("other:7777".into()) }, since: 100 }
+        );
+        assert!(state.is_ready(), "a follower that names the master is useful");
+
+        state.become_master(110);
+        assert!(state.is_master());
+        assert_eq!(state.ledger().serving_since(), 110, "a fresh ledger, learning from the win");
+
+        assert!(state.follow(None, 120));
+        assert_eq!(**state.standing(), Standing { role: Role::Follower { leader: None }, since: 120 });
+        assert_eq!(state.ledger().serving_since(), 120, "a deposed master's ledger is replaced");
     }
 }

@@ -5,16 +5,22 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::core::{Ledger, PriorityMode, Resource, UnixSeconds};
+use crate::{
+    core::{Ledger, PriorityMode, Resource, UnixSeconds},
+    state::{Role, State},
+};
 
 #[derive(Serialize)]
 pub struct ServerStatus {
     pub is_master: bool,
-    pub master_address: String,
+    /// This server's advertise address when it is the master, the leader's when it follows one;
+    /// `null` while unknown.
+    pub master_address: Option<String>,
     pub serving_since: UnixSeconds,
     pub now: UnixSeconds,
     /// For an intermediate server: its parent and how asking it goes.
     pub parent: Option<ParentStatus>,
+    pub election: ElectionStatus,
     pub templates: Vec<TemplateStatus>,
     pub resources: Vec<ResourceStatus>,
 }
@@ -25,6 +31,18 @@ pub struct ParentStatus {
     pub server_id: String,
     /// Failed requests in a row.
     pub failures: u32,
+}
+
+#[derive(Serialize)]
+pub struct ElectionStatus {
+    /// `embedded` (always the master) or `etcd` (elected among replicas).
+    pub mode: &'static str,
+    /// The etcd key the replicas campaign on.
+    pub key: Option<String>,
+    /// `master` or `follower`.
+    pub role: &'static str,
+    /// When this server took its role.
+    pub since: UnixSeconds,
 }
 
 #[derive(Serialize)]
@@ -96,13 +114,7 @@ pub struct LeaseStatus {
     pub expiry_time: UnixSeconds,
 }
 
-pub fn server(
-    ledger: &Ledger,
-    now: UnixSeconds,
-    is_master: bool,
-    master_address: &str,
-    parent_address: Option<&str>,
-) -> ServerStatus {
+pub fn server(ledger: &Ledger, now: UnixSeconds, state: &State) -> ServerStatus {
     let templates = ledger
         .repository()
         .templates()
@@ -120,16 +132,27 @@ pub fn server(
         .collect();
     let mut resources: Vec<_> = ledger.resources().map(|(id, r)| resource(ledger, id, r, now)).collect();
     resources.sort_by(|a, b| a.id.cmp(&b.id));
+    let standing = state.standing();
+    let (role, master_address) = match &standing.role {
+        Role::Master => ("master", Some(state.advertise_address().to_owned())),
+        Role::Follower { leader } => ("follower", leader.clone()),
+    };
     ServerStatus {
-        is_master,
-        master_address: master_address.to_owned(),
+        is_master: standing.role == Role::Master,
+        master_address,
         serving_since: ledger.serving_since(),
         now,
-        parent: ledger.parent().zip(parent_address).map(|(p, address)| ParentStatus {
-            address: address.to_owned(),
+        parent: ledger.parent().zip(state.parent()).map(|(p, link)| ParentStatus {
+            address: link.servers.address(),
             server_id: p.server_id().to_owned(),
             failures: p.schedule().failures(),
         }),
+        election: ElectionStatus {
+            mode: if state.election_key().is_some() { "etcd" } else { "embedded" },
+            key: state.election_key().map(str::to_owned),
+            role,
+            since: standing.since,
+        },
         templates,
         resources,
     }
@@ -197,11 +220,15 @@ fn resource(ledger: &Ledger, id: &str, r: &Resource, now: UnixSeconds) -> Resour
 /// `/debug/status`: the server and a table of its resources.
 pub fn server_html(s: &ServerStatus) -> String {
     let mut html = page_head("Sluice capacity server");
+    let e = &s.election;
     let _ = write!(
         html,
-        "<p>master: <b>{}</b> ({}) · serving since {} · now {}</p>",
-        if s.is_master { "yes" } else { "no" },
-        escape(&s.master_address),
+        "<p>role: <b>{}</b> since {} · master: {} · election: {}{} · serving since {} · now {}</p>",
+        e.role,
+        e.since,
+        escape(s.master_address.as_deref().unwrap_or("unknown")),
+        e.mode,
+        e.key.as_deref().map_or_else(String::new, |key| format!(" on key {}", escape(key))),
         s.serving_since,
         s.now
     );

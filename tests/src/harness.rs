@@ -60,6 +60,11 @@ impl Launch {
         self
     }
 
+    pub fn args(mut self, args: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
     /// Starts the process with `--admin-addr` on a free port plus `extra` flags, and waits until
     /// `ready` on the admin listener answers 200.
     fn spawn(self, extra: &[String], ready: &str) -> Process {

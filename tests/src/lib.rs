@@ -4,6 +4,7 @@
 
 pub mod bench_sidecar;
 pub mod demo;
+pub mod etcd;
 pub mod harness;
 pub mod http;
 pub mod loadgen;
