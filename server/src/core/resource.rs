@@ -172,9 +172,8 @@ impl Resource {
     /// algorithms that share one capacity, by what the other leases leave free. An
     /// intermediate server without a valid lease from its parent hands out safe capacity.
     pub fn claim(&mut self, client: &str, claim: &Claim, now: UnixSeconds, learning: bool) -> Grant {
-        let safe_capacity = self.safe_capacity(now);
         let Some(Terms { capacity, kind, mode, expiry, refresh_interval }) = self.terms(now) else {
-            return self.claim_safe(client, claim, now, safe_capacity);
+            return self.claim_safe(client, claim, now);
         };
         let filed = priority::file(mode, &claim.wants);
         let reported = claim.has.unwrap_or(0.0);
@@ -187,13 +186,15 @@ impl Resource {
             }
             grant.max(0.0)
         });
-        Grant { capacity, expiry, refresh_interval, safe_capacity }
+        // After the claim, so that a new client counts among the subclients.
+        Grant { capacity, expiry, refresh_interval, safe_capacity: self.safe_capacity(now) }
     }
 
     /// Without a lease of its own, a server grants each client at most the safe capacity per
     /// subclient — what the client would allow itself if it could not reach any server — under
     /// the template's lease terms.
-    fn claim_safe(&mut self, client: &str, claim: &Claim, now: UnixSeconds, safe_capacity: f64) -> Grant {
+    fn claim_safe(&mut self, client: &str, claim: &Claim, now: UnixSeconds) -> Grant {
+        let safe_capacity = self.safe_capacity(now);
         let algorithm = &self.template.algorithm;
         let expiry = now.saturating_add(algorithm.lease_length);
         let filed = priority::file(PriorityMode::of(algorithm), &claim.wants);
