@@ -2,11 +2,12 @@
 //! to the core's [`Limiter`] (whose demand estimate says what the resource wants), the core's
 //! [`LeaseClient`] decides when to ask and what it holds, and its effective capacity is applied
 //! to the limiter after every answer (`gate.rs`, `leasing.rs`). The server choice — Discovery,
-//! master redirects, the next address after an error — follows `leasing.rs`'s `Servers`.
+//! master redirects, the next address after an error — is [`Link`]'s, as it is `Servers`' in
+//! `leasing.rs`.
 
 use sluice_proto::GetCapacityRequest;
 use sluice_sidecar::{
-    core::{Answer, Fallback, Kind, LeaseClient, Limiter, Offer, ResourceSpec},
+    core::{Answer, Fallback, Kind, LeaseClient, Limiter, Mode, Offer, ResourceSpec},
     defaults::BURST_SECONDS,
 };
 
@@ -14,6 +15,7 @@ use crate::{
     clock::Time,
     load::{Arrivals, Boost, Load},
     protocol::{Reply, Request},
+    routing::{Link, Outgoing, Settled},
     scenario::{ClientGroup, FallbackSpec},
     server::Server,
     topology::ServerId,
@@ -39,42 +41,9 @@ pub struct Client {
     pub spikes: u64,
     /// Cost admitted since the last [`Client::take_admitted`].
     admitted: f64,
-    routing: Routing,
-    /// The RPC awaited, if any.
-    exchange: Option<Exchange>,
-    attempts: u64,
+    link: Link<GetCapacityRequest>,
     /// When the pending wake-up is scheduled, so earlier ones left in the queue are ignored.
     pub wake_at: Option<Time>,
-}
-
-/// An RPC in flight: `attempt` tells its answer and its timeout from stale ones.
-struct Exchange {
-    attempt: u64,
-    /// Discovery first, holding the GetCapacity request to send to the master it names.
-    discovering: Option<(usize, GetCapacityRequest)>,
-}
-
-/// Which replica of its server the client asks: the master once known, else Discovery at the
-/// current address.
-struct Routing {
-    replicas: usize,
-    index: usize,
-    master: Option<usize>,
-}
-
-impl Routing {
-    /// After an error: forget the master and try the next address.
-    fn next(&mut self) {
-        self.master = None;
-        self.index = (self.index + 1) % self.replicas;
-    }
-}
-
-/// An RPC to send: to which replica, what, and the attempt its answer will carry.
-pub struct Outgoing {
-    pub replica: usize,
-    pub request: Request,
-    pub attempt: u64,
 }
 
 impl Client {
@@ -110,9 +79,7 @@ impl Client {
             arrivals: Arrivals::new(group.request_cost, group.join),
             spikes: 0,
             admitted: 0.0,
-            routing: Routing { replicas, index: 0, master: None },
-            exchange: None,
-            attempts: 0,
+            link: Link::new(replicas),
             wake_at: None,
         }
     }
@@ -133,7 +100,7 @@ impl Client {
     pub fn leave(&mut self, now: Time) -> Option<Request> {
         self.feed(now);
         self.phase = Phase::Left;
-        self.exchange = None;
+        self.link.abandon();
         let ids = self.lease.release_all();
         (!ids.is_empty()).then(|| {
             Request::Release(sluice_proto::ReleaseCapacityRequest { client_id: self.id().to_owned(), resource_id: ids })
@@ -142,7 +109,7 @@ impl Client {
 
     /// Where a release goes: the master if known, else the current address.
     pub fn release_to(&self) -> usize {
-        self.routing.master.unwrap_or(self.routing.index)
+        self.link.target()
     }
 
     pub fn load(&self) -> &Load {
@@ -189,71 +156,59 @@ impl Client {
         self.lease.effective(now, &self.resource).map_or(0.0, |effective| effective.capacity)
     }
 
+    /// The capacity of the client's unexpired lease, if it holds one (not a fallback).
+    pub fn leased(&self, now: Time) -> Option<f64> {
+        self.lease.effective(now, &self.resource).filter(|e| e.mode == Mode::Leased).map(|e| e.capacity)
+    }
+
     pub fn take_admitted(&mut self) -> f64 {
         std::mem::take(&mut self.admitted)
     }
 
     /// When the lease client next wants to ask (−∞: at once), if it does.
     pub fn due(&self) -> Option<Time> {
-        if self.phase == Phase::Active && self.exchange.is_none() { self.lease.next_due() } else { None }
+        if self.phase == Phase::Active && !self.link.busy() { self.lease.next_due() } else { None }
     }
 
     /// The refresh that is due: one GetCapacity, preceded by Discovery if no master is known.
     pub fn ask(&mut self, now: Time) -> Option<Outgoing> {
         let wants = self.wants(now);
         let request = self.lease.request(now, |_| wants)?;
-        match self.routing.master {
-            Some(master) => Some(self.send(master, Request::GetCapacity(request), None)),
-            None => Some(self.send(self.routing.index, Request::Discovery, Some(request))),
-        }
+        Some(self.link.call(request))
     }
 
     /// Takes an answer; returns the GetCapacity to send after a successful Discovery.
     pub fn on_reply(&mut self, now: Time, attempt: u64, reply: Reply, server: &Server) -> Option<Outgoing> {
-        let exchange = self.exchange.take_if(|exchange| exchange.attempt == attempt)?;
-        match reply {
-            Reply::Discovery(found) => {
-                let (asked, request) = exchange.discovering?;
-                let master = match found.mastership.master_address.and_then(|address| server.replica_at(&address)) {
-                    _ if found.is_master => Some(asked),
-                    Some(master) if master != asked => Some(master),
-                    _ => None,
-                };
-                let Some(master) = master else {
+        match (self.link.settle(attempt)?, reply) {
+            (Settled::Discovering { asked, request }, Reply::Discovery(found)) => {
+                let outgoing = self.link.follow(asked, request, found, server);
+                if outgoing.is_none() {
                     self.fail(now);
-                    return None;
-                };
-                self.routing.master = Some(master);
-                return Some(self.send(master, Request::GetCapacity(request), None));
+                }
+                return outgoing;
             }
-            Reply::GetCapacity(Ok(response)) => {
+            (Settled::Answered, Reply::GetCapacity(Ok(response))) => {
                 if let Answer::Redirect(master) = self.lease.on_response(now, response) {
-                    self.routing.master = master.and_then(|address| server.replica_at(&address));
+                    self.link.redirect(master, server);
                 }
                 self.apply(now);
             }
-            Reply::GetCapacity(Err(_)) => self.fail(now),
+            // An error status, or an answer of the wrong kind.
+            _ => self.fail(now),
         }
         None
     }
 
     /// The RPC `attempt` got no answer in time.
     pub fn on_timeout(&mut self, now: Time, attempt: u64) {
-        if self.exchange.take_if(|exchange| exchange.attempt == attempt).is_some() {
+        if self.link.settle(attempt).is_some() {
             self.fail(now);
         }
     }
 
-    fn send(&mut self, replica: usize, request: Request, discovering: Option<GetCapacityRequest>) -> Outgoing {
-        self.attempts += 1;
-        let attempt = self.attempts;
-        self.exchange = Some(Exchange { attempt, discovering: discovering.map(|r| (replica, r)) });
-        Outgoing { replica, request, attempt }
-    }
-
     fn fail(&mut self, now: Time) {
         self.lease.on_error(now);
-        self.routing.next();
+        self.link.next();
         self.apply(now);
     }
 

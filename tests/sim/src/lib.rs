@@ -6,7 +6,8 @@
 //!
 //! - [`scenario`]: the scenario file format; [`topology`]: the server tree it describes;
 //! - [`clock`]: the event queue; [`network`]: delay and loss;
-//! - [`load`]: offered load; [`client`]: a sidecar; [`server`]: a replicated capacity server;
+//! - [`load`]: offered load; [`client`]: a sidecar; [`server`]: a replicated capacity server,
+//!   a root or one leasing from its parent; [`routing`]: how either reaches a server's master;
 //!   [`protocol`]: the server's handling of each RPC;
 //! - [`sim`]: the run; [`metrics`] and [`fairness`]: what it is judged by;
 //! - [`report`] and [`svg`]: the table, CSV files and plots.
@@ -20,6 +21,7 @@ pub mod metrics;
 pub mod network;
 pub mod protocol;
 pub mod report;
+pub mod routing;
 pub mod scenario;
 pub mod server;
 pub mod sim;

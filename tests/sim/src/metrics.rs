@@ -3,17 +3,23 @@
 //! - utilization: Σ has / min(capacity, Σ wants), averaged over the samples after the first
 //!   learning mode (SPEC §6); `has` is what each client enforces (lease or fallback), `wants`
 //!   what its sidecar would ask for at that moment;
-//! - overshoot: Σ of the unexpired grants in the ledgers of the servers clients talk to, above
-//!   the capacity: how many separate episodes, the peak and the mean while above (% of capacity);
+//! - overshoot: Σ of the unexpired grants the end clients hold (their leases from the servers
+//!   they talk to, not fallbacks), above the root's capacity: how many separate episodes, the
+//!   peak and the mean while above (% of capacity). Also the peak the root has reserved for its
+//!   clients, and the peak of what clients enforce (leases and fallbacks);
 //! - reconvergence: after each shift (a scenario event or mishap, its start or end), the time
-//!   until Σ has is no more than [`TOLERANCE`] short of min(capacity, Σ wants) and stays so for
-//!   one refresh interval of the clients' servers;
+//!   until Σ has is again no more than [`TOLERANCE`] short of min(capacity, Σ wants), and stays
+//!   so for one refresh interval of the clients' servers, counting the first shortfall that
+//!   begins within a lease length of the shift (so that a consequence that waits for leases to
+//!   run out counts);
 //! - fairness: Jain's index of the clients' `has` against the exact max-min fair split of the
 //!   capacity over their true demands, averaged over the converged samples after the first
 //!   learning mode (the steady state). A true demand is the offered load with the sidecar's
 //!   [`HEADROOM`], what a sidecar that knew its load exactly would ask for: without it, clients
-//!   below the fair level would count as favoured by the headroom alone;
-//! - server RPCs per second.
+//!   below the fair level would count as favoured by the headroom alone. Beside it, the same
+//!   index for the split a tree would make with perfect knowledge ([`fairness::tree_split`]):
+//!   how fair a tree can be at all when each server sees only its children's Σ wants;
+//! - server RPCs per second: all servers, and the root alone.
 
 use sluice_sidecar::core::HEADROOM;
 
@@ -33,12 +39,18 @@ pub struct Sample {
     pub demand: f64,
     /// Σ capacity the clients enforce.
     pub has: f64,
-    /// Σ unexpired grants in the ledgers.
+    /// Σ unexpired grants the clients hold (leases, not fallbacks).
     pub granted: f64,
+    /// Σ unexpired leases in the root's ledger: what it has reserved for its clients.
+    pub reserved: f64,
     /// Cost admitted per second since the previous sample.
     pub admitted: f64,
     /// Jain's index against the fair split, after the first learning mode.
     pub jain: Option<f64>,
+    /// Jain's index of the ideal tree split against the fair split (1 for a lone root).
+    pub tree_jain: Option<f64>,
+    /// Jain's index of the clients' `has` against the ideal tree split.
+    pub jain_vs_tree: Option<f64>,
 }
 
 impl Sample {
@@ -57,15 +69,26 @@ impl Sample {
 
 /// Per-client figures at one instant, for [`Sample`]'s fairness.
 pub struct ClientState {
+    /// The server it talks to.
+    pub server: usize,
     /// Offered load.
     pub demand: f64,
     pub has: f64,
 }
 
-pub fn jain(capacity: f64, clients: &[ClientState]) -> Option<f64> {
+/// Jain's index of the clients' `has` against the fair split of `capacity`, and that of the
+/// ideal split of a tree (`parents`, see [`fairness::tree_split`]).
+pub fn jain(
+    capacity: f64,
+    parents: &[Option<usize>],
+    clients: &[ClientState],
+) -> (Option<f64>, Option<f64>, Option<f64>) {
     let demands: Vec<f64> = clients.iter().map(|c| c.demand * HEADROOM).collect();
     let grants: Vec<f64> = clients.iter().map(|c| c.has).collect();
-    fairness::jain(&grants, &fairness::max_min(&demands, capacity))
+    let fair = fairness::max_min(&demands, capacity);
+    let placed: Vec<(usize, f64)> = clients.iter().zip(&demands).map(|(c, &d)| (c.server, d)).collect();
+    let tree = fairness::tree_split(capacity, parents, &placed);
+    (fairness::jain(&grants, &fair), fairness::jain(&tree, &fair), fairness::jain(&grants, &tree))
 }
 
 /// A shift in demand or supply, and how long the system took to settle after it.
@@ -84,6 +107,8 @@ pub struct Summary {
     pub learning_end: Time,
     /// Refresh interval of the servers the clients talk to.
     pub refresh: Time,
+    /// How long after a shift a shortfall still counts as its consequence: the lease length.
+    pub horizon: Time,
     /// Fraction (1 = 100%).
     pub utilization: f64,
     pub overshoot_events: usize,
@@ -91,11 +116,18 @@ pub struct Summary {
     pub granted_peak: f64,
     /// Mean Σ granted / capacity over the samples above capacity.
     pub overshoot_mean: Option<f64>,
-    /// Peak Σ has / capacity: includes leases of dead masters and fallbacks.
+    /// Peak Σ has / capacity: includes fallbacks.
     pub has_peak: f64,
+    /// Peak of what the root reserved / capacity.
+    pub reserved_peak: f64,
     pub shifts: Vec<Shift>,
     pub jain: Option<f64>,
+    /// The ideal tree split's Jain over the same samples.
+    pub tree_jain: Option<f64>,
+    /// Jain against the ideal tree split over the same samples.
+    pub jain_vs_tree: Option<f64>,
     pub rpcs_per_second: f64,
+    pub root_rpcs_per_second: f64,
 }
 
 impl Summary {
@@ -104,7 +136,9 @@ impl Summary {
         shifts: Vec<(Time, String)>,
         learning_end: Time,
         refresh: Time,
+        horizon: Time,
         rpcs: u64,
+        root_rpcs: u64,
     ) -> Summary {
         let duration = samples.last().map_or(0.0, |s| s.t);
         let after: Vec<&Sample> = samples.iter().filter(|s| s.t >= learning_end).collect();
@@ -117,14 +151,19 @@ impl Summary {
             duration,
             learning_end,
             refresh,
+            horizon,
             utilization,
             overshoot_events,
             granted_peak: samples.iter().map(ratio).fold(0.0, f64::max),
             overshoot_mean: mean(samples.iter().filter(|s| above(s)).map(ratio)),
             has_peak: samples.iter().map(|s| s.has / s.capacity).fold(0.0, f64::max),
-            shifts: reconvergence(samples, shifts, learning_end, refresh),
+            reserved_peak: samples.iter().map(|s| s.reserved / s.capacity).fold(0.0, f64::max),
+            shifts: reconvergence(samples, shifts, learning_end, refresh, horizon),
             jain: mean(after.iter().filter(|s| s.converged()).filter_map(|s| s.jain)),
+            tree_jain: mean(after.iter().filter(|s| s.converged() && s.jain.is_some()).filter_map(|s| s.tree_jain)),
+            jain_vs_tree: mean(after.iter().filter(|s| s.converged()).filter_map(|s| s.jain_vs_tree)),
             rpcs_per_second: rpcs as f64 / duration.max(f64::MIN_POSITIVE),
+            root_rpcs_per_second: root_rpcs as f64 / duration.max(f64::MIN_POSITIVE),
         }
     }
 
@@ -147,9 +186,18 @@ impl Summary {
     }
 }
 
-/// For each shift after `learning_end`: the first converged sample from which the system stays
-/// converged for `refresh` seconds (or to the end of the run).
-fn reconvergence(samples: &[Sample], mut shifts: Vec<(Time, String)>, learning_end: Time, refresh: Time) -> Vec<Shift> {
+/// For each shift after `learning_end`: how long until the system is converged again — from the
+/// shift to the end of the first shortfall that begins within `horizon` seconds of it (the
+/// longest a consequence can wait to show: a lease outliving its server), the end being a
+/// converged sample from which it stays converged for `refresh` seconds (or to the end of the
+/// run); 0 if no shortfall begins within the horizon.
+fn reconvergence(
+    samples: &[Sample],
+    mut shifts: Vec<(Time, String)>,
+    learning_end: Time,
+    refresh: Time,
+    horizon: Time,
+) -> Vec<Shift> {
     shifts.sort_by(|a, b| a.0.total_cmp(&b.0));
     shifts.dedup_by(|later, earlier| {
         let same = later.0 == earlier.0;
@@ -171,9 +219,14 @@ fn reconvergence(samples: &[Sample], mut shifts: Vec<(Time, String)>, learning_e
         .filter(|(at, _)| *at >= learning_end && *at <= end)
         .map(|(at, what)| {
             let first = samples.partition_point(|s| s.t < at);
-            let settled = (first..samples.len())
-                .find(|&i| run_end[i] >= samples[i].t + refresh || run_end[i] == end)
-                .map(|i| samples[i].t - at);
+            let shortfall =
+                (first..samples.len()).take_while(|&i| samples[i].t < at + horizon).find(|&i| !samples[i].converged());
+            let settled = match shortfall {
+                None => Some(0.0),
+                Some(start) => (start + 1..samples.len())
+                    .find(|&i| run_end[i] >= samples[i].t + refresh || run_end[i] == end)
+                    .map(|i| samples[i].t - at),
+            };
             Shift { at, what, reconverged_after: settled }
         })
         .collect()
@@ -189,7 +242,19 @@ mod tests {
     use super::*;
 
     fn sample(t: Time, wants: f64, has: f64, granted: f64) -> Sample {
-        Sample { t, capacity: 100.0, wants, demand: wants, has, granted, admitted: 0.0, jain: Some(1.0) }
+        Sample {
+            t,
+            capacity: 100.0,
+            wants,
+            demand: wants,
+            has,
+            granted,
+            reserved: granted,
+            admitted: 0.0,
+            jain: Some(1.0),
+            tree_jain: Some(1.0),
+            jain_vs_tree: Some(1.0),
+        }
     }
 
     #[test]
@@ -204,7 +269,7 @@ mod tests {
             sample(6.0, 80.0, 81.0, 80.0),
         ];
         let shifts = vec![(2.0, "drop".into()), (0.5, "during learning".into()), (2.0, "same time".into())];
-        let summary = Summary::compute(&samples, shifts, 1.0, 2.0, 12);
+        let summary = Summary::compute(&samples, shifts, 1.0, 2.0, 60.0, 12, 6);
         // has / min(capacity, wants) over t ≥ 1: 1, 0.9, 0.95, 1, 1, 1.0125.
         assert!((summary.utilization - 5.8625 / 6.0).abs() < 1e-12);
         assert_eq!(summary.overshoot_events, 2);
@@ -213,6 +278,7 @@ mod tests {
         assert_eq!(summary.has_peak, 1.0);
         assert_eq!(summary.shifts, [Shift { at: 2.0, what: "drop; same time".into(), reconverged_after: Some(2.0) }]);
         assert_eq!((summary.reconvergence_max(), summary.unsettled()), (Some(2.0), 0));
-        assert_eq!(summary.rpcs_per_second, 2.0);
+        assert_eq!((summary.rpcs_per_second, summary.root_rpcs_per_second), (2.0, 1.0));
+        assert!((summary.reserved_peak - 1.03).abs() < 1e-12);
     }
 }

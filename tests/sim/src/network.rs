@@ -26,13 +26,15 @@ impl Network {
         self.windows.push(Window { server, rate, until });
     }
 
-    /// How long a message to or from `server` sent at `now` travels; `None` if it is lost.
-    pub fn transit(&mut self, now: Time, server: ServerId) -> Option<Time> {
+    /// How long a message sent at `now` between `ends` (the servers at either end: one for a
+    /// client's message, two between servers) travels; `None` if it is lost. A window at
+    /// either end applies.
+    pub fn transit(&mut self, now: Time, ends: &[ServerId]) -> Option<Time> {
         self.windows.retain(|window| window.until > now);
         let loss = self
             .windows
             .iter()
-            .filter(|window| window.server.is_none_or(|s| s == server))
+            .filter(|window| window.server.is_none_or(|s| ends.contains(&s)))
             .map(|window| window.rate)
             .fold(self.spec.loss, f64::max);
         // Both draws are always taken, so a loss window does not shift later delays.
@@ -48,10 +50,12 @@ mod tests {
     #[test]
     fn windows_lose_messages_of_their_server_until_they_end() {
         let mut network = Network::new(NetworkSpec { delay: 0.01, jitter: 0.0, loss: 0.0 }, 7);
-        assert_eq!(network.transit(0.0, 0), Some(0.01));
+        assert_eq!(network.transit(0.0, &[0]), Some(0.01));
         network.lose(Some(1), 1.0, 10.0);
-        assert_eq!(network.transit(5.0, 0), Some(0.01));
-        assert_eq!(network.transit(5.0, 1), None);
-        assert_eq!(network.transit(10.0, 1), Some(0.01));
+        assert_eq!(network.transit(5.0, &[0]), Some(0.01));
+        assert_eq!(network.transit(5.0, &[1]), None);
+        assert_eq!(network.transit(5.0, &[0, 1]), None, "either end");
+        assert_eq!(network.transit(5.0, &[2, 0]), Some(0.01));
+        assert_eq!(network.transit(10.0, &[1]), Some(0.01));
     }
 }

@@ -1,7 +1,10 @@
 //! The server's half of the RPCs: the gRPC service's own functions (validation, claims, the
 //! answer in Doorman's messages) without the network.
 
-use sluice_proto::{DiscoveryResponse, GetCapacityRequest, GetCapacityResponse, Mastership, ReleaseCapacityRequest};
+use sluice_proto::{
+    DiscoveryResponse, GetCapacityRequest, GetCapacityResponse, GetServerCapacityRequest, GetServerCapacityResponse,
+    Mastership, ReleaseCapacityRequest,
+};
 use sluice_server::{
     core::{Ledger, UnixSeconds},
     service,
@@ -12,7 +15,21 @@ use sluice_server::{
 pub enum Request {
     Discovery,
     GetCapacity(GetCapacityRequest),
+    /// From an intermediate server to its parent.
+    GetServerCapacity(GetServerCapacityRequest),
     Release(ReleaseCapacityRequest),
+}
+
+impl From<GetCapacityRequest> for Request {
+    fn from(request: GetCapacityRequest) -> Request {
+        Request::GetCapacity(request)
+    }
+}
+
+impl From<GetServerCapacityRequest> for Request {
+    fn from(request: GetServerCapacityRequest) -> Request {
+        Request::GetServerCapacity(request)
+    }
 }
 
 /// A server's answer; `Err` is an error status, by its message.
@@ -20,6 +37,7 @@ pub enum Request {
 pub enum Reply {
     Discovery(DiscoveryResponse),
     GetCapacity(Result<GetCapacityResponse, String>),
+    GetServerCapacity(Result<GetServerCapacityResponse, String>),
 }
 
 /// Most resources a simulated server keeps: the binary's default.
@@ -33,6 +51,14 @@ pub fn get_capacity(
     service::get_capacity(ledger, now, req, MAX_RESOURCES).map_err(|status| status.message().to_owned())
 }
 
+pub fn get_server_capacity(
+    ledger: &mut Ledger,
+    now: UnixSeconds,
+    req: &GetServerCapacityRequest,
+) -> Result<GetServerCapacityResponse, String> {
+    service::get_server_capacity(ledger, now, req, MAX_RESOURCES).map_err(|status| status.message().to_owned())
+}
+
 pub fn release_capacity(ledger: &mut Ledger, req: &ReleaseCapacityRequest) -> Result<(), String> {
     service::release_capacity(ledger, req).map(drop).map_err(|status| status.message().to_owned())
 }
@@ -40,6 +66,11 @@ pub fn release_capacity(ledger: &mut Ledger, req: &ReleaseCapacityRequest) -> Re
 /// What a replica that is not the master answers to GetCapacity: who is, if it knows.
 pub fn not_master(master: Option<String>) -> GetCapacityResponse {
     GetCapacityResponse { response: Vec::new(), mastership: Some(Mastership { master_address: master }) }
+}
+
+/// What a replica that is not the master answers to GetServerCapacity.
+pub fn not_master_to_server(master: Option<String>) -> GetServerCapacityResponse {
+    GetServerCapacityResponse { response: Vec::new(), mastership: Some(Mastership { master_address: master }) }
 }
 
 pub fn discovery(master: Option<String>, is_master: bool) -> DiscoveryResponse {

@@ -6,7 +6,7 @@ use std::{fmt::Write as _, fs, io, path::Path};
 
 use crate::{metrics::Summary, sim::Outcome, svg};
 
-const COLUMNS: [&str; 13] = [
+const COLUMNS: [&str; 16] = [
     "scenario",
     "clients",
     "sim s",
@@ -15,13 +15,16 @@ const COLUMNS: [&str; 13] = [
     "peak grant %",
     "mean over %",
     "peak has %",
+    "peak resv %",
     "reconv max s",
     "÷ refresh",
     "reconv mean s",
     "unsettled",
     "Jain",
+    "tree Jain",
+    "Jain vs tree",
 ];
-const RPC_COLUMN: &str = "RPC/s";
+const RPC_COLUMNS: [&str; 2] = ["RPC/s", "root RPC/s"];
 
 fn percent(fraction: f64) -> String {
     format!("{:.2}", fraction * 100.0)
@@ -42,18 +45,22 @@ fn row(outcome: &Outcome) -> Vec<String> {
         percent(s.granted_peak),
         optional(s.overshoot_mean.map(|m| m * 100.0), 2),
         percent(s.has_peak),
+        percent(s.reserved_peak),
         optional(s.reconvergence_max(), 1),
         optional(s.reconvergence_max().map(|max| max / s.refresh), 2),
         optional(s.reconvergence_mean(), 1),
         format!("{}/{}", s.unsettled(), s.shifts.len()),
         optional(s.jain, 4),
+        optional(s.tree_jain, 4),
+        optional(s.jain_vs_tree, 4),
         format!("{:.2}", s.rpcs_per_second),
+        format!("{:.2}", s.root_rpcs_per_second),
     ]
 }
 
 /// A fixed-width table, one row per scenario.
 pub fn table(outcomes: &[Outcome]) -> String {
-    let header: Vec<String> = COLUMNS.iter().chain([&RPC_COLUMN]).map(|c| c.to_string()).collect();
+    let header: Vec<String> = COLUMNS.iter().chain(&RPC_COLUMNS).map(|c| c.to_string()).collect();
     let rows: Vec<Vec<String>> = std::iter::once(header).chain(outcomes.iter().map(row)).collect();
     let widths: Vec<usize> =
         (0..rows[0].len()).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
@@ -78,14 +85,15 @@ pub fn table(outcomes: &[Outcome]) -> String {
 pub fn summary_csv(outcomes: &[Outcome]) -> String {
     let mut out = String::from(
         "scenario,clients,duration_s,utilization,overshoot_events,granted_peak,overshoot_mean,has_peak,\
-         reconvergence_max_s,reconvergence_max_refreshes,reconvergence_mean_s,shifts,unsettled,jain,rpcs_per_s\n",
+         reserved_peak,reconvergence_max_s,reconvergence_max_refreshes,reconvergence_mean_s,shifts,unsettled,jain,\
+         tree_jain,jain_vs_tree,rpcs_per_s,root_rpcs_per_s\n",
     );
     for outcome in outcomes {
         let s = &outcome.summary;
         let blank = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.6}"));
         let _ = writeln!(
             out,
-            "{},{},{:.0},{:.6},{},{:.6},{},{:.6},{},{},{},{},{},{},{:.4}",
+            "{},{},{:.0},{:.6},{},{:.6},{},{:.6},{:.6},{},{},{},{},{},{},{},{},{:.4},{:.4}",
             outcome.name,
             outcome.clients,
             s.duration,
@@ -94,13 +102,17 @@ pub fn summary_csv(outcomes: &[Outcome]) -> String {
             s.granted_peak,
             blank(s.overshoot_mean),
             s.has_peak,
+            s.reserved_peak,
             blank(s.reconvergence_max()),
             blank(s.reconvergence_max().map(|max| max / s.refresh)),
             blank(s.reconvergence_mean()),
             s.shifts.len(),
             s.unsettled(),
             blank(s.jain),
+            blank(s.tree_jain),
+            blank(s.jain_vs_tree),
             s.rpcs_per_second,
+            s.root_rpcs_per_second,
         );
     }
     out
@@ -108,13 +120,14 @@ pub fn summary_csv(outcomes: &[Outcome]) -> String {
 
 /// Every sample: the sums over clients and servers at that instant.
 pub fn series_csv(outcome: &Outcome) -> String {
-    let mut out = String::from("t,capacity,wants,demand,has,granted,admitted,jain\n");
+    let mut out = String::from("t,capacity,wants,demand,has,granted,reserved,admitted,jain,tree_jain\n");
     for s in &outcome.samples {
         let jain = s.jain.map_or_else(String::new, |j| format!("{j:.6}"));
+        let tree_jain = s.tree_jain.map_or_else(String::new, |j| format!("{j:.6}"));
         let _ = writeln!(
             out,
-            "{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{jain}",
-            s.t, s.capacity, s.wants, s.demand, s.has, s.granted, s.admitted
+            "{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{jain},{tree_jain}",
+            s.t, s.capacity, s.wants, s.demand, s.has, s.granted, s.reserved, s.admitted
         );
     }
     out

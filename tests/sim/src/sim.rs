@@ -1,19 +1,24 @@
 //! The run: servers and clients built from a scenario, driven by one event queue until the
 //! scenario's end, sampled at fixed intervals.
+//!
+//! Clients ask their leaf server; intermediate servers ask their parent when their ledger says
+//! a request is due (at the refresh interval, or at once when a client's claim brought a new
+//! resource, as `wake_parent_if_due` wakes the binary's parent task). Every message crosses the
+//! simulated network, and a loss window at either end loses it.
 
-use sluice_server::defaults::CAPACITY_RPC_TIMEOUT;
-use sluice_server::defaults::SWEEP_INTERVAL;
+use sluice_server::defaults::{CAPACITY_RPC_TIMEOUT, MIN_REFRESH_INTERVAL, REFRESH_DECAY, SWEEP_INTERVAL};
 
 use crate::{
-    client::{Client, Outgoing, Phase},
+    client::{Client, Phase},
     clock::{Clock, Time},
     load::Boost,
     metrics::{self, ClientState, Sample, Summary},
     network::Network,
     protocol::{Reply, Request},
+    routing::Outgoing,
     scenario::{Action, Crash, Mishaps, Scenario, Spike},
     server::Server,
-    topology::{ClientId, ServerId, Topology},
+    topology::{ClientId, Node, ServerId, Topology},
 };
 
 /// A run's record: every sample and the summary.
@@ -32,19 +37,20 @@ enum Event {
     Join(ClientId),
     Leave(ClientId),
     Step(ClientId),
-    /// A client's lease client may be due; ignored unless it is the latest wake-up scheduled.
-    Wake(ClientId),
-    Timeout(ClientId, u64),
+    /// A client's lease client, or an intermediate server's ledger, may be due to ask; ignored
+    /// unless it is the latest wake-up scheduled.
+    Wake(Node),
+    Timeout(Node, u64),
     // Messages are boxed: they are large, and events are moved about in the queue.
     ToServer {
         server: ServerId,
         replica: usize,
-        from: ClientId,
+        from: Node,
         attempt: u64,
         request: Box<Request>,
     },
-    ToClient {
-        client: ClientId,
+    Answer {
+        to: Node,
         attempt: u64,
         reply: Box<Reply>,
     },
@@ -82,8 +88,6 @@ struct Simulation {
     network: Network,
     servers: Vec<Server>,
     clients: Vec<Client>,
-    /// The servers clients talk to, whose ledgers overshoot is measured on.
-    leaves: Vec<ServerId>,
     resource: String,
     capacity: f64,
     learning_end: Time,
@@ -95,24 +99,22 @@ struct Simulation {
 /// Runs a scenario to its end.
 pub fn run(scenario: &Scenario) -> Result<Outcome, String> {
     let topology = Topology::build(&scenario.topology);
-    if topology.depth() > 1 {
-        return Err(format!(
-            "{}: needs the server tree (phase 2): it has {} levels of servers, and only a root is simulated yet",
-            scenario.name,
-            topology.depth()
-        ));
-    }
     let repository = scenario.repository()?;
     let template = repository.find(&scenario.resource).clone();
     let mut seeds = fastrand::Rng::with_seed(scenario.seed);
     let replicas = scenario.topology.replicas;
-    let servers = topology.servers.iter().map(|s| Server::new(s.name.clone(), replicas, repository.clone(), 0.0));
+    let network = Network::new(scenario.network.clone(), seeds.u64(..));
+    // Every server has the same repository: an intermediate server's own template only decides
+    // what it hands out before its parent first answers (safe capacity).
+    let servers = topology.servers.iter().map(|spec| {
+        let parent = spec.parent.map(|parent| (parent, replicas));
+        Server::new(spec.name.clone(), replicas, parent, repository.clone(), 0.0, seeds.u64(..))
+    });
     let mut sim = Simulation {
         clock: Clock::default(),
-        network: Network::new(scenario.network.clone(), seeds.u64(..)),
+        network,
         servers: servers.collect(),
         clients: Vec::with_capacity(scenario.client_count()),
-        leaves: topology.leaves.clone(),
         resource: scenario.resource.clone(),
         capacity: template.capacity,
         learning_end: template.algorithm.learning_seconds() as Time,
@@ -147,8 +149,10 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, String> {
         sim.handle(event);
     }
     let rpcs = sim.servers.iter().map(|s| s.rpcs).sum();
-    let refresh = template.algorithm.refresh_interval as Time;
-    let summary = Summary::compute(&sim.samples, sim.shifts, sim.learning_end, refresh, rpcs);
+    let refresh = leaf_refresh(template.algorithm.refresh_interval, topology.depth());
+    let horizon = template.algorithm.lease_length as Time;
+    let (root_rpcs, shifts) = (sim.servers[0].rpcs, sim.shifts);
+    let summary = Summary::compute(&sim.samples, shifts, sim.learning_end, refresh, horizon, rpcs, root_rpcs);
     Ok(Outcome {
         name: scenario.name.clone(),
         description: scenario.description.clone(),
@@ -156,6 +160,14 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, String> {
         samples: sim.samples,
         summary,
     })
+}
+
+/// The refresh interval the servers clients talk to hand out, `depth` levels from the root
+/// whose template says `root`: each level hands out `REFRESH_DECAY` of what it got, in whole
+/// seconds, at least `MIN_REFRESH_INTERVAL` (the core's rule, for measuring against).
+pub fn leaf_refresh(root: i64, depth: usize) -> Time {
+    let decayed = (1..depth).fold(root, |r, _| ((r as f64 * REFRESH_DECAY) as i64).max(MIN_REFRESH_INTERVAL));
+    decayed as Time
 }
 
 impl Simulation {
@@ -224,13 +236,13 @@ impl Simulation {
                     self.clock.after(every, Event::Step(c));
                 }
                 self.shifts.push((now, format!("{} joins", self.clients[c].id())));
-                self.wake(c);
+                self.wake(Node::Client(c));
             }
             Event::Leave(c) => {
                 let client = &mut self.clients[c];
                 if let Some(request) = client.leave(now) {
                     let (server, replica) = (client.server, client.release_to());
-                    self.send(server, replica, c, 0, request);
+                    self.send(server, replica, Node::Client(c), 0, request);
                 }
                 self.shifts.push((now, format!("{} leaves", self.clients[c].id())));
             }
@@ -242,39 +254,65 @@ impl Simulation {
                     }
                 }
             }
-            Event::Wake(c) => {
-                let client = &mut self.clients[c];
-                if client.wake_at != Some(now) {
-                    return;
+            Event::Wake(node) => {
+                let outgoing = match node {
+                    Node::Client(c) => {
+                        let client = &mut self.clients[c];
+                        if client.wake_at != Some(now) {
+                            return;
+                        }
+                        client.wake_at = None;
+                        if client.due().is_some_and(|due| due <= now) { client.ask(now) } else { None }
+                    }
+                    Node::Server(s) => {
+                        let server = &mut self.servers[s];
+                        if server.wake_at != Some(now) {
+                            return;
+                        }
+                        server.wake_at = None;
+                        if server.parent_due().is_some_and(|due| due <= now) { server.ask_parent(now) } else { None }
+                    }
+                };
+                if let Some(outgoing) = outgoing {
+                    self.dispatch(node, outgoing);
                 }
-                client.wake_at = None;
-                if client.due().is_some_and(|due| due <= now)
-                    && let Some(outgoing) = client.ask(now)
-                {
-                    self.dispatch(c, outgoing);
-                }
-                self.wake(c);
+                self.wake(node);
             }
-            Event::Timeout(c, attempt) => {
-                self.clients[c].on_timeout(now, attempt);
-                self.wake(c);
+            Event::Timeout(node, attempt) => {
+                match node {
+                    Node::Client(c) => self.clients[c].on_timeout(now, attempt),
+                    Node::Server(s) => self.servers[s].on_parent_timeout(now, attempt),
+                }
+                self.wake(node);
             }
             Event::ToServer { server, replica, from, attempt, request } => {
                 if let Some(reply) = self.servers[server].handle(now, replica, &request)
-                    && let Some(transit) = self.network.transit(now, server)
+                    && let Some(transit) = self.network.transit(now, &ends(server, from))
                 {
-                    self.clock.after(transit, Event::ToClient { client: from, attempt, reply: Box::new(reply) });
+                    self.clock.after(transit, Event::Answer { to: from, attempt, reply: Box::new(reply) });
                 }
+                // A claim that brought a new resource makes the request to the parent due at
+                // once, as `wake_parent_if_due` wakes the binary's parent task.
+                self.wake(Node::Server(server));
             }
-            Event::ToClient { client: c, attempt, reply } => {
+            Event::Answer { to: Node::Client(c), attempt, reply } => {
                 let client = &mut self.clients[c];
                 if client.phase != Phase::Active {
                     return;
                 }
                 if let Some(outgoing) = client.on_reply(now, attempt, *reply, &self.servers[client.server]) {
-                    self.dispatch(c, outgoing);
+                    self.dispatch(Node::Client(c), outgoing);
                 }
-                self.wake(c);
+                self.wake(Node::Client(c));
+            }
+            Event::Answer { to: Node::Server(s), attempt, reply } => {
+                let parent = self.servers[s].parent.expect("only intermediate servers ask");
+                // Parents come before their children.
+                let (before, after) = self.servers.split_at_mut(s);
+                if let Some(outgoing) = after[0].on_parent_reply(now, attempt, *reply, &before[parent]) {
+                    self.dispatch(Node::Server(s), outgoing);
+                }
+                self.wake(Node::Server(s));
             }
             Event::Spike { clients, boost, lasts } => {
                 for &c in &clients {
@@ -304,6 +342,7 @@ impl Simulation {
             Event::Elect { server, dead } => {
                 self.servers[server].elect(now, dead);
                 self.shifts.push((now, format!("{} elects a master", self.servers[server].name)));
+                self.wake(Node::Server(server));
             }
             Event::Restart { server, replica } => self.servers[server].restart(replica),
             Event::Loss { server, rate, lasts } => {
@@ -315,28 +354,42 @@ impl Simulation {
         }
     }
 
-    /// Sends a client's RPC, with a timeout for its answer.
-    fn dispatch(&mut self, c: ClientId, outgoing: Outgoing) {
+    /// Sends a node's RPC to its server (a client's leaf, a server's parent), with a timeout
+    /// for its answer.
+    fn dispatch(&mut self, node: Node, outgoing: Outgoing) {
         let Outgoing { replica, request, attempt } = outgoing;
-        self.send(self.clients[c].server, replica, c, attempt, request);
-        self.clock.after(CAPACITY_RPC_TIMEOUT.as_secs_f64(), Event::Timeout(c, attempt));
+        let server = match node {
+            Node::Client(c) => self.clients[c].server,
+            Node::Server(s) => self.servers[s].parent.expect("only intermediate servers ask"),
+        };
+        self.send(server, replica, node, attempt, request);
+        self.clock.after(CAPACITY_RPC_TIMEOUT.as_secs_f64(), Event::Timeout(node, attempt));
     }
 
-    fn send(&mut self, server: ServerId, replica: usize, from: ClientId, attempt: u64, request: Request) {
-        if let Some(transit) = self.network.transit(self.now(), server) {
+    fn send(&mut self, server: ServerId, replica: usize, from: Node, attempt: u64, request: Request) {
+        if let Some(transit) = self.network.transit(self.now(), &ends(server, from)) {
             self.clock.after(transit, Event::ToServer { server, replica, from, attempt, request: Box::new(request) });
         }
     }
 
-    /// Schedules a wake-up for when the client's lease client is next due.
-    fn wake(&mut self, c: ClientId) {
+    /// Schedules a wake-up for when the node is next due to ask.
+    fn wake(&mut self, node: Node) {
         let now = self.now();
-        let client = &mut self.clients[c];
-        if let Some(due) = client.due() {
+        let (due, wake_at) = match node {
+            Node::Client(c) => {
+                let client = &mut self.clients[c];
+                (client.due(), &mut client.wake_at)
+            }
+            Node::Server(s) => {
+                let server = &mut self.servers[s];
+                (server.parent_due(), &mut server.wake_at)
+            }
+        };
+        if let Some(due) = due {
             let at = due.max(now);
-            if client.wake_at != Some(at) {
-                client.wake_at = Some(at);
-                self.clock.at(at, Event::Wake(c));
+            if *wake_at != Some(at) {
+                *wake_at = Some(at);
+                self.clock.at(at, Event::Wake(node));
             }
         }
     }
@@ -344,22 +397,41 @@ impl Simulation {
     fn sample(&mut self) {
         let now = self.now();
         let mut states = Vec::with_capacity(self.clients.len());
-        let (mut wants, mut admitted) = (0.0, 0.0);
+        let (mut wants, mut admitted, mut granted) = (0.0, 0.0, 0.0);
         for client in self.clients.iter_mut().filter(|c| c.phase == Phase::Active) {
             wants += client.wants(now);
             admitted += client.take_admitted();
-            states.push(ClientState { demand: client.demand(), has: client.has(now) });
+            states.push(ClientState { server: client.server, demand: client.demand(), has: client.has(now) });
+            granted += client.leased(now).unwrap_or(0.0);
         }
         let elapsed = self.samples.last().map_or(0.0, |s| now - s.t);
+        let (jain, tree_jain, jain_vs_tree) = if now >= self.learning_end {
+            let parents: Vec<Option<ServerId>> = self.servers.iter().map(|s| s.parent).collect();
+            metrics::jain(self.capacity, &parents, &states)
+        } else {
+            (None, None, None)
+        };
         self.samples.push(Sample {
             t: now,
             capacity: self.capacity,
             wants,
             demand: states.iter().map(|s| s.demand).sum(),
             has: states.iter().map(|s| s.has).sum(),
-            granted: self.leaves.iter().map(|&s| self.servers[s].granted(&self.resource, now)).sum(),
+            granted,
+            reserved: self.servers[0].granted(&self.resource, now),
             admitted: if elapsed > 0.0 { admitted / elapsed } else { 0.0 },
-            jain: (now >= self.learning_end).then(|| metrics::jain(self.capacity, &states)).flatten(),
+            jain,
+            tree_jain,
+            jain_vs_tree,
         });
+    }
+}
+
+/// The servers at the ends of a message between `server` and `node`: a loss window at either
+/// end loses it.
+fn ends(server: ServerId, node: Node) -> [ServerId; 2] {
+    match node {
+        Node::Client(_) => [server; 2],
+        Node::Server(other) => [server, other],
     }
 }

@@ -8,6 +8,14 @@ pub type ServerId = usize;
 /// Index of a client, in the scenario file's order.
 pub type ClientId = usize;
 
+/// Who sends an RPC and awaits its answer: an end client, or an intermediate server asking its
+/// parent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Node {
+    Client(ClientId),
+    Server(ServerId),
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServerSpec {
     pub name: String,
