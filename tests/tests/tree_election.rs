@@ -44,7 +44,11 @@ fn root_replica(etcd: &Etcd) -> Server {
 }
 
 fn leaf(parents: &str) -> Server {
-    Server::builder().config(LEAF_CONFIG).args(["--parent", parents, "--server-id"]).arg(format!("leaf-{}", free_port())).start()
+    Server::builder()
+        .config(LEAF_CONFIG)
+        .args(["--parent", parents, "--server-id"])
+        .arg(format!("leaf-{}", free_port()))
+        .start()
 }
 
 async fn is_master(server: &Server) -> bool {
