@@ -11,7 +11,9 @@ use std::{
 use sluice_proto::{DiscoveryRequest, GetCapacityRequest, Lease, ResourceRequest, capacity_client::CapacityClient};
 use sluice_tests::{
     etcd::Etcd,
-    harness::{Server, free_port},
+    harness::{Server, Sidecar, free_port},
+    http::{get, http1},
+    upstream::UpstreamProcess,
 };
 use tonic::transport::Channel;
 
@@ -156,4 +158,48 @@ async fn the_tree_survives_the_loss_of_its_root_master_and_of_etcd() {
     let rounds = run(&mut clients, LEASE as f64 + 2.0, false).await;
     let last = rounds.last().unwrap();
     assert!(last.values().all(|g| (g - SAFE).abs() < 1e-9), "safe capacity after the leases expired: {last:?}");
+}
+
+#[tokio::test]
+async fn a_sidecar_follows_its_servers_master_across_a_failover() {
+    let etcd = Etcd::start();
+    let replicas = [root_replica(&etcd), root_replica(&etcd)];
+    let upstream = UpstreamProcess::start(None);
+    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    // Pessimistic: were the sidecar ever left without a lease, nothing would pass.
+    let yaml = format!(
+        "server:\n  addresses: [\"{}\", \"{}\"]\nlisteners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
+         upstreams:\n  - name: app\n    url: http://{}\n\
+         resources:\n  - id: orders\n    when_unreachable: pessimistic\n\
+         rules:\n  - resource: orders\n    on_limit: reject\n",
+        replicas[0].grpc,
+        replicas[1].grpc,
+        upstream.addr()
+    );
+    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    let (client, url) = (http1(), format!("http://{listen}/echo"));
+    let mode = || {
+        let (_, body) = sidecar.get("/debug/status.json");
+        let status: serde_json::Value = serde_json::from_str(&body).expect("status JSON");
+        status["resources"][0]["mode"].as_str().unwrap_or_default().to_owned()
+    };
+    // Learning mode at the root grants a newcomer nothing; traffic flows once it ends.
+    let start = Instant::now();
+    while get(&client, &url).await.status != 200 || mode() != "leased" {
+        assert!(start.elapsed() < Duration::from_secs(LEARNING + 5), "never leased: {}", mode());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let master = if is_master(&replicas[0]).await { 0 } else { 1 };
+    replicas[master].signal("KILL");
+    // Through the failover and the new master's learning mode, the sidecar keeps its lease
+    // (it reports it as `has`, which a learning master grants again) and every request passes.
+    let killed = Instant::now();
+    while killed.elapsed() < Duration::from_secs(TTL + LEARNING + 3) {
+        assert_eq!(mode(), "leased");
+        assert_eq!(get(&client, &url).await.status, 200);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_, status) = replicas[1 - master].get("/debug/status.json");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["resources"][0]["clients"], 1, "the sidecar refreshes with the new master: {status}");
 }
