@@ -19,10 +19,13 @@ use tonic::transport::Channel;
 
 /// The etcd lease TTL of the root replicas, in seconds.
 const TTL: u64 = 2;
-/// Seconds of learning mode after a root replica wins.
-const LEARNING: u64 = 4;
 /// Seconds a lease lasts.
-const LEASE: u64 = 10;
+const LEASE: u64 = 6;
+/// Seconds of learning mode after a root replica wins: the lease length (Doorman's default), so
+/// that every lease the old master granted has been reported or has expired before the new one
+/// hands out anything new. A shorter learning mode can overshoot: a child that reports late
+/// still holds its old lease when another is granted afresh.
+const LEARNING: u64 = LEASE;
 const CAPACITY: f64 = 100.0;
 /// What the root tells everyone to fall back on without a lease.
 const SAFE: f64 = 10.0;
