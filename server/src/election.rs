@@ -62,7 +62,7 @@ impl Election {
         if timeout(2 * ETCD_REQUEST_TIMEOUT, &mut task).await.is_err() {
             task.abort();
         }
-        // Whatever etcd heard, this server grants nothing more.
+        // Even if the task could not finish, this server grants nothing more.
         self.state.follow(None, state::now());
     }
 }
@@ -147,13 +147,14 @@ impl Candidate {
                     }
                 }
                 () = resigned(resign) => {
+                    // Stop granting before etcd lets a replica win.
+                    self.state.follow(None, state::now());
                     if let Some(mine) = leading {
                         let resigned = request("resign", elections.resign(Some(ResignOptions::new().with_leader(mine))));
                         if let Err(e) = resigned.await {
                             tracing::warn!(error = %e, "could not resign; replicas wait for the lease to expire");
                         }
                     }
-                    self.state.follow(None, state::now());
                     let _ = request("lease revoke", leases.revoke(lease.id())).await;
                     tracing::info!("left the election");
                     return Ok(());

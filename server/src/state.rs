@@ -129,10 +129,6 @@ impl State {
         self.config.store(Arc::new(repository));
     }
 
-    pub fn is_master(&self) -> bool {
-        self.standing.load().role == Role::Master
-    }
-
     /// This server's role; read on every RPC, so a guard rather than a reference count.
     pub fn standing(&self) -> Guard<Arc<Standing>> {
         self.standing.load()
@@ -229,7 +225,7 @@ mod tests {
         assert!(state.is_ready(), "a follower that names the master is useful");
 
         state.become_master(110);
-        assert!(state.is_master());
+        assert_eq!(state.standing().role, Role::Master);
         assert_eq!(state.ledger().serving_since(), 110, "a fresh ledger, learning from the win");
 
         assert!(state.follow(None, 120));

@@ -122,6 +122,8 @@ async fn one_master_and_followers_redirect_to_it() {
     assert_eq!(b_status["election"]["role"], "follower");
     assert_eq!(b_status["master_address"], a_address.as_str());
     assert_eq!(b_status["resources"], Value::Array(vec![]), "a follower keeps no state");
+    let (_, page) = b.get("/debug/status");
+    assert!(page.contains("role: <b>follower</b>") && page.contains(&format!("master: {a_address}")), "{page}");
     assert_eq!(a.metric("sluice_server_is_master"), Some(1.0));
     assert_eq!(b.metric("sluice_server_is_master"), Some(0.0));
     assert_eq!(a.metric("sluice_server_elections_total{result=\"won\"}"), Some(1.0));

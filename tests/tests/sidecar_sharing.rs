@@ -75,7 +75,7 @@ async fn two_sidecars_share_fairly_and_stay_within_capacity() {
     let started = Instant::now();
 
     // Fair shares within three refresh intervals of the load starting.
-    tokio::time::sleep(Duration::from_secs(3 * REFRESH_SECONDS) - started.elapsed()).await;
+    tokio::time::sleep(Duration::from_secs(3 * REFRESH_SECONDS).saturating_sub(started.elapsed())).await;
     for (sidecar, _) in &sidecars {
         let lease = lease(sidecar);
         assert!(

@@ -95,15 +95,16 @@ impl Ledger {
         self.resources.get_mut(resource_id).is_some_and(|r| r.release(client))
     }
 
-    /// Forgets up to `budget` expired leases, and resources left without leases; returns how
-    /// many leases.
+    /// Forgets up to `budget` expired leases, and resources left without leases (at an
+    /// intermediate server, once they no longer remember their parent's lease); returns how many
+    /// leases.
     pub fn expire(&mut self, now: UnixSeconds, budget: usize) -> usize {
         let mut done = 0;
         self.resources.retain(|_, resource| {
             if done < budget {
                 done += resource.expire(now, budget - done);
             }
-            !resource.leases().is_empty()
+            !resource.leases().is_empty() || resource.remembers_parent(now)
         });
         done
     }

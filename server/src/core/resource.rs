@@ -124,6 +124,14 @@ impl Resource {
         }
     }
 
+    /// Whether an intermediate server should keep this resource although no client holds a
+    /// lease: for a lease length after its own lease from the parent expired, so that clients
+    /// coming back meanwhile still get the safe capacity the parent named.
+    pub fn remembers_parent(&self, now: UnixSeconds) -> bool {
+        matches!(&self.supply, Supply::Parent(Some(lease))
+            if now < lease.expiry.saturating_add(self.template.algorithm.lease_length))
+    }
+
     /// The algorithm in force: the parent's once it named one, else the template's.
     pub fn algorithm(&self) -> &Algorithm {
         match &self.supply {
