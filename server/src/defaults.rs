@@ -65,6 +65,17 @@ pub const REFRESH_DECAY: f64 = 0.5;
 /// Shortest refresh interval a server hands out, in seconds: the protocol's unit.
 pub const MIN_REFRESH_INTERVAL: i64 = 1;
 
+/// A lower-level server's lease that ran out without a release stays reserved as its subtree's
+/// safe capacity for this many lease lengths more (see `LeaseStore::expire`): long enough to
+/// cover an outage and the backoff after it; a server gone for good gives its share back then.
+pub const LAPSED_LEASE_LENGTHS: i64 = 3;
+
+/// An intermediate server asks its parent before its refresh interval is up once its clients'
+/// Σ wants, or what it holds, has moved by this fraction of its lease since it last asked —
+/// but no sooner than its own clients refresh. Shifts travel up the tree at the speed of the
+/// lowest level instead of waiting for each level's longer interval.
+pub const REPORT_CHANGE: f64 = 0.01;
+
 /// After a failed request to the parent, retries back off from this many seconds...
 pub const BACKOFF_BASE: f64 = 1.0;
 

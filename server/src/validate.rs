@@ -9,7 +9,7 @@ use tonic::Status;
 use smallvec::SmallVec;
 
 use crate::{
-    core::{Claim, Wants},
+    core::{Claim, Holds, Wants},
     defaults::{MAX_ID_BYTES, MAX_RESOURCES_PER_REQUEST},
 };
 
@@ -49,7 +49,9 @@ pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<Resourc
                 bands.push(Wants { priority: band.priority, wants: band.wants, subclients: band.num_clients as f64 });
             }
             let has = reported(&format!("resource[{i}].has"), r.has.as_ref())?;
-            let claim = Claim { wants: bands, has, holds: has.unwrap_or(0.0) };
+            // A server that leaves out `has` does not know what its clients hold (a new master,
+            // still learning).
+            let claim = Claim { wants: bands, has, holds: has.map_or(Holds::Unknown, Holds::Reported) };
             amount(&format!("resource[{i}].wants"), claim.total_wants())?;
             if claim.wants.is_empty() {
                 return Ok(Claim { wants: Claim::single(0, 0.0, None).wants, ..claim });
@@ -194,7 +196,7 @@ mod tests {
         req.resource[0].wants.clear();
         assert_eq!(
             get_server_capacity(&req).unwrap()[0].1,
-            Claim::single(0, 0.0, None),
+            Claim { holds: Holds::Unknown, ..Claim::single(0, 0.0, None) },
             "no bands: one idle subclient"
         );
         req.resource[0].wants.push(band(2, 5.0));

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use sluice_server::core::{Algorithm, Claim, Kind, Ledger, Repository, Resource, Template, UnixSeconds, Wants};
+use sluice_server::core::{Algorithm, Claim, Holds, Kind, Ledger, Repository, Resource, Template, UnixSeconds, Wants};
 
 const RESOURCE: &str = "r";
 const LEASE_LENGTH: i64 = 6;
@@ -46,7 +46,7 @@ fn ledger(kind: Kind, capacity: f64, learning_mode_duration: i64) -> Ledger {
 
 /// An end client's claim at priority 0, weighted by `subclients`.
 fn claim(wants: f64, subclients: f64, has: Option<f64>) -> Claim {
-    Claim { wants: [Wants { priority: 0, wants, subclients }].into(), has, holds: 0.0 }
+    Claim { wants: [Wants { priority: 0, wants, subclients }].into(), has, holds: Holds::Own }
 }
 
 fn client(i: usize) -> String {

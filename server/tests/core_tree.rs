@@ -75,7 +75,7 @@ fn requests_aggregate_clients_per_band_and_new_resources_are_asked_at_once() {
     assert!(leaf.parent_request(100.0).is_none(), "one request at a time");
     let r = &request.resource[0];
     assert_eq!(r.resource_id, "r");
-    assert_eq!(r.has, None, "no lease yet");
+    assert_eq!(r.has.as_ref().map(|h| h.capacity), Some(0.0), "no lease yet: what its clients hold");
     let band = |priority, num_clients, wants| PriorityBandAggregate { priority, num_clients, wants };
     assert_eq!(r.wants, [band(2, 2, 15.0), band(0, 1, 7.0)], "most important band first");
 }
@@ -208,4 +208,94 @@ fn strict_priority_through_two_levels_serves_the_high_band_first() {
     assert_eq!(ask(&mut b, now, "b-high", 5, 20.0).0, 20.0);
     let low = ask(&mut b, now, "b-low-1", 1, 100.0).0 + ask(&mut b, now, "b-low-2", 1, 100.0).0;
     assert!((low - 10.0).abs() < 1e-9, "the low band shares what is left: {low}");
+}
+
+/// Held at the root for a leaf: what its lease keeps reserved there.
+fn reserved_for(root: &Ledger, leaf: &str) -> f64 {
+    root.resource("r").and_then(|r| r.leases().get(leaf)).map_or(0.0, |l| l.demand.has)
+}
+
+#[test]
+fn a_new_intermediate_master_keeps_its_lease_at_the_parent_while_it_learns() {
+    let mut root = root(100.0);
+    let mut leaf = intermediate("leaf");
+    ask(&mut leaf, 0, "a", 0, 40.0);
+    ask(&mut leaf, 0, "b", 0, 40.0);
+    refresh(&mut leaf, &mut root, 0);
+    assert_eq!((ask(&mut leaf, 1, "a", 0, 40.0).0, ask(&mut leaf, 1, "b", 0, 40.0).0), (40.0, 40.0));
+    let mut other = intermediate("other");
+    ask(&mut other, 1, "c", 0, 100.0);
+    assert_eq!(refresh(&mut other, &mut root, 1).response[0].gets.capacity, 20.0);
+
+    // The leaf's master dies; its replica (same server id) starts empty and learns for a lease
+    // length. Client a comes back first, reporting the 40 it holds.
+    let learning = Template {
+        algorithm: Algorithm { learning_mode_duration: Some(60), ..root.repository().find("r").algorithm.clone() },
+        capacity: 0.0,
+        ..(**root.repository().find("r")).clone()
+    };
+    let mut replica = Ledger::new(Arc::new(Repository::new(vec![learning]).unwrap()), 5).with_parent("leaf".into(), 2);
+    let req = GetCapacityRequest {
+        client_id: "a".into(),
+        resource: vec![ResourceRequest {
+            resource_id: "r".into(),
+            priority: 0,
+            has: Some(sluice_proto::Lease { expiry_time: 60, refresh_interval: 4, capacity: 40.0 }),
+            wants: 40.0,
+        }],
+    };
+    let gets = service::get_capacity(&mut replica, 6, &req, MAX_RESOURCES).unwrap().response.remove(0).gets;
+    assert_eq!(gets.capacity, 40.0, "before any lease, a learning master grants what the client holds");
+    // Its request carries no `has`: it does not know yet what b holds. The root keeps the
+    // whole lease for it rather than the 40 it has heard of, and grants it that.
+    let request = replica.parent_request(6.0).unwrap();
+    assert_eq!(request.resource[0].has, None);
+    let response = service::get_server_capacity(&mut root, 6, &request, MAX_RESOURCES).unwrap();
+    assert_eq!(response.response[0].gets.capacity, 80.0);
+    assert_eq!(reserved_for(&root, "leaf"), 80.0);
+    replica.on_parent_response(6.0, response);
+    assert_eq!(ask(&mut other, 7, "c", 0, 100.0).0, 20.0);
+    assert_eq!(refresh(&mut other, &mut root, 7).response[0].gets.capacity, 20.0, "nothing freed for others");
+}
+
+#[test]
+fn a_leaf_cut_off_past_its_lease_keeps_its_safe_share_reserved_for_a_while() {
+    // Safe capacity is dynamic: 90 over 6 subclients, 15 each.
+    let mut root = root(90.0);
+    let (mut cut, mut live) = (intermediate("cut"), intermediate("live"));
+    for client in ["a", "b"] {
+        ask(&mut cut, 0, client, 0, 20.0);
+    }
+    for client in ["c", "d", "e", "f"] {
+        ask(&mut live, 0, client, 0, 5.0);
+    }
+    assert_eq!(refresh(&mut cut, &mut root, 0).response[0].gets.capacity, 40.0);
+    assert_eq!(refresh(&mut live, &mut root, 0).response[0].gets.capacity, 20.0);
+    // "cut" is never heard of again. Its lease runs out at 60; its clients live on the safe
+    // capacity of 15 each that its leaf hands out, so the root keeps 30 of its 40.
+    root.expire(60, usize::MAX);
+    let lapsed = root.resource("r").unwrap().leases().get("cut").unwrap();
+    assert!(lapsed.lapsed);
+    assert_eq!(reserved_for(&root, "cut"), 30.0);
+    for client in ["c", "d", "e", "f"] {
+        ask(&mut live, 61, client, 0, 40.0);
+    }
+    assert_eq!(refresh(&mut live, &mut root, 61).response[0].gets.capacity, 60.0);
+    // Three lease lengths later the root gives up on it.
+    root.expire(60 + 3 * 60, usize::MAX);
+    assert_eq!(reserved_for(&root, "cut"), 0.0);
+    assert_eq!(refresh(&mut live, &mut root, 241).response[0].gets.capacity, 90.0);
+}
+
+#[test]
+fn a_leaf_asks_early_when_its_clients_wants_move_but_no_sooner_than_they_refresh() {
+    let mut root = root(100.0);
+    let mut leaf = intermediate("leaf");
+    ask(&mut leaf, 0, "a", 0, 40.0);
+    refresh(&mut leaf, &mut root, 0);
+    assert_eq!(leaf.parent_due(), Some(8.0), "the refresh interval from the root");
+    ask(&mut leaf, 1, "a", 0, 40.2);
+    assert_eq!(leaf.parent_due(), Some(8.0), "a small move waits for the refresh");
+    ask(&mut leaf, 1, "b", 0, 30.0);
+    assert_eq!(leaf.parent_due(), Some(4.0), "a large one is reported after the leaf's own interval");
 }

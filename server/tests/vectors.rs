@@ -4,7 +4,7 @@
 use std::{collections::HashMap, sync::Arc};
 
 use serde::Deserialize;
-use sluice_server::core::{Algorithm, Claim, Kind, Parameter, Resource, Template, Wants};
+use sluice_server::core::{Algorithm, Claim, Holds, Kind, Parameter, Resource, Template, Wants};
 
 #[derive(Deserialize)]
 struct Vectors {
@@ -56,7 +56,7 @@ impl DemandDoc {
             }
             None => [Wants { priority: self.priority, wants: self.wants, subclients: self.subclients }].into(),
         };
-        Claim { wants, has, holds: 0.0 }
+        Claim { wants, has, holds: Holds::Own }
     }
 }
 

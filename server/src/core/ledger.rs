@@ -87,7 +87,11 @@ impl Ledger {
         });
         resource.expire(now, EXPIRY_PER_CLAIM);
         let learning = learning(self.serving_since, resource, now);
-        resource.claim(client, claim, now, learning)
+        let grant = resource.claim(client, claim, now, learning);
+        if let Some(parent) = parent {
+            parent.changed(resource_id, resource, now);
+        }
+        grant
     }
 
     /// Forgets a client's lease on a resource; false if it held none.
@@ -140,8 +144,9 @@ impl Ledger {
 
     /// The bulk request to the parent for every resource with clients; marks it in flight.
     pub fn parent_request(&mut self, now: f64) -> Option<GetServerCapacityRequest> {
+        let (now, serving_since) = (now as UnixSeconds, self.serving_since);
         let resources = self.resources.iter().map(|(id, r)| (id.as_str(), r));
-        self.parent.as_mut()?.request(now as UnixSeconds, resources)
+        self.parent.as_mut()?.request(now, resources, |r| learning(serving_since, r, now))
     }
 
     /// Takes the parent's answer to the request in flight.

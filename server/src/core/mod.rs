@@ -29,5 +29,5 @@ pub use parent::{Answer, Parent};
 pub use priority::{Bands, PriorityMode, Wants};
 pub use resource::{Claim, Grant, ParentLease, Resource, Supply};
 pub use schedule::Schedule;
-pub use store::{LeaseStore, LeaseView, UnixSeconds};
+pub use store::{Holds, LeaseStore, LeaseView, UnixSeconds};
 pub use template::{Repository, Template, TemplateError};

@@ -10,11 +10,12 @@ use sluice_proto::{
 
 use super::{
     algorithm::{Algorithm, Kind, Parameter},
+    band::Sums,
     resource::{ParentLease, Resource},
     schedule::Schedule,
     store::UnixSeconds,
 };
-use crate::defaults::MAX_TEMPLATE_SECONDS;
+use crate::defaults::{MAX_TEMPLATE_SECONDS, REFRESH_DECAY, REPORT_CHANGE};
 
 /// How a response was taken.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,11 +32,13 @@ pub struct Parent {
     /// This server's id towards its parent.
     server_id: String,
     schedule: Schedule,
+    /// Per resource, Σ wants and the `has` last reported.
+    reported: HashMap<String, Sums>,
 }
 
 impl Parent {
     pub fn new(server_id: String, seed: u64) -> Parent {
-        Parent { server_id, schedule: Schedule::new(seed) }
+        Parent { server_id, schedule: Schedule::new(seed), reported: HashMap::new() }
     }
 
     pub fn server_id(&self) -> &str {
@@ -51,15 +54,31 @@ impl Parent {
         self.schedule.wake();
     }
 
-    /// One request for `resources` (those with clients), each with this server's valid lease
-    /// and its clients' wants summed per band; `None` if one is in flight or there is nothing
-    /// to ask for. The lease is reported with what the clients actually hold when that is more
-    /// (its capacity was cut and they have not all refreshed yet), so that the parent keeps
-    /// that much reserved meanwhile.
+    /// A claim changed `resource`: if what this server would report has moved by
+    /// [`REPORT_CHANGE`] of its lease, ask before the refresh interval is up.
+    pub fn changed(&mut self, id: &str, resource: &Resource, now: UnixSeconds) {
+        let (Some(lease), Some(reported)) = (resource.parent_lease(now), self.reported.get(id)) else { return };
+        let sums = resource.bands().sums();
+        // Wants either way; what it holds only downwards, as capacity it can give back.
+        let moved = (sums.wants - reported.wants).abs().max(reported.has - sums.has.max(lease.capacity));
+        if moved > REPORT_CHANGE * lease.capacity {
+            let spacing = lease.refresh_interval as f64 * REFRESH_DECAY;
+            self.schedule.hasten(spacing);
+        }
+    }
+
+    /// One request for `resources` (those with clients), each with what this server holds and
+    /// its clients' wants summed per band; `None` if one is in flight or there is nothing to
+    /// ask for. What it holds is its valid lease, or what its clients actually hold when that
+    /// is more (its capacity was cut and they have not all refreshed yet, or it handed out
+    /// safe capacity without a lease), so that the parent keeps that much reserved meanwhile.
+    /// A resource still `learning` reports nothing: a new master does not know yet what its
+    /// clients hold, and the parent keeps its lease until it does.
     pub fn request<'a>(
         &mut self,
         now: UnixSeconds,
         resources: impl Iterator<Item = (&'a str, &'a Resource)>,
+        learning: impl Fn(&Resource) -> bool,
     ) -> Option<GetServerCapacityRequest> {
         if self.schedule.in_flight() {
             return None;
@@ -68,29 +87,33 @@ impl Parent {
             .filter(|(_, r)| !r.leases().is_empty())
             .map(|(id, r)| ServerCapacityResourceRequest {
                 resource_id: id.to_owned(),
-                has: r.parent_lease(now).map(|lease| proto::Lease {
-                    expiry_time: lease.expiry,
-                    refresh_interval: lease.refresh_interval,
-                    capacity: lease.capacity.max(r.bands().sums().has),
+                has: (!learning(r)).then(|| {
+                    let held = r.bands().sums().has;
+                    match r.parent_lease(now) {
+                        Some(lease) => proto::Lease {
+                            expiry_time: lease.expiry,
+                            refresh_interval: lease.refresh_interval,
+                            capacity: lease.capacity.max(held),
+                        },
+                        None => proto::Lease { expiry_time: now, refresh_interval: 0, capacity: held },
+                    }
                 }),
-                wants: r
-                    .bands()
-                    .iter()
-                    .map(|(priority, band)| {
-                        let sums = band.sums();
-                        PriorityBandAggregate {
-                            priority,
-                            // Subclients are whole clients; rounding only undoes float sums.
-                            num_clients: (sums.subclients.round() as i64).max(1),
-                            wants: sums.wants,
-                        }
-                    })
-                    .collect(),
+                wants: aggregates(r),
             })
             .collect();
         if resource.is_empty() {
             return None;
         }
+        self.reported = resource
+            .iter()
+            .map(|r| {
+                let wants = r.wants.iter().map(|w| w.wants).sum();
+                (
+                    r.resource_id.clone(),
+                    Sums { wants, has: r.has.as_ref().map_or(0.0, |h| h.capacity), subclients: 0.0 },
+                )
+            })
+            .collect();
         self.schedule.begin();
         Some(GetServerCapacityRequest { server_id: self.server_id.clone(), resource })
     }
@@ -135,6 +158,22 @@ impl Parent {
     pub fn on_error(&mut self, now: f64, resources: &HashMap<String, Resource>) {
         self.schedule.failed(now, earliest_expiry(now, resources));
     }
+}
+
+/// A resource's wants summed per band: one aggregate per priority, as Doorman sends them.
+fn aggregates(r: &Resource) -> Vec<PriorityBandAggregate> {
+    r.bands()
+        .iter()
+        .map(|(priority, band)| {
+            let sums = band.sums();
+            PriorityBandAggregate {
+                priority,
+                // Subclients are whole clients; rounding only undoes float sums.
+                num_clients: (sums.subclients.round() as i64).max(1),
+                wants: sums.wants,
+            }
+        })
+        .collect()
 }
 
 /// When the first of this server's valid leases from its parent runs out.

@@ -7,11 +7,12 @@ use smallvec::SmallVec;
 
 use super::{
     algorithm::{Algorithm, Kind},
+    band::Demand,
     priority::{self, Bands, PriorityMode, Wants},
-    store::{LeaseStore, UnixSeconds},
+    store::{Holds, LeaseStore, UnixSeconds},
     template::Template,
 };
-use crate::defaults::{MIN_REFRESH_INTERVAL, REFRESH_DECAY};
+use crate::defaults::{LAPSED_LEASE_LENGTHS, MIN_REFRESH_INTERVAL, REFRESH_DECAY};
 
 /// A client's request for one resource, already validated.
 #[derive(Clone, Debug, PartialEq)]
@@ -21,16 +22,14 @@ pub struct Claim {
     pub wants: SmallVec<[Wants; 1]>,
     /// What the client says it holds; used in learning mode.
     pub has: Option<f64>,
-    /// What a lower-level server's clients still hold from earlier grants (its reported
-    /// `has`); it stays reserved until they have refreshed. 0 for an end client, which obeys a
-    /// smaller grant at once.
-    pub holds: f64,
+    /// What the claimant's own clients hold: nothing beyond its lease for an end client.
+    pub holds: Holds,
 }
 
 impl Claim {
     /// An end client's claim: one band.
     pub fn single(priority: i64, wants: f64, has: Option<f64>) -> Claim {
-        Claim { wants: smallvec::smallvec![Wants { priority, wants, subclients: 1.0 }], has, holds: 0.0 }
+        Claim { wants: smallvec::smallvec![Wants { priority, wants, subclients: 1.0 }], has, holds: Holds::Own }
     }
 
     pub fn total_wants(&self) -> f64 {
@@ -180,11 +179,11 @@ impl Resource {
     /// algorithms that share one capacity, by what the other leases leave free. An
     /// intermediate server without a valid lease from its parent hands out safe capacity.
     pub fn claim(&mut self, client: &str, claim: &Claim, now: UnixSeconds, learning: bool) -> Grant {
+        let reported = claim.has.unwrap_or(0.0);
         let Some(Terms { capacity, kind, mode, expiry, refresh_interval }) = self.terms(now) else {
-            return self.claim_safe(client, claim, now);
+            return self.claim_safe(client, claim, now, learning.then_some(reported));
         };
         let filed = priority::file(mode, &claim.wants);
-        let reported = claim.has.unwrap_or(0.0);
         let capacity = self.leases.claim(client, &filed, claim.holds, expiry, |bands, mine, others| {
             let wants: f64 = mine.iter().map(|(_, d)| d.wants).sum();
             let target = if learning { reported } else { bands.target(kind, capacity, mine) };
@@ -200,15 +199,20 @@ impl Resource {
 
     /// Without a lease of its own, a server grants each client at most the safe capacity per
     /// subclient — what the client would allow itself if it could not reach any server — under
-    /// the template's lease terms.
-    fn claim_safe(&mut self, client: &str, claim: &Claim, now: UnixSeconds) -> Grant {
+    /// the template's lease terms. A new master that has not heard from its parent yet does
+    /// not know that value: while learning, it grants what the client holds (`learned`).
+    fn claim_safe(&mut self, client: &str, claim: &Claim, now: UnixSeconds, learned: Option<f64>) -> Grant {
         let safe_capacity = self.safe_capacity(now);
         let algorithm = &self.template.algorithm;
         let expiry = now.saturating_add(algorithm.lease_length);
         let filed = priority::file(PriorityMode::of(algorithm), &claim.wants);
         let capacity = self.leases.claim(client, &filed, claim.holds, expiry, |_, mine, _| {
             let (wants, subclients) = mine.iter().fold((0.0, 0.0), |(w, s), (_, d)| (w + d.wants, s + d.subclients));
-            if safe_capacity < 0.0 { wants } else { wants.min(safe_capacity * subclients) }
+            match learned {
+                Some(has) => wants.min(has),
+                None if safe_capacity < 0.0 => wants,
+                None => wants.min(safe_capacity * subclients),
+            }
         });
         Grant { capacity, expiry, refresh_interval: algorithm.refresh_interval, safe_capacity }
     }
@@ -218,9 +222,15 @@ impl Resource {
         self.leases.remove(client)
     }
 
-    /// Forgets up to `budget` expired leases; returns how many.
+    /// Takes up to `budget` expired leases; returns how many. A lower-level server's lease
+    /// that ran out without a release stays reserved for [`LAPSED_LEASE_LENGTHS`] more lease
+    /// lengths as the safe capacity its cut-off subtree hands out meanwhile (its subclients' worth), so that
+    /// giving its share to others does not overshoot the capacity.
     pub fn expire(&mut self, now: UnixSeconds, budget: usize) -> usize {
-        self.leases.expire(now, budget)
+        let safe = self.safe_capacity(now);
+        let fallback = |demand: &Demand| if safe < 0.0 { demand.has } else { safe * demand.subclients };
+        let grace = self.algorithm().lease_length.saturating_mul(LAPSED_LEASE_LENGTHS);
+        self.leases.expire(now, budget, grace, fallback)
     }
 
     /// SPEC §3.5: the template's value; at an intermediate server, else the parent's; else the

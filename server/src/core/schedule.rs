@@ -17,6 +17,8 @@ pub struct Schedule {
     woken: bool,
     /// Consecutive failed attempts (errors and redirects).
     failures: u32,
+    /// When the last request was answered with leases.
+    answered: f64,
     rng: fastrand::Rng,
 }
 
@@ -28,6 +30,7 @@ impl Schedule {
             in_flight: false,
             woken: false,
             failures: 0,
+            answered: f64::NEG_INFINITY,
             rng: fastrand::Rng::with_seed(seed),
         }
     }
@@ -38,6 +41,14 @@ impl Schedule {
             self.woken = true;
         } else {
             self.due = f64::NEG_INFINITY;
+        }
+    }
+
+    /// Something changed enough to ask before the refresh interval is up: no sooner than
+    /// `spacing` after the last answer. Not while a request is in flight or failing.
+    pub fn hasten(&mut self, spacing: f64) {
+        if !self.in_flight && self.failures == 0 {
+            self.due = self.due.min(self.answered + spacing.max(MIN_REFRESH));
         }
     }
 
@@ -64,6 +75,7 @@ impl Schedule {
     pub fn succeeded(&mut self, now: f64, refresh: f64) {
         self.end();
         self.failures = 0;
+        self.answered = now;
         self.due = if std::mem::take(&mut self.woken) { f64::NEG_INFINITY } else { now + refresh.max(MIN_REFRESH) };
     }
 
@@ -120,6 +132,23 @@ mod tests {
         s.begin();
         s.succeeded(106.0, 0.2);
         assert_eq!(s.due(), Some(107.0), "refreshes at least a second apart");
+    }
+
+    #[test]
+    fn hastening_brings_the_next_request_forward_but_not_before_the_spacing() {
+        let mut s = Schedule::new(1);
+        s.begin();
+        s.succeeded(100.0, 10.0);
+        s.hasten(4.0);
+        assert_eq!(s.due(), Some(104.0));
+        s.hasten(20.0);
+        assert_eq!(s.due(), Some(104.0), "never later than already due");
+        s.begin();
+        s.hasten(0.0);
+        s.failed(104.0, None);
+        let backoff = s.due();
+        s.hasten(0.0);
+        assert_eq!(s.due(), backoff, "a failing parent is not asked sooner");
     }
 
     #[test]

@@ -26,6 +26,27 @@ const NONE: Slot = Slot::MAX;
 /// one; a lower-level server one per priority among its clients.
 type Place = (i64, NodeId);
 
+/// What a claimant says its own clients hold: how long a smaller grant takes to be obeyed, and
+/// what is presumed once its lease runs out.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Holds {
+    /// An end client: it obeys a smaller grant at once, and once its lease is gone the lease is
+    /// forgotten (SPEC §3.2).
+    Own,
+    /// A lower-level server whose clients still hold this much from earlier grants (its
+    /// reported `has`): that stays reserved until they have refreshed onto smaller shares.
+    Reported(f64),
+    /// A lower-level server that cannot say — a new master still learning what its clients
+    /// hold: it keeps at least its unexpired lease, and is granted that much.
+    Unknown,
+}
+
+impl Holds {
+    fn of_server(self) -> bool {
+        self != Holds::Own
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     /// Empty for a free slot.
@@ -33,6 +54,11 @@ struct Entry {
     /// Most important first.
     places: SmallVec<[Place; 1]>,
     expiry: UnixSeconds,
+    /// A lower-level server's lease (see [`Holds`]).
+    server: bool,
+    /// A server's lease that ran out without a release: what it holds is what its subtree
+    /// presumably hands out as safe capacity meanwhile (see [`LeaseStore::expire`]).
+    lapsed: bool,
     /// Neighbours in the list of leases expiring in the same second; for a free slot, `next`
     /// chains the free list.
     prev: Slot,
@@ -48,6 +74,8 @@ pub struct LeaseView<'a> {
     /// Its most important band.
     pub priority: i64,
     pub expiry: UnixSeconds,
+    /// Ran out without a release; kept as the safe capacity its subtree falls back on.
+    pub lapsed: bool,
 }
 
 #[derive(Debug, Default)]
@@ -88,17 +116,17 @@ impl LeaseStore {
     /// Records a client's new demands (`wants`: one per priority, most important first, at
     /// least one), asks `decide` for its grant — given the bands with the new demands in them,
     /// the client's demands by band, and what the other leases hold — and stores the lease
-    /// until `expiry`.
+    /// until `expiry`. Returns the grant.
     ///
-    /// The lease holds the grant, or more while the client's own clients still hold more
-    /// (`holds`, reported by a lower-level server): capacity taken back from a server is only
-    /// free once its clients have refreshed onto their smaller shares. It never holds more than
-    /// before.
+    /// A lower-level server's lease holds more than the grant while its own clients still hold
+    /// more (`holds`): capacity taken back from a server is only free once its clients have
+    /// refreshed onto their smaller shares. It never holds more than before, except that a
+    /// server which cannot say what its clients hold keeps its lease and is granted it.
     pub fn claim(
         &mut self,
         client: &str,
         wants: &[Wants],
-        holds: f64,
+        holds: Holds,
         expiry: UnixSeconds,
         decide: impl FnOnce(&Bands, &[(i64, Demand)], f64) -> f64,
     ) -> f64 {
@@ -118,9 +146,16 @@ impl LeaseStore {
         // With the previous demands out, what the bands hold is what the others hold.
         let others = self.bands.sums().has;
         let grant = decide(self.insert(slot, &mine), &mine, others);
-        self.distribute(slot, grant.max(holds.min(held)));
+        let kept = match holds {
+            Holds::Own => grant,
+            Holds::Reported(holds) => grant.max(holds.min(held)),
+            Holds::Unknown => grant.max(held),
+        };
+        self.distribute(slot, kept);
+        let e = &mut self.entries[slot as usize];
+        (e.server, e.lapsed) = (holds.of_server(), false);
         self.link(slot, expiry);
-        grant
+        if holds == Holds::Unknown { kept } else { grant }
     }
 
     /// Takes a lease's demands out of their bands; returns what it held.
@@ -159,8 +194,18 @@ impl LeaseStore {
         true
     }
 
-    /// Forgets up to `budget` leases that expired at or before `now`; returns how many.
-    pub fn expire(&mut self, now: UnixSeconds, budget: usize) -> usize {
+    /// Takes up to `budget` leases that expired at or before `now`; returns how many. An end
+    /// client's lease is forgotten. A lower-level server's lease that ran out without a release
+    /// lapses instead: its subtree is presumably cut off and handing out safe capacity, so the
+    /// store keeps `fallback(demand)` of it (at most what it held) reserved for `grace` more
+    /// seconds, after which it is forgotten too.
+    pub fn expire(
+        &mut self,
+        now: UnixSeconds,
+        budget: usize,
+        grace: UnixSeconds,
+        fallback: impl Fn(&Demand) -> f64,
+    ) -> usize {
         let mut done = 0;
         while done < budget {
             let Some((&second, &slot)) = self.expiries.first_key_value() else { break };
@@ -168,8 +213,21 @@ impl LeaseStore {
                 break;
             }
             self.unlink(slot);
-            self.release(slot);
             done += 1;
+            let e = &self.entries[slot as usize];
+            if e.server && !e.lapsed {
+                let (priority, demand) = (e.places.first().map_or(0, |p| p.0), self.view(slot).demand);
+                let kept = fallback(&demand).clamp(0.0, demand.has);
+                if kept > 0.0 {
+                    self.forget_places(slot);
+                    // Wanting no more than it keeps, it takes nothing from anyone's share.
+                    self.insert(slot, &[(priority, Demand { wants: kept, has: kept, ..demand })]);
+                    self.entries[slot as usize].lapsed = true;
+                    self.link(slot, second.saturating_add(grace));
+                    continue;
+                }
+            }
+            self.release(slot);
         }
         done
     }
@@ -186,7 +244,8 @@ impl LeaseStore {
             let d = self.bands.get(priority).expect("a lease's band exists").demand(node);
             Demand { wants: sum.wants + d.wants, subclients: sum.subclients + d.subclients, has: sum.has + d.has }
         });
-        LeaseView { client: &e.client, demand, priority: e.places.first().map_or(0, |p| p.0), expiry: e.expiry }
+        let priority = e.places.first().map_or(0, |p| p.0);
+        LeaseView { client: &e.client, demand, priority, expiry: e.expiry, lapsed: e.lapsed }
     }
 
     fn find(&self, client: &str) -> Option<Slot> {
@@ -195,7 +254,15 @@ impl LeaseStore {
     }
 
     fn allocate(&mut self, client: &str) -> Slot {
-        let entry = Entry { client: client.into(), places: SmallVec::new(), expiry: 0, prev: NONE, next: NONE };
+        let entry = Entry {
+            client: client.into(),
+            places: SmallVec::new(),
+            expiry: 0,
+            server: false,
+            lapsed: false,
+            prev: NONE,
+            next: NONE,
+        };
         let slot = match self.free {
             Some(slot) => {
                 let next = self.entries[slot as usize].next;
@@ -260,7 +327,12 @@ mod tests {
     use super::*;
 
     fn claim(store: &mut LeaseStore, client: &str, wants: f64, expiry: UnixSeconds) -> f64 {
-        store.claim(client, &[Wants { priority: 0, wants, subclients: 1.0 }], 0.0, expiry, |_, _, _| wants)
+        store.claim(client, &[Wants { priority: 0, wants, subclients: 1.0 }], Holds::Own, expiry, |_, _, _| wants)
+    }
+
+    /// Expires without lapsing anything.
+    fn expire(store: &mut LeaseStore, now: UnixSeconds, budget: usize) -> usize {
+        store.expire(now, budget, 0, |_| 0.0)
     }
 
     #[test]
@@ -270,11 +342,11 @@ mod tests {
         claim(&mut store, "b", 2.0, 10);
         claim(&mut store, "c", 3.0, 12);
         claim(&mut store, "a", 4.0, 13); // refreshed: leaves second 10
-        assert_eq!(store.expire(9, usize::MAX), 0);
-        assert_eq!(store.expire(10, usize::MAX), 1);
+        assert_eq!(expire(&mut store, 9, usize::MAX), 0);
+        assert_eq!(expire(&mut store, 10, usize::MAX), 1);
         assert!(store.get("b").is_none());
         assert_eq!(store.expiries.keys().collect::<Vec<_>>(), [&12, &13]);
-        assert_eq!(store.expire(20, 1), 1, "the budget bounds the work");
+        assert_eq!(expire(&mut store, 20, 1), 1, "the budget bounds the work");
         assert_eq!(store.len(), 1);
         assert_eq!(store.get("a").unwrap().demand, Demand { wants: 4.0, subclients: 1.0, has: 4.0 });
     }
@@ -284,18 +356,57 @@ mod tests {
         let mut store = LeaseStore::default();
         let wants =
             [Wants { priority: 2, wants: 10.0, subclients: 2.0 }, Wants { priority: 0, wants: 30.0, subclients: 3.0 }];
-        assert_eq!(store.claim("leaf", &wants, 0.0, 10, |_, _, _| 25.0), 25.0);
+        assert_eq!(store.claim("leaf", &wants, Holds::Reported(0.0), 10, |_, _, _| 25.0), 25.0);
         let band = |p| store.bands().get(p).unwrap().sums();
         assert_eq!((band(2).has, band(0).has), (10.0, 15.0));
         // Cut to 5 while its clients still hold 20: the lease keeps 20 until they refresh...
-        assert_eq!(store.claim("leaf", &wants, 20.0, 10, |_, _, others| 5.0 + others), 5.0);
+        assert_eq!(store.claim("leaf", &wants, Holds::Reported(20.0), 10, |_, _, others| 5.0 + others), 5.0);
         assert_eq!(store.get("leaf").unwrap().demand.has, 20.0);
         // ...never more than it held before, and the grant when that is larger.
-        assert_eq!(store.claim("leaf", &wants, 99.0, 10, |_, _, _| 5.0), 5.0);
+        assert_eq!(store.claim("leaf", &wants, Holds::Reported(99.0), 10, |_, _, _| 5.0), 5.0);
         assert_eq!(store.get("leaf").unwrap().demand.has, 20.0);
-        store.claim("leaf", &wants, 0.0, 10, |_, _, _| 5.0);
+        store.claim("leaf", &wants, Holds::Reported(0.0), 10, |_, _, _| 5.0);
         assert_eq!(store.get("leaf").unwrap().demand.has, 5.0);
         assert_eq!(store.get("leaf").unwrap().priority, 2);
+    }
+
+    #[test]
+    fn a_server_that_cannot_say_what_it_holds_keeps_its_lease() {
+        let mut store = LeaseStore::default();
+        let wants = [Wants { priority: 0, wants: 40.0, subclients: 4.0 }];
+        store.claim("region", &wants, Holds::Reported(0.0), 10, |_, _, _| 40.0);
+        // A new master that has heard from one client of four: granted at least the old lease.
+        let few = [Wants { priority: 0, wants: 10.0, subclients: 1.0 }];
+        assert_eq!(store.claim("region", &few, Holds::Unknown, 12, |_, _, _| 10.0), 40.0);
+        assert_eq!(store.get("region").unwrap().demand.has, 40.0);
+        // Once it knows, its lease follows its grant again.
+        assert_eq!(store.claim("region", &few, Holds::Reported(10.0), 14, |_, _, _| 10.0), 10.0);
+        assert_eq!(store.get("region").unwrap().demand.has, 10.0);
+    }
+
+    #[test]
+    fn a_server_lease_lapses_into_its_safe_capacity_and_a_client_lease_is_forgotten() {
+        let mut store = LeaseStore::default();
+        let wants = [Wants { priority: 1, wants: 60.0, subclients: 3.0 }];
+        store.claim("leaf", &wants, Holds::Reported(0.0), 10, |_, _, _| 50.0);
+        claim(&mut store, "client", 5.0, 10);
+        let safe_per_subclient = 4.0;
+        let fallback = |d: &Demand| safe_per_subclient * d.subclients;
+        assert_eq!(store.expire(10, usize::MAX, 30, fallback), 2);
+        assert!(store.get("client").is_none());
+        let leaf = store.get("leaf").unwrap();
+        assert!(leaf.lapsed);
+        assert_eq!((leaf.demand.has, leaf.demand.wants, leaf.expiry, leaf.priority), (12.0, 12.0, 40, 1));
+        assert_eq!(store.bands().sums().has, 12.0);
+        // Back before the grace ends: a lease again, and what it kept counts as held.
+        store.claim("leaf", &wants, Holds::Reported(12.0), 50, |_, _, _| 3.0);
+        assert!(!store.get("leaf").unwrap().lapsed);
+        assert_eq!(store.get("leaf").unwrap().demand.has, 12.0);
+        // Lapsed again, then gone after the grace.
+        assert_eq!(store.expire(50, usize::MAX, 30, fallback), 1);
+        assert_eq!(store.expire(79, usize::MAX, 30, fallback), 0);
+        assert_eq!(store.expire(80, usize::MAX, 30, fallback), 1);
+        assert!(store.is_empty());
     }
 
     #[test]
@@ -316,7 +427,7 @@ mod tests {
             }
         }
         assert_eq!(store.entries.len(), 100, "freed slots are reused");
-        assert_eq!(store.expire(100, usize::MAX), 50);
+        assert_eq!(expire(&mut store, 100, usize::MAX), 50);
         assert!(store.is_empty());
     }
 }
