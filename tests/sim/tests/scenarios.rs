@@ -1,9 +1,9 @@
 //! Short runs of the shipped scenarios with their fixed seeds: they replay exactly, and they meet
 //! the targets — utilization ≥ 98% after the first learning mode, overshoot ≤ 102%,
 //! Jain ≥ 0.99, and for the tree reconvergence within three refresh intervals of the leaf
-//! level. The tree misses some of them for reasons in the server core (README, "Targets");
-//! those assertions are in `#[ignore]`d tests that name the reason, so that
-//! `cargo test -p sluice-sim -- --ignored` shows where the core stands.
+//! level. Scenario 7 misses three of them (README, "Simulation"); those assertions are in
+//! `#[ignore]`d tests that name the reason, so that `cargo test -p sluice-sim -- --ignored`
+//! shows where the core stands.
 
 use std::path::{Path, PathBuf};
 
@@ -135,33 +135,31 @@ fn scenario_5_the_tree_hands_out_the_capacity() {
     assert!(s.jain_vs_tree.unwrap() >= 0.99, "Jain against the ideal tree split {:?}", s.jain_vs_tree);
 }
 
-/// Scenario 7's utilization target. Missed: a fresh intermediate master asks its parent
-/// with only the clients that came back so far, the parent frees the rest of its reservation
-/// for siblings, and the master's learning-mode grants are capped by the small lease — its
-/// clients get leases of 0 for up to a minute (README, "Targets").
+/// Scenario 7's overshoot target: what the clients hold from the servers' ledgers never goes
+/// above 102% of the root's capacity, crashes, elections and cut-off subtrees included.
 #[test]
-#[ignore = "core: a region's election strands its leaves for up to a minute (README, Targets)"]
+fn scenario_7_overshoot_stays_within_two_percent() {
+    let s = scenario_7_short().summary;
+    assert!(s.granted_peak <= 1.02, "peak granted {}", s.granted_peak);
+}
+
+/// Scenario 7's utilization target. Missed (96.5% here, 97.6% over the hour): after an
+/// intermediate master fails over it learns for a lease length, granting its clients only what
+/// they held; a subtree cut off past its lease lives on its safe capacity, below its share
+/// (README, "Simulation").
+#[test]
+#[ignore = "missed: learning after a failover holds a subtree at what it had for a lease length (README, Simulation)"]
 fn scenario_7_utilization_target() {
     let s = scenario_7_short().summary;
     assert!(s.utilization >= 0.98, "utilization {}", s.utilization);
 }
 
-/// Scenario 7's overshoot target. Missed: a region cut off past its lease loses its share at
-/// the root while its leaves hand their clients the safe capacity, and a fresh leaf master
-/// hands out its own template's safe capacity before its parent first answers (README,
-/// "Targets").
+/// Scenario 7's reconvergence target: three refresh intervals of the clients' servers (3 s).
+/// Missed: a shift that moves capacity between regions waits for the root's 15 s interval,
+/// and for capacity a subtree gives up to be released by its clients first (README,
+/// "Simulation").
 #[test]
-#[ignore = "core: safe capacity in a cut-off subtree, and before a new leaf's first lease (README, Targets)"]
-fn scenario_7_overshoot_target() {
-    let s = scenario_7_short().summary;
-    assert!(s.granted_peak <= 1.02, "peak granted {}", s.granted_peak);
-}
-
-/// Scenario 7's reconvergence target: three refresh intervals of the leaf level. Missed: a
-/// shift travels to the root and back, and capacity a subtree gives up is only free once its
-/// clients have refreshed (README, "Targets").
-#[test]
-#[ignore = "core: reservations make a shift take several refreshes of every level (README, Targets)"]
+#[ignore = "missed: a shift between regions travels at the root's refresh interval (README, Simulation)"]
 fn scenario_7_reconvergence_target() {
     let s = scenario_7_short().summary;
     let max = s.reconvergence_max().unwrap();
@@ -169,11 +167,11 @@ fn scenario_7_reconvergence_target() {
     assert_eq!(s.unsettled(), 0);
 }
 
-/// Scenario 7's fairness target, against the exact max-min fair split. Missed: a server only
-/// passes its children's Σ wants and count up, so even the ideal tree split is below 0.99 when
-/// demands differ within a subtree (`tree_jain`).
+/// Scenario 7's fairness target, against the exact max-min fair split. Missed narrowly: a
+/// server passes up only its children's Σ wants and count per band, and even the ideal split
+/// of such a tree is below 0.99 when demands differ within a subtree (`tree_jain`).
 #[test]
-#[ignore = "structural: aggregated claims cannot reach the global max-min split (README, Targets)"]
+#[ignore = "structural: aggregated claims cannot reach the global max-min split (README, Simulation)"]
 fn scenario_7_fairness_target() {
     let s = scenario_7_short().summary;
     assert!(s.jain.unwrap() >= 0.99, "Jain {:?} (ideal tree {:?})", s.jain, s.tree_jain);
