@@ -184,7 +184,7 @@ impl Resource {
             return self.claim_safe(client, claim, now, learning.then_some(reported));
         };
         let filed = priority::file(mode, &claim.wants);
-        let capacity = self.leases.claim(client, &filed, claim.holds, expiry, |bands, mine, others| {
+        let capacity = self.leases.claim(client, &filed, claim.holds, now, expiry, |bands, mine, others| {
             let wants: f64 = mine.iter().map(|(_, d)| d.wants).sum();
             let target = if learning { reported } else { bands.target(kind, capacity, mine) };
             let mut grant = target.min(wants);
@@ -206,7 +206,7 @@ impl Resource {
         let algorithm = &self.template.algorithm;
         let expiry = now.saturating_add(algorithm.lease_length);
         let filed = priority::file(PriorityMode::of(algorithm), &claim.wants);
-        let capacity = self.leases.claim(client, &filed, claim.holds, expiry, |_, mine, _| {
+        let capacity = self.leases.claim(client, &filed, claim.holds, now, expiry, |_, mine, _| {
             let (wants, subclients) = mine.iter().fold((0.0, 0.0), |(w, s), (_, d)| (w + d.wants, s + d.subclients));
             match learned {
                 Some(has) => wants.min(has),

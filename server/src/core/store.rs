@@ -36,8 +36,10 @@ pub enum Holds {
     /// A lower-level server whose clients still hold this much from earlier grants (its
     /// reported `has`): that stays reserved until they have refreshed onto smaller shares.
     Reported(f64),
-    /// A lower-level server that cannot say — a new master still learning what its clients
-    /// hold: it keeps at least its unexpired lease, and is granted that much.
+    /// A lower-level server that does not say: a new master still learning what its clients
+    /// hold keeps at least the lease its id last held while it did say, until that lease's
+    /// expiry, and is granted that much. (Doorman's servers never say; they are granted what
+    /// the algorithm decides, as by Doorman.)
     Unknown,
 }
 
@@ -56,6 +58,9 @@ struct Entry {
     expiry: UnixSeconds,
     /// A lower-level server's lease (see [`Holds`]).
     server: bool,
+    /// The expiry of the last lease granted while the server reported what its clients hold:
+    /// until then they may hold up to that lease.
+    reported_until: UnixSeconds,
     /// A server's lease that ran out without a release: what it holds is what its subtree
     /// presumably hands out as safe capacity meanwhile (see [`LeaseStore::expire`]).
     lapsed: bool,
@@ -121,12 +126,15 @@ impl LeaseStore {
     /// A lower-level server's lease holds more than the grant while its own clients still hold
     /// more (`holds`): capacity taken back from a server is only free once its clients have
     /// refreshed onto their smaller shares. It never holds more than before, except that a
-    /// server which cannot say what its clients hold keeps its lease and is granted it.
+    /// server which does not say what its clients hold keeps its lease, and is granted it,
+    /// until the last lease it held while it did say has expired.
+    #[allow(clippy::too_many_arguments)]
     pub fn claim(
         &mut self,
         client: &str,
         wants: &[Wants],
         holds: Holds,
+        now: UnixSeconds,
         expiry: UnixSeconds,
         decide: impl FnOnce(&Bands, &[(i64, Demand)], f64) -> f64,
     ) -> f64 {
@@ -146,14 +154,18 @@ impl LeaseStore {
         // With the previous demands out, what the bands hold is what the others hold.
         let others = self.bands.sums().has;
         let grant = decide(self.insert(slot, &mine), &mine, others);
+        let e = &mut self.entries[slot as usize];
         let kept = match holds {
             Holds::Own => grant,
-            Holds::Reported(holds) => grant.max(holds.min(held)),
-            Holds::Unknown => grant.max(held),
+            Holds::Reported(holds) => {
+                e.reported_until = expiry;
+                grant.max(holds.min(held))
+            }
+            Holds::Unknown if now < e.reported_until => grant.max(held),
+            Holds::Unknown => grant,
         };
-        self.distribute(slot, kept);
-        let e = &mut self.entries[slot as usize];
         (e.server, e.lapsed) = (holds.of_server(), false);
+        self.distribute(slot, kept);
         self.link(slot, expiry);
         if holds == Holds::Unknown { kept } else { grant }
     }
@@ -259,6 +271,7 @@ impl LeaseStore {
             places: SmallVec::new(),
             expiry: 0,
             server: false,
+            reported_until: UnixSeconds::MIN,
             lapsed: false,
             prev: NONE,
             next: NONE,
@@ -327,7 +340,7 @@ mod tests {
     use super::*;
 
     fn claim(store: &mut LeaseStore, client: &str, wants: f64, expiry: UnixSeconds) -> f64 {
-        store.claim(client, &[Wants { priority: 0, wants, subclients: 1.0 }], Holds::Own, expiry, |_, _, _| wants)
+        store.claim(client, &[Wants { priority: 0, wants, subclients: 1.0 }], Holds::Own, 0, expiry, |_, _, _| wants)
     }
 
     /// Expires without lapsing anything.
@@ -356,16 +369,16 @@ mod tests {
         let mut store = LeaseStore::default();
         let wants =
             [Wants { priority: 2, wants: 10.0, subclients: 2.0 }, Wants { priority: 0, wants: 30.0, subclients: 3.0 }];
-        assert_eq!(store.claim("leaf", &wants, Holds::Reported(0.0), 10, |_, _, _| 25.0), 25.0);
+        assert_eq!(store.claim("leaf", &wants, Holds::Reported(0.0), 0, 10, |_, _, _| 25.0), 25.0);
         let band = |p| store.bands().get(p).unwrap().sums();
         assert_eq!((band(2).has, band(0).has), (10.0, 15.0));
         // Cut to 5 while its clients still hold 20: the lease keeps 20 until they refresh...
-        assert_eq!(store.claim("leaf", &wants, Holds::Reported(20.0), 10, |_, _, others| 5.0 + others), 5.0);
+        assert_eq!(store.claim("leaf", &wants, Holds::Reported(20.0), 0, 10, |_, _, others| 5.0 + others), 5.0);
         assert_eq!(store.get("leaf").unwrap().demand.has, 20.0);
         // ...never more than it held before, and the grant when that is larger.
-        assert_eq!(store.claim("leaf", &wants, Holds::Reported(99.0), 10, |_, _, _| 5.0), 5.0);
+        assert_eq!(store.claim("leaf", &wants, Holds::Reported(99.0), 0, 10, |_, _, _| 5.0), 5.0);
         assert_eq!(store.get("leaf").unwrap().demand.has, 20.0);
-        store.claim("leaf", &wants, Holds::Reported(0.0), 10, |_, _, _| 5.0);
+        store.claim("leaf", &wants, Holds::Reported(0.0), 0, 10, |_, _, _| 5.0);
         assert_eq!(store.get("leaf").unwrap().demand.has, 5.0);
         assert_eq!(store.get("leaf").unwrap().priority, 2);
     }
@@ -374,21 +387,28 @@ mod tests {
     fn a_server_that_cannot_say_what_it_holds_keeps_its_lease() {
         let mut store = LeaseStore::default();
         let wants = [Wants { priority: 0, wants: 40.0, subclients: 4.0 }];
-        store.claim("region", &wants, Holds::Reported(0.0), 10, |_, _, _| 40.0);
+        store.claim("region", &wants, Holds::Reported(0.0), 0, 10, |_, _, _| 40.0);
         // A new master that has heard from one client of four: granted at least the old lease.
         let few = [Wants { priority: 0, wants: 10.0, subclients: 1.0 }];
-        assert_eq!(store.claim("region", &few, Holds::Unknown, 12, |_, _, _| 10.0), 40.0);
+        assert_eq!(store.claim("region", &few, Holds::Unknown, 0, 12, |_, _, _| 10.0), 40.0);
         assert_eq!(store.get("region").unwrap().demand.has, 40.0);
+        // Not past the expiry of the last lease it held while it said what it held: by then
+        // every grant made under that lease has run out.
+        assert_eq!(store.claim("region", &few, Holds::Unknown, 10, 20, |_, _, _| 10.0), 10.0);
+        store.claim("region", &wants, Holds::Reported(0.0), 20, 30, |_, _, _| 40.0);
         // Once it knows, its lease follows its grant again.
-        assert_eq!(store.claim("region", &few, Holds::Reported(10.0), 14, |_, _, _| 10.0), 10.0);
+        assert_eq!(store.claim("region", &few, Holds::Reported(10.0), 21, 31, |_, _, _| 10.0), 10.0);
         assert_eq!(store.get("region").unwrap().demand.has, 10.0);
+        // A Doorman server never says what it holds: it gets what the algorithm decides.
+        store.claim("doorman", &wants, Holds::Unknown, 0, 10, |_, _, _| 40.0);
+        assert_eq!(store.claim("doorman", &few, Holds::Unknown, 1, 11, |_, _, _| 10.0), 10.0);
     }
 
     #[test]
     fn a_server_lease_lapses_into_its_safe_capacity_and_a_client_lease_is_forgotten() {
         let mut store = LeaseStore::default();
         let wants = [Wants { priority: 1, wants: 60.0, subclients: 3.0 }];
-        store.claim("leaf", &wants, Holds::Reported(0.0), 10, |_, _, _| 50.0);
+        store.claim("leaf", &wants, Holds::Reported(0.0), 0, 10, |_, _, _| 50.0);
         claim(&mut store, "client", 5.0, 10);
         let safe_per_subclient = 4.0;
         let fallback = |d: &Demand| safe_per_subclient * d.subclients;
@@ -399,7 +419,7 @@ mod tests {
         assert_eq!((leaf.demand.has, leaf.demand.wants, leaf.expiry, leaf.priority), (12.0, 12.0, 40, 1));
         assert_eq!(store.bands().sums().has, 12.0);
         // Back before the grace ends: a lease again, and what it kept counts as held.
-        store.claim("leaf", &wants, Holds::Reported(12.0), 50, |_, _, _| 3.0);
+        store.claim("leaf", &wants, Holds::Reported(12.0), 0, 50, |_, _, _| 3.0);
         assert!(!store.get("leaf").unwrap().lapsed);
         assert_eq!(store.get("leaf").unwrap().demand.has, 12.0);
         // Lapsed again, then gone after the grace.

@@ -143,7 +143,7 @@ fn scenario_7_overshoot_stays_within_two_percent() {
     assert!(s.granted_peak <= 1.02, "peak granted {}", s.granted_peak);
 }
 
-/// Scenario 7's utilization target. Missed (96.5% here, 97.6% over the hour): after an
+/// Scenario 7's utilization target. Missed (96.5% here, 97.4% over the hour): after an
 /// intermediate master fails over it learns for a lease length, granting its clients only what
 /// they held; a subtree cut off past its lease lives on its safe capacity, below its share
 /// (README, "Simulation").
