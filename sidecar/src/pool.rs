@@ -51,12 +51,13 @@ pub struct Http1Pool {
 }
 
 struct Idle {
-    connection: Http1,
+    connection: Box<Http1>,
     since: Instant,
 }
 
 /// One HTTP/1.1 connection: the handle requests are sent on and the state machine that does the
-/// connection's I/O, which only runs while someone polls it.
+/// connection's I/O, which only runs while someone polls it. Boxed, as it moves between the pool,
+/// a request and its response body.
 struct Http1 {
     sender: http1::SendRequest<Incoming>,
     driver: http1::Connection<Io, Incoming>,
@@ -124,7 +125,7 @@ impl Http1Pool {
         }
     }
 
-    async fn checkout(&self) -> Option<Http1> {
+    async fn checkout(&self) -> Option<Box<Http1>> {
         loop {
             let Idle { mut connection, since } = self.lock().pop_back()?;
             if since.elapsed() <= defaults::UPSTREAM_POOL_IDLE_TIMEOUT && connection.usable().await {
@@ -133,15 +134,15 @@ impl Http1Pool {
         }
     }
 
-    async fn connect(&self) -> Result<Http1, BoxError> {
+    async fn connect(&self) -> Result<Box<Http1>, BoxError> {
         let io = self.dialer.dial().await?;
         let (sender, driver) = http1::handshake(io).await?;
-        Ok(Http1 { sender, driver, closed: false })
+        Ok(Box::new(Http1 { sender, driver, closed: false }))
     }
 
     /// Keeps a connection whose exchange is complete. Nobody polls an idle connection, so the
     /// ones idle past the timeout are closed here, as the next one comes back.
-    fn check_in(&self, connection: Http1) {
+    fn check_in(&self, connection: Box<Http1>) {
         let now = Instant::now();
         let mut idle = self.lock();
         while idle.front().is_some_and(|i| now.duration_since(i.since) > defaults::UPSTREAM_POOL_IDLE_TIMEOUT) {
@@ -157,7 +158,7 @@ impl Http1Pool {
 /// the pool if the body was read to its end, and is closed otherwise (HTTP/1.1 has no other way
 /// to abandon a response).
 pub struct Lease {
-    connection: Option<Http1>,
+    connection: Option<Box<Http1>>,
     pool: Arc<Http1Pool>,
     finished: bool,
 }

@@ -130,9 +130,22 @@ impl UpstreamClient {
     }
 }
 
-/// Removes the headers that describe one connection rather than the message (RFC 9110 §7.6.1),
-/// keeping `te: trailers`, which gRPC needs end to end.
+/// Headers that describe one connection rather than the message (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 5] = [
+    CONNECTION,
+    TRANSFER_ENCODING,
+    UPGRADE,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+];
+
+/// Removes the hop-by-hop headers and those `Connection` names, keeping `te: trailers`, which
+/// gRPC needs end to end.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none: one pass over the names settles that without a lookup.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name) || name == TE) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
@@ -140,14 +153,9 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
-    for name in named {
+    for name in named.iter().chain(&HOP_BY_HOP) {
         headers.remove(name);
     }
-    for name in [CONNECTION, TRANSFER_ENCODING, UPGRADE] {
-        headers.remove(name);
-    }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
     if headers.get(TE).is_some_and(|v| v != "trailers") {
         headers.remove(TE);
     }
@@ -213,5 +221,33 @@ impl Service<Request<Incoming>> for Proxy {
                 None => respond::no_route(respond::is_grpc(req.headers()), crate::classify::host(&req)),
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_stay_on_their_connection() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("connection", "keep-alive, x-session"),
+            ("keep-alive", "timeout=5"),
+            ("x-session", "1"),
+            ("transfer-encoding", "chunked"),
+            ("te", "trailers"),
+            ("x-kept", "yes"),
+        ] {
+            headers.insert(name, HeaderValue::from_static(value));
+        }
+        strip_hop_by_hop(&mut headers);
+        let mut left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["te", "x-kept"]);
+
+        headers.insert(TE, HeaderValue::from_static("gzip"));
+        strip_hop_by_hop(&mut headers);
+        assert!(!headers.contains_key(TE), "te other than trailers is hop-by-hop");
     }
 }
