@@ -10,8 +10,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use http::{HeaderMap, Request, Response};
-use hyper::body::Incoming;
+use futures_util::future::Either;
+use http::{HeaderMap, Response};
 use tower::Service;
 
 use crate::{
@@ -21,7 +21,7 @@ use crate::{
     core::Kind,
     gate::{Gate, Permits},
     respond,
-    stack::ResponseFuture,
+    stack::{Exchange, ResponseFuture},
 };
 
 #[derive(Clone)]
@@ -35,39 +35,38 @@ impl<S> Admit<S> {
     }
 }
 
-impl<S> Service<Request<Incoming>> for Admit<S>
+impl<S> Service<Exchange> for Admit<S>
 where
-    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future = ResponseFuture>
-        + Clone
-        + Send
-        + 'static,
+    S: Service<Exchange, Response = Response<Body>, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = ResponseFuture;
+    /// Unclassified requests go straight through.
+    type Future = Either<S::Future, ResponseFuture>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> ResponseFuture {
-        let Some(charged) = req.extensions().get::<Charged>().cloned() else {
-            return self.inner.call(req);
+    fn call(&mut self, mut exchange: Exchange) -> Self::Future {
+        let Some(charged) = exchange.charged.take() else {
+            return Either::Left(self.inner.call(exchange));
         };
         // The clone is ready, not `self.inner` (tower's rule for services driven in a future).
         let inner = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, inner);
-        Box::pin(async move {
-            let permits = match admit(&charged, req.headers()).await {
+        Either::Right(Box::pin(async move {
+            let permits = match admit(&charged, exchange.request.headers()).await {
                 Ok(permits) => permits,
                 Err(rejection) => return Ok(rejection),
             };
-            let mut response = inner.call(req).await?;
+            let mut response = inner.call(exchange).await?;
             if !permits.is_empty() {
                 response.body_mut().hold(permits);
             }
             Ok(response)
-        })
+        }))
     }
 }
 

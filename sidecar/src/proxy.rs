@@ -22,8 +22,7 @@ use crate::{
     config, defaults,
     pool::{Connector, Http1Pool, Http2Pool, Lease},
     respond,
-    route::Routed,
-    stack::ResponseFuture,
+    stack::{Exchange, ResponseFuture},
 };
 
 /// One configured upstream and its connection pools.
@@ -204,7 +203,7 @@ fn tls_config(ca: Option<&std::path::Path>) -> Result<rustls::ClientConfig, Stri
 #[derive(Clone, Default)]
 pub struct Proxy;
 
-impl Service<Request<Incoming>> for Proxy {
+impl Service<Exchange> for Proxy {
     type Response = Response<Body>;
     type Error = Infallible;
     type Future = ResponseFuture;
@@ -213,14 +212,8 @@ impl Service<Request<Incoming>> for Proxy {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> ResponseFuture {
-        Box::pin(async move {
-            let upstream = req.extensions().get::<Routed>().map(|r| r.upstream.clone());
-            Ok(match upstream {
-                Some(upstream) => upstream.forward(req).await,
-                None => respond::no_route(respond::is_grpc(req.headers()), crate::classify::host(&req)),
-            })
-        })
+    fn call(&mut self, exchange: Exchange) -> ResponseFuture {
+        Box::pin(async move { Ok(exchange.upstream.forward(exchange.request).await) })
     }
 }
 
