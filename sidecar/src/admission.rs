@@ -5,7 +5,6 @@
 
 use std::{
     convert::Infallible,
-    sync::Arc,
     task::{Context, Poll},
     time::{Duration, Instant},
 };
@@ -19,7 +18,7 @@ use crate::{
     classify::Charged,
     config::OnLimit,
     core::Kind,
-    gate::{Gate, Permits},
+    gate::Permits,
     respond,
     stack::{Exchange, ResponseFuture},
 };
@@ -78,11 +77,11 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<Permits, Respon
         OnLimit::Delay => grpc_timeout(headers).map_or(charge.max_wait, |d| d.min(charge.max_wait)),
         OnLimit::Reject | OnLimit::Shadow => Duration::ZERO,
     };
-    let start = Instant::now();
+    // One budget for all the gates; a request that may not wait reads no clock.
+    let deadline = (!max_wait.is_zero()).then(|| Instant::now() + max_wait);
     let mut permits = Permits::default();
-    let mut spent: Vec<&Arc<Gate>> = Vec::new();
-    for gate in &charge.gates {
-        let budget = max_wait.saturating_sub(start.elapsed());
+    for (i, gate) in charge.gates.iter().enumerate() {
+        let budget = deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
         match gate.admit(*cost, budget).await {
             Ok(waited) if waited.is_zero() => gate.metrics.allowed.increment(1),
             Ok(waited) => {
@@ -95,7 +94,9 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<Permits, Respon
             }
             Err(refused) => {
                 gate.metrics.rejected.increment(1);
-                for earlier in spent {
+                // Every earlier gate admitted (only shadow goes on past a refusal): rates get
+                // their tokens back, concurrency permits go when `permits` drops.
+                for earlier in charge.gates[..i].iter().filter(|g| g.settings().kind == Kind::Rate) {
                     earlier.refund(*cost);
                 }
                 let capacity = gate.applied().capacity;
@@ -104,9 +105,8 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<Permits, Respon
                 return Err(respond::limited(grpc, &gate.id, kind, capacity, refused.retry_after));
             }
         }
-        match gate.settings().kind {
-            Kind::Concurrency => permits.push(gate.clone(), *cost),
-            Kind::Rate => spent.push(gate),
+        if gate.settings().kind == Kind::Concurrency {
+            permits.push(gate.clone(), *cost);
         }
     }
     Ok(permits)
