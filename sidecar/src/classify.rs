@@ -49,9 +49,7 @@ impl Rules {
 
     /// The first rule matching `req`, if any.
     pub fn classify<B>(&self, req: &Request<B>) -> Option<Charged> {
-        let host = host(req);
-        let grpc = respond::is_grpc(req.headers());
-        let (_, charge) = self.rules.iter().find(|(m, _)| matches(m, req, host, grpc))?;
+        let (_, charge) = self.rules.iter().find(|(m, _)| matches(m, req))?;
         let cost = match &charge.cost {
             Cost::Constant(c) => *c,
             Cost::Header { name, default } => header_cost(req.headers(), name).unwrap_or(*default),
@@ -60,7 +58,8 @@ impl Rules {
     }
 }
 
-fn matches<B>(m: &Match, req: &Request<B>, host: &str, grpc: bool) -> bool {
+/// Reads only what the rule tests: most rules test neither the host nor gRPC.
+fn matches<B>(m: &Match, req: &Request<B>) -> bool {
     let path = req.uri().path();
     (m.methods.is_empty() || m.methods.contains(req.method()))
         && m.path.as_ref().is_none_or(|p| match p {
@@ -68,8 +67,9 @@ fn matches<B>(m: &Match, req: &Request<B>, host: &str, grpc: bool) -> bool {
             PathMatch::Prefix(prefix) => path.starts_with(prefix.as_str()),
             PathMatch::Glob(g) => g.is_match(path),
         })
-        && m.host.as_ref().is_none_or(|g| g.is_match(host.to_ascii_lowercase()))
-        && (m.grpc_service.is_none() && m.grpc_method.is_none() || grpc && grpc_matches(m, path))
+        && m.host.as_ref().is_none_or(|g| g.is_match(host(req).to_ascii_lowercase()))
+        && (m.grpc_service.is_none() && m.grpc_method.is_none()
+            || respond::is_grpc(req.headers()) && grpc_matches(m, path))
         && m.headers
             .iter()
             .all(|(name, value)| req.headers().get(name).is_some_and(|v| v.as_bytes() == value.as_bytes()))
