@@ -72,6 +72,9 @@ pub async fn serve(
             .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(settings.header_read_timeout)
+            // Head and body copied into one buffer and written at once: cheaper than queueing
+            // them for writev for the small messages most calls are.
+            .writev(false)
             .max_buf_size(settings.max_header_bytes.max(8192));
         builder
             .http2()

@@ -136,7 +136,8 @@ impl Http1Pool {
 
     async fn connect(&self) -> Result<Box<Http1>, BoxError> {
         let io = self.dialer.dial().await?;
-        let (sender, driver) = http1::handshake(io).await?;
+        // One flat write buffer, as for the application's connections (listener.rs).
+        let (sender, driver) = http1::Builder::new().writev(false).handshake(io).await?;
         Ok(Box::new(Http1 { sender, driver, closed: false }))
     }
 
