@@ -11,7 +11,7 @@ use std::{
         atomic::{AtomicU64, Ordering},
     },
     task::{Context, Poll},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use arc_swap::ArcSwap;
@@ -70,7 +70,7 @@ pub async fn serve(
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
-            .timer(TokioTimer::new())
+            .timer(Ticked)
             .header_read_timeout(settings.header_read_timeout)
             // Head and body copied into one buffer and written at once: cheaper than queueing
             // them for writev for the small messages most calls are.
@@ -84,14 +84,18 @@ pub async fn serve(
         let io = TokioIo::new(Tracked { stream, activity: activity.clone() });
         let service = TowerToHyperService::new(stack::stack(live.clone(), index));
         let connection = builder.serve_connection(io, service).into_owned();
+        // Both deadlines are checked at ticks, so each is met within half of the shorter one.
+        let tick = settings.idle_timeout.min(settings.header_read_timeout) / 2;
         let mut stop_wait = stop.clone();
         let serving = Serving {
             connection,
             peer,
-            idle: tokio::time::sleep(settings.idle_timeout),
-            idle_period: settings.idle_timeout,
+            tick: tokio::time::sleep(tick),
+            tick_period: tick,
+            idle_timeout: settings.idle_timeout,
             activity,
             seen: 0,
+            quiet_since: Instant::now(),
             stop: async move { stopped(&mut stop_wait).await },
             stop_seen: stop.clone(),
             armed: false,
@@ -111,24 +115,26 @@ pub async fn serve(
 }
 
 pin_project! {
-    /// One connection until it ends: closed once it moved no byte for a whole idle period (so
-    /// between one and two periods without traffic), asked to finish its requests and close once
-    /// the listener stops. The idle timer and the stop signal wake the task themselves; between
-    /// those wake-ups a poll costs only the connection's own work and two flag reads.
+    /// One connection until it ends: closed once it moved no byte for `idle_timeout`, asked to
+    /// finish its requests and close once the listener stops. A periodic tick and the stop signal
+    /// wake the task themselves; between those wake-ups a poll costs only the connection's own
+    /// work and two flag reads.
     struct Serving<C, S> {
         #[pin]
         connection: C,
         peer: SocketAddr,
         #[pin]
-        idle: Sleep,
-        idle_period: Duration,
+        tick: Sleep,
+        tick_period: Duration,
+        idle_timeout: Duration,
         activity: Activity,
-        // The activity count when the idle timer was last set.
+        // The activity count at the last tick that saw traffic, and that tick's time.
         seen: u64,
+        quiet_since: Instant,
         #[pin]
         stop: S,
         stop_seen: watch::Receiver<bool>,
-        // The timer and the stop signal have registered this task's waker.
+        // The tick and the stop signal have registered this task's waker.
         armed: bool,
         draining: bool,
     }
@@ -150,27 +156,59 @@ impl<S: Future<Output = ()>> Future for Serving<Connection, S> {
             this.connection.as_mut().graceful_shutdown();
         }
         if !*this.armed {
-            let _ = this.idle.as_mut().poll(cx);
+            let _ = this.tick.as_mut().poll(cx);
             *this.armed = true;
         }
+        // At a tick, this poll is also when hyper finds a header-read deadline passed (`Ticked`).
         if let Poll::Ready(done) = this.connection.poll(cx) {
             return Poll::Ready(done);
         }
-        if this.idle.is_elapsed() {
-            let now = this.activity.count();
-            if now == *this.seen {
+        if this.tick.is_elapsed() {
+            let now = Instant::now();
+            let count = this.activity.count();
+            if count != *this.seen {
+                *this.seen = count;
+                *this.quiet_since = now;
+            } else if now.duration_since(*this.quiet_since) >= *this.idle_timeout {
                 tracing::debug!(peer = %this.peer, "closing an idle connection");
                 return Poll::Ready(Ok(()));
             }
-            *this.seen = now;
-            this.idle.as_mut().reset(tokio::time::Instant::now() + *this.idle_period);
-            // The new deadline registers on the next poll, with a fresh budget.
+            this.tick.as_mut().reset((now + *this.tick_period).into());
+            // The next tick registers on the next poll, with a fresh budget.
             *this.armed = false;
             cx.waker().wake_by_ref();
         }
         Poll::Pending
     }
 }
+
+/// hyper's timer for the HTTP/1.1 header-read timeout, which it starts for every request head:
+/// a bare deadline, checked whenever hyper polls it. The connection's tick (`Serving`) is what
+/// wakes the task to poll it, which spares every request a registration with the runtime's timer.
+#[derive(Clone)]
+struct Ticked;
+
+impl hyper::rt::Timer for Ticked {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.sleep_until(Instant::now() + duration)
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(Deadline(deadline))
+    }
+}
+
+struct Deadline(Instant);
+
+impl Future for Deadline {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+        if Instant::now() >= self.0 { Poll::Ready(()) } else { Poll::Pending }
+    }
+}
+
+impl hyper::rt::Sleep for Deadline {}
 
 /// Resolves once `stop` turns true (or its sender is gone).
 pub async fn stopped(stop: &mut watch::Receiver<bool>) {
