@@ -18,7 +18,13 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use crate::{body::Body, defaults::DURATION_BUCKETS, gate::Applied, plan::ListenerPlan, stack::Exchange};
+use crate::{
+    body::Body,
+    defaults::{DURATION_BUCKETS, METRICS_UPKEEP_INTERVAL},
+    gate::Applied,
+    plan::ListenerPlan,
+    stack::Exchange,
+};
 
 const REQUESTS: &str = "sluice_sidecar_requests_total";
 const WAIT: &str = "sluice_sidecar_wait_seconds";
@@ -34,12 +40,23 @@ const RELOADS: &str = "sluice_sidecar_config_reloads_total";
 pub const MODES: &[&str] =
     &["standalone", "pending", "leased", "fallback_safe", "fallback_optimistic", "fallback_pessimistic"];
 
-/// Installs the process-wide recorder.
+/// Installs the process-wide recorder, with a thread of its own folding histogram samples into
+/// their buckets (off the data path, scraped or not).
 pub fn install() -> Result<PrometheusHandle, String> {
     let handle = PrometheusBuilder::new()
         .set_buckets(DURATION_BUCKETS)
         .and_then(|b| b.install_recorder())
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    let upkeep = handle.clone();
+    std::thread::Builder::new()
+        .name("sluice-metrics".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(METRICS_UPKEEP_INTERVAL);
+                upkeep.run_upkeep();
+            }
+        })
+        .map_err(|e| format!("cannot start the metrics upkeep thread: {e}"))?;
     describe_counter!(
         REQUESTS,
         "Requests charged to a resource, by decision (allowed, delayed, rejected, shadow_rejected)."
