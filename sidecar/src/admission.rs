@@ -5,13 +5,12 @@
 
 use std::{
     convert::Infallible,
-    sync::Arc,
     task::{Context, Poll},
     time::{Duration, Instant},
 };
 
-use http::{HeaderMap, Request, Response};
-use hyper::body::Incoming;
+use futures_util::future::Either;
+use http::{HeaderMap, Response};
 use tower::Service;
 
 use crate::{
@@ -19,9 +18,9 @@ use crate::{
     classify::Charged,
     config::OnLimit,
     core::Kind,
-    gate::{Gate, Permits},
+    gate::Permits,
     respond,
-    stack::ResponseFuture,
+    stack::{Exchange, ResponseFuture},
 };
 
 #[derive(Clone)]
@@ -35,39 +34,38 @@ impl<S> Admit<S> {
     }
 }
 
-impl<S> Service<Request<Incoming>> for Admit<S>
+impl<S> Service<Exchange> for Admit<S>
 where
-    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future = ResponseFuture>
-        + Clone
-        + Send
-        + 'static,
+    S: Service<Exchange, Response = Response<Body>, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = ResponseFuture;
+    /// Unclassified requests go straight through.
+    type Future = Either<S::Future, ResponseFuture>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> ResponseFuture {
-        let Some(charged) = req.extensions().get::<Charged>().cloned() else {
-            return self.inner.call(req);
+    fn call(&mut self, mut exchange: Exchange) -> Self::Future {
+        let Some(charged) = exchange.charged.take() else {
+            return Either::Left(self.inner.call(exchange));
         };
         // The clone is ready, not `self.inner` (tower's rule for services driven in a future).
         let inner = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, inner);
-        Box::pin(async move {
-            let permits = match admit(&charged, req.headers()).await {
+        Either::Right(Box::pin(async move {
+            let permits = match admit(&charged, exchange.request.headers()).await {
                 Ok(permits) => permits,
                 Err(rejection) => return Ok(rejection),
             };
-            let mut response = inner.call(req).await?;
+            let mut response = inner.call(exchange).await?;
             if !permits.is_empty() {
                 response.body_mut().hold(permits);
             }
             Ok(response)
-        })
+        }))
     }
 }
 
@@ -79,11 +77,11 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<Permits, Respon
         OnLimit::Delay => grpc_timeout(headers).map_or(charge.max_wait, |d| d.min(charge.max_wait)),
         OnLimit::Reject | OnLimit::Shadow => Duration::ZERO,
     };
-    let start = Instant::now();
+    // One budget for all the gates; a request that may not wait reads no clock.
+    let deadline = (!max_wait.is_zero()).then(|| Instant::now() + max_wait);
     let mut permits = Permits::default();
-    let mut spent: Vec<&Arc<Gate>> = Vec::new();
-    for gate in &charge.gates {
-        let budget = max_wait.saturating_sub(start.elapsed());
+    for (i, gate) in charge.gates.iter().enumerate() {
+        let budget = deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
         match gate.admit(*cost, budget).await {
             Ok(waited) if waited.is_zero() => gate.metrics.allowed.increment(1),
             Ok(waited) => {
@@ -96,7 +94,9 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<Permits, Respon
             }
             Err(refused) => {
                 gate.metrics.rejected.increment(1);
-                for earlier in spent {
+                // Every earlier gate admitted (only shadow goes on past a refusal): rates get
+                // their tokens back, concurrency permits go when `permits` drops.
+                for earlier in charge.gates[..i].iter().filter(|g| g.settings().kind == Kind::Rate) {
                     earlier.refund(*cost);
                 }
                 let capacity = gate.applied().capacity;
@@ -105,9 +105,8 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<Permits, Respon
                 return Err(respond::limited(grpc, &gate.id, kind, capacity, refused.retry_after));
             }
         }
-        match gate.settings().kind {
-            Kind::Concurrency => permits.push(gate.clone(), *cost),
-            Kind::Rate => spent.push(gate),
+        if gate.settings().kind == Kind::Concurrency {
+            permits.push(gate.clone(), *cost);
         }
     }
     Ok(permits)

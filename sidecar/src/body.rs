@@ -1,5 +1,6 @@
 //! The response body the sidecar hands back: an upstream's body streamed through, holding the
-//! request's concurrency permits until it ends, or a small synthetic one.
+//! request's concurrency permits and its HTTP/1.1 upstream connection until it ends, or a small
+//! synthetic one.
 
 use std::{
     pin::Pin,
@@ -12,7 +13,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
-use crate::gate::Permits;
+use crate::{gate::Permits, pool::Lease};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -25,6 +26,8 @@ pin_project! {
             // Released when the body is dropped: for a stream, the request is in flight until
             // its last frame.
             permits: Option<Permits>,
+            // The HTTP/1.1 connection the body arrives on, driven by polling the body.
+            connection: Option<Lease>,
         },
         Synthetic {
             #[pin]
@@ -34,8 +37,8 @@ pin_project! {
 }
 
 impl Body {
-    pub fn upstream(inner: Incoming) -> Body {
-        Body::Upstream { inner, permits: None }
+    pub fn upstream(inner: Incoming, connection: Option<Lease>) -> Body {
+        Body::Upstream { inner, permits: None, connection }
     }
 
     pub fn synthetic(bytes: impl Into<Bytes>) -> Body {
@@ -60,7 +63,20 @@ impl HttpBody for Body {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project() {
-            Projection::Upstream { inner, .. } => inner.poll_frame(cx).map_err(Into::into),
+            Projection::Upstream { mut inner, connection, .. } => {
+                let Some(connection) = connection else {
+                    return inner.poll_frame(cx).map_err(Into::into);
+                };
+                // The connection first, so that what it reads is there for `inner` now.
+                connection.poll_connection(cx);
+                let frame = inner.as_mut().poll_frame(cx);
+                match &frame {
+                    Poll::Ready(None) => connection.finish(),
+                    Poll::Ready(Some(Ok(_))) if inner.is_end_stream() => connection.finish(),
+                    _ => {}
+                }
+                frame.map_err(Into::into)
+            }
             Projection::Synthetic { inner } => inner.poll_frame(cx).map_err(|never| match never {}),
         }
     }

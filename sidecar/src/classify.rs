@@ -1,6 +1,6 @@
 //! Request → resources (SPEC §4.2): the first rule whose match holds names what the request is
-//! charged, how much, and what happens when a limit says no. A tower layer puts the answer in the
-//! request's extensions for admission.
+//! charged, how much, and what happens when a limit says no. A tower layer hands the answer to
+//! admission with the request.
 
 use std::{
     convert::Infallible,
@@ -10,7 +10,6 @@ use std::{
 };
 
 use http::{HeaderMap, Request, Response};
-use hyper::body::Incoming;
 use tower::Service;
 
 use crate::{
@@ -18,8 +17,7 @@ use crate::{
     config::{Cost, Match, OnLimit, PathMatch},
     gate::Gate,
     respond,
-    route::Routed,
-    stack::ResponseFuture,
+    stack::Exchange,
 };
 
 /// What a matching rule charges: compiled once per configuration.
@@ -33,7 +31,6 @@ pub struct Charge {
 }
 
 /// The charge for one request, as classification found it.
-#[derive(Clone)]
 pub struct Charged {
     pub charge: Arc<Charge>,
     pub cost: f64,
@@ -52,9 +49,7 @@ impl Rules {
 
     /// The first rule matching `req`, if any.
     pub fn classify<B>(&self, req: &Request<B>) -> Option<Charged> {
-        let host = host(req);
-        let grpc = respond::is_grpc(req.headers());
-        let (_, charge) = self.rules.iter().find(|(m, _)| matches(m, req, host, grpc))?;
+        let (_, charge) = self.rules.iter().find(|(m, _)| matches(m, req))?;
         let cost = match &charge.cost {
             Cost::Constant(c) => *c,
             Cost::Header { name, default } => header_cost(req.headers(), name).unwrap_or(*default),
@@ -63,7 +58,8 @@ impl Rules {
     }
 }
 
-fn matches<B>(m: &Match, req: &Request<B>, host: &str, grpc: bool) -> bool {
+/// Reads only what the rule tests: most rules test neither the host nor gRPC.
+fn matches<B>(m: &Match, req: &Request<B>) -> bool {
     let path = req.uri().path();
     (m.methods.is_empty() || m.methods.contains(req.method()))
         && m.path.as_ref().is_none_or(|p| match p {
@@ -71,8 +67,9 @@ fn matches<B>(m: &Match, req: &Request<B>, host: &str, grpc: bool) -> bool {
             PathMatch::Prefix(prefix) => path.starts_with(prefix.as_str()),
             PathMatch::Glob(g) => g.is_match(path),
         })
-        && m.host.as_ref().is_none_or(|g| g.is_match(host.to_ascii_lowercase()))
-        && (m.grpc_service.is_none() && m.grpc_method.is_none() || grpc && grpc_matches(m, path))
+        && m.host.as_ref().is_none_or(|g| g.is_match(host(req).to_ascii_lowercase()))
+        && (m.grpc_service.is_none() && m.grpc_method.is_none()
+            || respond::is_grpc(req.headers()) && grpc_matches(m, path))
         && m.headers
             .iter()
             .all(|(name, value)| req.headers().get(name).is_some_and(|v| v.as_bytes() == value.as_bytes()))
@@ -114,24 +111,21 @@ impl<S> Classify<S> {
     }
 }
 
-impl<S> Service<Request<Incoming>> for Classify<S>
+impl<S> Service<Exchange> for Classify<S>
 where
-    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future = ResponseFuture>,
+    S: Service<Exchange, Response = Response<Body>, Error = Infallible>,
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = ResponseFuture;
+    type Future = S::Future;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<Incoming>) -> ResponseFuture {
-        let charged = req.extensions().get::<Routed>().and_then(|routed| routed.listener.rules.classify(&req));
-        if let Some(charged) = charged {
-            req.extensions_mut().insert(charged);
-        }
-        self.inner.call(req)
+    fn call(&mut self, mut exchange: Exchange) -> S::Future {
+        exchange.charged = exchange.listener.rules.classify(&exchange.request);
+        self.inner.call(exchange)
     }
 }
 

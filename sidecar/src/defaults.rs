@@ -19,6 +19,10 @@ pub const SHUTDOWN_GRACE: &str = "10s";
 /// The configuration used without `--config`: standalone, one listener in front of a local app.
 pub const EMBEDDED_CONFIG: &str = include_str!("default_config.yaml");
 
+/// How often recorded histogram samples are folded into their buckets. Until then each request's
+/// samples are kept one by one, so memory grew with traffic between scrapes.
+pub const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Time allowed for a client to send a request's headers (slowloris protection).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 

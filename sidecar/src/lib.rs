@@ -21,6 +21,7 @@ pub mod leasing;
 pub mod listener;
 pub mod metrics;
 pub mod plan;
+pub mod pool;
 pub mod proxy;
 pub mod respond;
 pub mod route;

@@ -19,11 +19,16 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(usize::from(args.worker_threads))
-        .enable_all()
-        .build()
-    {
+    // One worker: the current-thread scheduler, whose tasks wake each other without the
+    // cross-thread queues and atomics of the work-stealing one.
+    let mut builder = if args.worker_threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(usize::from(args.worker_threads));
+        builder
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("sluice-sidecar: cannot start the runtime: {e}");

@@ -3,20 +3,28 @@
 
 use std::{
     convert::Infallible,
+    future::Future,
+    pin::Pin,
     sync::{Arc, Mutex},
-    task::{Context, Poll},
+    task::{Context, Poll, ready},
     time::Instant,
 };
 
-use http::{Request, Response};
-use hyper::body::Incoming;
+use http::Response;
 use metrics::{
     Counter, Gauge, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use pin_project_lite::pin_project;
 use tower::Service;
 
-use crate::{body::Body, defaults::DURATION_BUCKETS, gate::Applied, route::Routed, stack::ResponseFuture};
+use crate::{
+    body::Body,
+    defaults::{DURATION_BUCKETS, METRICS_UPKEEP_INTERVAL},
+    gate::Applied,
+    plan::ListenerPlan,
+    stack::Exchange,
+};
 
 const REQUESTS: &str = "sluice_sidecar_requests_total";
 const WAIT: &str = "sluice_sidecar_wait_seconds";
@@ -32,12 +40,23 @@ const RELOADS: &str = "sluice_sidecar_config_reloads_total";
 pub const MODES: &[&str] =
     &["standalone", "pending", "leased", "fallback_safe", "fallback_optimistic", "fallback_pessimistic"];
 
-/// Installs the process-wide recorder.
+/// Installs the process-wide recorder, with a thread of its own folding histogram samples into
+/// their buckets (off the data path, scraped or not).
 pub fn install() -> Result<PrometheusHandle, String> {
     let handle = PrometheusBuilder::new()
         .set_buckets(DURATION_BUCKETS)
         .and_then(|b| b.install_recorder())
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    let upkeep = handle.clone();
+    std::thread::Builder::new()
+        .name("sluice-metrics".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(METRICS_UPKEEP_INTERVAL);
+                upkeep.run_upkeep();
+            }
+        })
+        .map_err(|e| format!("cannot start the metrics upkeep thread: {e}"))?;
     describe_counter!(
         REQUESTS,
         "Requests charged to a resource, by decision (allowed, delayed, rejected, shadow_rejected)."
@@ -137,28 +156,42 @@ impl<S> Measure<S> {
     }
 }
 
-impl<S> Service<Request<Incoming>> for Measure<S>
+impl<S> Service<Exchange> for Measure<S>
 where
-    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future = ResponseFuture>,
+    S: Service<Exchange, Response = Response<Body>, Error = Infallible>,
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = ResponseFuture;
+    type Future = Timed<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> ResponseFuture {
-        let Some(routed) = req.extensions().get::<Routed>().cloned() else {
-            return self.inner.call(req);
-        };
+    fn call(&mut self, exchange: Exchange) -> Timed<S::Future> {
+        let listener = exchange.listener.clone();
         let start = Instant::now();
-        let answer = self.inner.call(req);
-        Box::pin(async move {
-            let response = answer.await?;
-            routed.listener.timing.record(response.status().as_u16(), start.elapsed().as_secs_f64());
-            Ok(response)
-        })
+        Timed { answer: self.inner.call(exchange), listener, start }
+    }
+}
+
+pin_project! {
+    /// A forwarded request until its response headers, then recorded.
+    pub struct Timed<F> {
+        #[pin]
+        answer: F,
+        listener: Arc<ListenerPlan>,
+        start: Instant,
+    }
+}
+
+impl<F: Future<Output = Result<Response<Body>, Infallible>>> Future for Timed<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let Ok(response) = ready!(this.answer.poll(cx));
+        this.listener.timing.record(response.status().as_u16(), this.start.elapsed().as_secs_f64());
+        Poll::Ready(Ok(response))
     }
 }

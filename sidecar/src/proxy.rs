@@ -14,16 +14,16 @@ use http::{
     uri::{Authority, PathAndQuery, Scheme},
 };
 use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
-use hyper_util::{
-    client::legacy::{Client, connect::HttpConnector},
-    rt::{TokioExecutor, TokioTimer},
-};
+use hyper_util::client::legacy::connect::HttpConnector;
 use tower::Service;
 
-use crate::{body::Body, config, defaults, respond, route::Routed, stack::ResponseFuture};
-
-type Pool = Client<HttpsConnector<HttpConnector>, Incoming>;
+use crate::{
+    body::{Body, BoxError},
+    config, defaults,
+    pool::{Connector, Http1Pool, Http2Pool, Lease},
+    respond,
+    stack::{Exchange, ResponseFuture},
+};
 
 /// One configured upstream and its connection pools.
 pub struct UpstreamClient {
@@ -31,8 +31,8 @@ pub struct UpstreamClient {
     scheme: Scheme,
     authority: Authority,
     host: HeaderValue,
-    http1: Pool,
-    http2: Pool,
+    http1: Arc<Http1Pool>,
+    http2: Http2Pool,
 }
 
 impl UpstreamClient {
@@ -40,28 +40,34 @@ impl UpstreamClient {
         let scheme = config.url.scheme().cloned().unwrap_or(Scheme::HTTP);
         let authority = config.url.authority().cloned().ok_or("the url has no authority")?;
         let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
+        let target = Uri::builder()
+            .scheme(scheme.clone())
+            .authority(authority.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|e| e.to_string())?;
         let tls = tls_config(config.ca.as_deref())?;
-        let pool = |http2: bool| {
+        let connector = |http2: bool| -> Connector {
             let mut http = HttpConnector::new();
             http.set_nodelay(true);
             http.enforce_http(false);
             http.set_connect_timeout(Some(defaults::UPSTREAM_CONNECT_TIMEOUT));
             let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls.clone()).https_or_http();
             // ALPN offers exactly the version the pool speaks.
-            let connector = if http2 {
+            if http2 {
                 builder.enable_http2().wrap_connector(http)
             } else {
                 builder.enable_http1().wrap_connector(http)
-            };
-            Client::builder(TokioExecutor::new())
-                .timer(TokioTimer::new())
-                .pool_timer(TokioTimer::new())
-                .pool_idle_timeout(defaults::UPSTREAM_POOL_IDLE_TIMEOUT)
-                .pool_max_idle_per_host(defaults::UPSTREAM_POOL_IDLE)
-                .http2_only(http2)
-                .build(connector)
+            }
         };
-        Ok(UpstreamClient { config: config.clone(), scheme, authority, host, http1: pool(false), http2: pool(true) })
+        Ok(UpstreamClient {
+            config: config.clone(),
+            scheme,
+            authority,
+            host,
+            http1: Arc::new(Http1Pool::new(connector(false), target.clone())),
+            http2: Http2Pool::new(connector(true), target),
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -76,24 +82,7 @@ impl UpstreamClient {
     /// DEADLINE_EXCEEDED).
     pub async fn forward(&self, req: Request<Incoming>) -> Response<Body> {
         let grpc = respond::is_grpc(req.headers());
-        let (mut parts, body) = req.into_parts();
-        let path = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let uri = Uri::builder().scheme(self.scheme.clone()).authority(self.authority.clone()).path_and_query(path);
-        let pool = if parts.version == Version::HTTP_2 {
-            // The URI's authority becomes `:authority`; a Host header would contradict it.
-            parts.headers.remove(HOST);
-            &self.http2
-        } else {
-            parts.version = Version::HTTP_11;
-            parts.headers.insert(HOST, self.host.clone());
-            &self.http1
-        };
-        parts.uri = match uri.build() {
-            Ok(uri) => uri,
-            Err(e) => return respond::bad_gateway(grpc, self.name(), &e.to_string()),
-        };
-        strip_hop_by_hop(&mut parts.headers);
-        let sent = pool.request(Request::from_parts(parts, body));
+        let sent = self.send(req);
         let answer = match self.config.timeout {
             Some(limit) => match tokio::time::timeout(limit, sent).await {
                 Ok(answer) => answer,
@@ -102,22 +91,60 @@ impl UpstreamClient {
             None => sent.await,
         };
         match answer {
-            Ok(response) => {
+            Ok((response, connection)) => {
                 let (mut parts, body) = response.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, Body::upstream(body))
+                Response::from_parts(parts, Body::upstream(body, connection))
             }
             Err(e) => {
                 tracing::debug!(upstream = self.name(), error = %e, "upstream request failed");
-                respond::bad_gateway(grpc, self.name(), &error_chain(&e))
+                respond::bad_gateway(grpc, self.name(), &error_chain(&*e))
             }
+        }
+    }
+
+    /// HTTP/2 goes out as HTTP/2 (gRPC needs it end to end), everything else as HTTP/1.1.
+    async fn send(&self, req: Request<Incoming>) -> Result<(Response<Incoming>, Option<Lease>), BoxError> {
+        let (mut parts, body) = req.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        let path = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+        if parts.version == Version::HTTP_2 {
+            // The URI's authority becomes `:authority`; a Host header would contradict it.
+            parts.headers.remove(HOST);
+            parts.uri = Uri::builder()
+                .scheme(self.scheme.clone())
+                .authority(self.authority.clone())
+                .path_and_query(path)
+                .build()?;
+            let response = self.http2.send(Request::from_parts(parts, body)).await?;
+            Ok((response, None))
+        } else {
+            // HTTP/1.1 sends the target in origin form, the authority in Host.
+            parts.version = Version::HTTP_11;
+            parts.headers.insert(HOST, self.host.clone());
+            parts.uri = Uri::from(path);
+            let (response, connection) = self.http1.send(Request::from_parts(parts, body)).await?;
+            Ok((response, Some(connection)))
         }
     }
 }
 
-/// Removes the headers that describe one connection rather than the message (RFC 9110 §7.6.1),
-/// keeping `te: trailers`, which gRPC needs end to end.
+/// Headers that describe one connection rather than the message (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 5] = [
+    CONNECTION,
+    TRANSFER_ENCODING,
+    UPGRADE,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+];
+
+/// Removes the hop-by-hop headers and those `Connection` names, keeping `te: trailers`, which
+/// gRPC needs end to end.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none: one pass over the names settles that without a lookup.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name) || name == TE) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
@@ -125,14 +152,9 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
-    for name in named {
+    for name in named.iter().chain(&HOP_BY_HOP) {
         headers.remove(name);
     }
-    for name in [CONNECTION, TRANSFER_ENCODING, UPGRADE] {
-        headers.remove(name);
-    }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
     if headers.get(TE).is_some_and(|v| v != "trailers") {
         headers.remove(TE);
     }
@@ -181,7 +203,7 @@ fn tls_config(ca: Option<&std::path::Path>) -> Result<rustls::ClientConfig, Stri
 #[derive(Clone, Default)]
 pub struct Proxy;
 
-impl Service<Request<Incoming>> for Proxy {
+impl Service<Exchange> for Proxy {
     type Response = Response<Body>;
     type Error = Infallible;
     type Future = ResponseFuture;
@@ -190,13 +212,35 @@ impl Service<Request<Incoming>> for Proxy {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> ResponseFuture {
-        Box::pin(async move {
-            let upstream = req.extensions().get::<Routed>().map(|r| r.upstream.clone());
-            Ok(match upstream {
-                Some(upstream) => upstream.forward(req).await,
-                None => respond::no_route(respond::is_grpc(req.headers()), crate::classify::host(&req)),
-            })
-        })
+    fn call(&mut self, exchange: Exchange) -> ResponseFuture {
+        Box::pin(async move { Ok(exchange.upstream.forward(exchange.request).await) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_stay_on_their_connection() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("connection", "keep-alive, x-session"),
+            ("keep-alive", "timeout=5"),
+            ("x-session", "1"),
+            ("transfer-encoding", "chunked"),
+            ("te", "trailers"),
+            ("x-kept", "yes"),
+        ] {
+            headers.insert(name, HeaderValue::from_static(value));
+        }
+        strip_hop_by_hop(&mut headers);
+        let mut left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["te", "x-kept"]);
+
+        headers.insert(TE, HeaderValue::from_static("gzip"));
+        strip_hop_by_hop(&mut headers);
+        assert!(!headers.contains_key(TE), "te other than trailers is hop-by-hop");
     }
 }

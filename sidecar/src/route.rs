@@ -4,11 +4,13 @@
 
 use std::{
     convert::Infallible,
+    future::{Ready, ready},
     sync::Arc,
     task::{Context, Poll},
 };
 
 use arc_swap::ArcSwap;
+use futures_util::future::Either;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::Service;
@@ -16,18 +18,10 @@ use tower::Service;
 use crate::{
     body::Body,
     classify::host,
-    plan::{ListenerPlan, Plan, Target},
-    proxy::UpstreamClient,
+    plan::{Plan, Target},
     respond,
-    stack::ResponseFuture,
+    stack::Exchange,
 };
-
-/// Where a request goes, for the layers below.
-#[derive(Clone)]
-pub struct Routed {
-    pub listener: Arc<ListenerPlan>,
-    pub upstream: Arc<UpstreamClient>,
-}
 
 /// Tower service at the top of a listener's stack: reads the configuration in force once per
 /// request, so a reload applies to open connections from their next request on.
@@ -47,27 +41,26 @@ impl<S> Route<S> {
 
 impl<S> Service<Request<Incoming>> for Route<S>
 where
-    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future = ResponseFuture>,
+    S: Service<Exchange, Response = Response<Body>, Error = Infallible>,
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = ResponseFuture;
+    type Future = Either<Ready<Result<Response<Body>, Infallible>>, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<Incoming>) -> ResponseFuture {
+    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
         let listener = self.live.load().listeners[self.listener].clone();
         let upstream = match &listener.target {
             Target::Fixed(upstream) => Some(upstream.clone()),
-            Target::ByHost(hosts) => hosts.get(&host(&req).to_ascii_lowercase()).cloned(),
+            Target::ByHost(hosts) => hosts.get(&host(&request).to_ascii_lowercase()).cloned(),
         };
         let Some(upstream) = upstream else {
-            let response = respond::no_route(respond::is_grpc(req.headers()), host(&req));
-            return Box::pin(std::future::ready(Ok(response)));
+            let response = respond::no_route(respond::is_grpc(request.headers()), host(&request));
+            return Either::Left(ready(Ok(response)));
         };
-        req.extensions_mut().insert(Routed { listener, upstream });
-        self.inner.call(req)
+        Either::Right(self.inner.call(Exchange { request, listener, upstream, charged: None }))
     }
 }

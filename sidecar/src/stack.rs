@@ -3,15 +3,32 @@
 use std::{convert::Infallible, future::Future, pin::Pin, sync::Arc};
 
 use arc_swap::ArcSwap;
-use http::Response;
+use http::{Request, Response};
+use hyper::body::Incoming;
 use tower::ServiceBuilder;
 
 use crate::{
-    admission::Admit, body::Body, classify::Classify, metrics::Measure, plan::Plan, proxy::Proxy, route::Route,
+    admission::Admit,
+    body::Body,
+    classify::{Charged, Classify},
+    metrics::Measure,
+    plan::{ListenerPlan, Plan},
+    proxy::{Proxy, UpstreamClient},
+    route::Route,
 };
 
-/// The future every layer of the stack returns.
+/// The future of a layer that has to await something of its own: boxed, as an `async` block's
+/// type cannot be named.
 pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+/// A routed request on its way down the stack, with what the layers above found out about it.
+pub struct Exchange {
+    pub request: Request<Incoming>,
+    pub listener: Arc<ListenerPlan>,
+    pub upstream: Arc<UpstreamClient>,
+    /// What the request is charged, once classification found a matching rule.
+    pub charged: Option<Charged>,
+}
 
 pub type Stack = Route<Classify<Admit<Measure<Proxy>>>>;
 

@@ -361,13 +361,16 @@ struct Nginx {
 }
 
 impl Nginx {
-    /// nginx as a keep-alive reverse proxy to `upstream`, everything it writes inside its own directory.
+    /// nginx as a keep-alive reverse proxy to `upstream`, everything it writes inside its own
+    /// directory. One process serves (no master): killing the child stops nginx, with no worker
+    /// left behind to hold the port.
     fn start(nginx: &Path, upstream: SocketAddr) -> Result<Nginx, String> {
         let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let d = dir.path().display();
         let config = format!(
             r#"daemon off;
+master_process off;
 worker_processes 1;
 pid {d}/nginx.pid;
 error_log stderr;
@@ -430,6 +433,9 @@ upstreams:
 resources:
   - id: bench
     kind: rate
+    # The lease follows the measured load with 10% headroom; a deep bucket absorbs the swings of
+    # a closed-loop load between refreshes, so that the rule admits every request yet charges it.
+    burst: 1000000000
 rules:
   - resource: bench
     on_limit: reject
