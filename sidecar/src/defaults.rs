@@ -59,6 +59,15 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// resource to its fallback promptly.
 pub const LEASE_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 
+/// A resource whose wants moved by more than this fraction since they were last reported is
+/// asked for again before the refresh interval is up...
+pub const DEMAND_CHANGE: f64 = 0.1;
+
+/// ...but no sooner than this fraction of the refresh interval after the last answer (and at
+/// least a second): a surge gets capacity within a fraction of the interval, and demand that
+/// swings at every check does not multiply the load on the servers by more than this.
+pub const EARLY_REFRESH: f64 = 0.25;
+
 /// Bucket bounds of the sidecar's latency histograms (waits and upstream requests), from
 /// 100 µs to 30 s.
 pub const DURATION_BUCKETS: &[f64] =

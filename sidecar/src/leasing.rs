@@ -84,7 +84,9 @@ impl Leasing {
                     _ = tokio::time::sleep(until_due.min(defaults::LEASE_CHECK_INTERVAL)) => {}
                     _ = stopped(&mut stop) => break,
                 }
-                self.apply(&live.load());
+                let plan = live.load();
+                self.lock().demand_moved(|id| plan.gate(id).map_or(0.0, |g| g.wants()));
+                self.apply(&plan);
                 continue;
             }
             let plan = live.load_full();

@@ -272,3 +272,21 @@ fn shutdown_releases_everything_in_use() {
     assert_eq!(client.effective(T0, "a").unwrap().mode, Mode::Fallback);
     assert!(client.release_all().is_empty());
 }
+
+#[test]
+fn a_surge_is_asked_for_before_the_refresh_interval_is_up() {
+    let mut client = asking(&[("a", Fallback::Safe)]);
+    client.on_response(T0, answer(vec![grant("a", 10.0, T0 + 60.0, 20, None)]));
+    assert_eq!(client.next_due(), Some(T0 + 20.0));
+    // Reported 10: a move within 10% waits for the refresh.
+    client.demand_moved(|_| 10.5);
+    assert_eq!(client.next_due(), Some(T0 + 20.0));
+    // Tripled demand (or demand gone) is asked for a quarter of the interval after the answer.
+    client.demand_moved(|_| 30.0);
+    assert_eq!(client.next_due(), Some(T0 + 5.0));
+    let request = client.request(T0 + 5.0, |_| 30.0).unwrap();
+    assert_eq!(request.resource[0].wants, 30.0);
+    client.on_response(T0 + 5.0, answer(vec![grant("a", 30.0, T0 + 65.0, 20, None)]));
+    client.demand_moved(|_| 1.0);
+    assert_eq!(client.next_due(), Some(T0 + 10.0));
+}

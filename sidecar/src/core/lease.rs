@@ -8,6 +8,8 @@ use sluice_proto::{GetCapacityRequest, GetCapacityResponse, Lease, ResourceReque
 pub use sluice_server::core::Answer;
 use sluice_server::core::Schedule;
 
+use crate::defaults::{DEMAND_CHANGE, EARLY_REFRESH};
+
 /// What a resource enforces while it holds no valid lease (`when_unreachable`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fallback {
@@ -75,6 +77,8 @@ struct Entry {
     lease: Option<Lease>,
     /// The last safe capacity a server sent (negative: no limit).
     server_safe: Option<f64>,
+    /// The wants in the last request.
+    reported: f64,
 }
 
 impl Entry {
@@ -114,6 +118,7 @@ impl LeaseClient {
                     asked: false,
                     lease: None,
                     server_safe: None,
+                    reported: 0.0,
                 },
             };
             self.entries.insert(spec.id, entry);
@@ -151,6 +156,7 @@ impl LeaseClient {
             .map(|entry| {
                 entry.requested = true;
                 let wants = wants(&entry.spec.id);
+                entry.reported = wants;
                 ResourceRequest {
                     resource_id: entry.spec.id.clone(),
                     priority: entry.spec.priority,
@@ -165,6 +171,21 @@ impl LeaseClient {
         }
         self.schedule.begin();
         Some(GetCapacityRequest { client_id: self.client_id.clone(), resource })
+    }
+
+    /// Demand changed between refreshes: if a leased resource's `wants(id)` moved by more than
+    /// [`DEMAND_CHANGE`] since it was last reported, the next request comes early (see
+    /// [`EARLY_REFRESH`]), so that a surge is served, and capacity given back, without waiting
+    /// for the whole refresh interval.
+    pub fn demand_moved(&mut self, mut wants: impl FnMut(&str) -> f64) {
+        let early = self.entries.values().filter(|entry| entry.used).find_map(|entry| {
+            let lease = entry.lease.as_ref()?;
+            let moved = (wants(&entry.spec.id) - entry.reported).abs() > DEMAND_CHANGE * entry.reported.max(1.0);
+            moved.then_some(lease.refresh_interval)
+        });
+        if let Some(refresh) = early {
+            self.schedule.hasten(refresh as f64 * EARLY_REFRESH);
+        }
     }
 
     /// Takes the answer to the request in flight.

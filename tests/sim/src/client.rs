@@ -165,6 +165,12 @@ impl Client {
         std::mem::take(&mut self.admitted)
     }
 
+    /// Lets the lease client ask early if demand moved, as `Leasing::run` does between refreshes.
+    pub fn check_demand(&mut self, now: Time) {
+        let wants = self.wants(now);
+        self.lease.demand_moved(|_| wants);
+    }
+
     /// When the lease client next wants to ask (−∞: at once), if it does.
     pub fn due(&self) -> Option<Time> {
         if self.phase == Phase::Active && !self.link.busy() { self.lease.next_due() } else { None }

@@ -7,6 +7,7 @@
 //! simulated network, and a loss window at either end loses it.
 
 use sluice_server::defaults::{CAPACITY_RPC_TIMEOUT, MIN_REFRESH_INTERVAL, REFRESH_DECAY, SWEEP_INTERVAL};
+use sluice_sidecar::defaults::LEASE_CHECK_INTERVAL;
 
 use crate::{
     client::{Client, Phase},
@@ -37,6 +38,9 @@ enum Event {
     Join(ClientId),
     Leave(ClientId),
     Step(ClientId),
+    /// A client looks at its demand between refreshes, as the sidecar's lease loop does every
+    /// `LEASE_CHECK_INTERVAL`, and may ask early.
+    Check(ClientId),
     /// A client's lease client, or an intermediate server's ledger, may be due to ask; ignored
     /// unless it is the latest wake-up scheduled.
     Wake(Node),
@@ -235,6 +239,7 @@ impl Simulation {
                 if let Some(every) = self.clients[c].load().step_every() {
                     self.clock.after(every, Event::Step(c));
                 }
+                self.clock.after(LEASE_CHECK_INTERVAL.as_secs_f64(), Event::Check(c));
                 self.shifts.push((now, format!("{} joins", self.clients[c].id())));
                 self.wake(Node::Client(c));
             }
@@ -245,6 +250,13 @@ impl Simulation {
                     self.send(server, replica, Node::Client(c), 0, request);
                 }
                 self.shifts.push((now, format!("{} leaves", self.clients[c].id())));
+            }
+            Event::Check(c) => {
+                if self.clients[c].phase == Phase::Active {
+                    self.clients[c].check_demand(now);
+                    self.wake(Node::Client(c));
+                    self.clock.after(LEASE_CHECK_INTERVAL.as_secs_f64(), Event::Check(c));
+                }
             }
             Event::Step(c) => {
                 if self.clients[c].phase == Phase::Active {

@@ -131,7 +131,10 @@ fn scenario_7_the_root_never_hands_out_more_than_its_capacity() {
 fn scenario_5_the_tree_hands_out_the_capacity() {
     let s = run(&scenario("5-tree.yaml", 3600.0)).unwrap().summary;
     assert!(s.utilization >= 0.99, "utilization {}", s.utilization);
-    assert!(s.granted_peak <= 1.0 + 1e-9, "peak granted {}", s.granted_peak);
+    // Clients may hold a little more, briefly, when an answer that cut a lease is lost (as in
+    // scenario 1); the servers' ledgers never do.
+    assert!(s.granted_peak <= 1.02, "peak granted {}", s.granted_peak);
+    assert!(s.reserved_peak <= 1.0 + 1e-9, "peak reserved {}", s.reserved_peak);
     assert!(s.jain_vs_tree.unwrap() >= 0.99, "Jain against the ideal tree split {:?}", s.jain_vs_tree);
 }
 
@@ -143,7 +146,7 @@ fn scenario_7_overshoot_stays_within_two_percent() {
     assert!(s.granted_peak <= 1.02, "peak granted {}", s.granted_peak);
 }
 
-/// Scenario 7's utilization target. Missed (96.5% here, 97.4% over the hour): after an
+/// Scenario 7's utilization target. Missed (97.0% here, 97.8% over the hour): after an
 /// intermediate master fails over it learns for a lease length, granting its clients only what
 /// they held; a subtree cut off past its lease lives on its safe capacity, below its share
 /// (README, "Simulation").
