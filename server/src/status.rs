@@ -112,6 +112,9 @@ pub struct LeaseStatus {
     pub wants: f64,
     pub subclients: f64,
     pub expiry_time: UnixSeconds,
+    /// A lower-level server's lease that ran out without a release: what it holds is kept as
+    /// its cut-off subtree's safe capacity until `expiry_time`.
+    pub lapsed: bool,
 }
 
 pub fn server(ledger: &Ledger, now: UnixSeconds, state: &State) -> ServerStatus {
@@ -171,6 +174,7 @@ pub fn resource_detail(ledger: &Ledger, id: &str, now: UnixSeconds, limit: usize
             wants: l.demand.wants,
             subclients: l.demand.subclients,
             expiry_time: l.expiry,
+            lapsed: l.lapsed,
         })
         .collect();
     leases.sort_by(|a, b| a.client.cmp(&b.client));
@@ -309,13 +313,14 @@ pub fn resource_html(d: &ResourceDetail) -> String {
     for l in &d.leases {
         let _ = write!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}{}</td></tr>",
             escape(&l.client),
             l.priority,
             l.has,
             l.wants,
             l.subclients,
-            l.expiry_time
+            l.expiry_time,
+            if l.lapsed { " (lapsed: kept as its subtree's safe capacity)" } else { "" }
         );
     }
     let _ = write!(

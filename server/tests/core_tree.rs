@@ -8,7 +8,7 @@ use std::sync::Arc;
 use sluice_proto::{GetCapacityRequest, GetServerCapacityResponse, PriorityBandAggregate, ResourceRequest};
 use sluice_server::{
     core::{Algorithm, Answer, Kind, Ledger, Parameter, Repository, Template, UnixSeconds},
-    service,
+    service, status,
 };
 
 const MAX_RESOURCES: usize = 1_000;
@@ -277,6 +277,8 @@ fn a_leaf_cut_off_past_its_lease_keeps_its_safe_share_reserved_for_a_while() {
     let lapsed = root.resource("r").unwrap().leases().get("cut").unwrap();
     assert!(lapsed.lapsed);
     assert_eq!(reserved_for(&root, "cut"), 30.0);
+    let page = status::resource_detail(&root, "r", 60, 10).unwrap();
+    assert!(page.leases.iter().any(|l| l.client == "cut" && l.lapsed && l.expiry_time == 60 + 3 * 60));
     for client in ["c", "d", "e", "f"] {
         ask(&mut live, 61, client, 0, 40.0);
     }
