@@ -92,16 +92,24 @@ impl Leasing {
             let plan = live.load_full();
             let request = self.lock().request(now, |id| plan.gate(id).map_or(0.0, |g| g.wants()));
             if let Some(request) = request {
+                for r in &request.resource {
+                    tracing::debug!(resource = %r.resource_id, wants = r.wants, "asking");
+                }
                 let answer = tokio::select! {
                     answer = self.servers.call("GetCapacity", |mut c| async move { c.get_capacity(request).await }) => answer,
                     _ = stopped(&mut stop) => break,
                 };
                 let now = unix_now();
                 match answer {
-                    Ok(response) => match self.lock().on_response(now, response) {
-                        Answer::Updated => {}
-                        Answer::Redirect(master) => self.servers.redirect(master),
-                    },
+                    Ok(response) => {
+                        for r in &response.response {
+                            let (capacity, refresh) = (r.gets.capacity, r.gets.refresh_interval);
+                            tracing::debug!(resource = %r.resource_id, capacity, refresh, "leased");
+                        }
+                        if let Answer::Redirect(master) = self.lock().on_response(now, response) {
+                            self.servers.redirect(master);
+                        }
+                    }
                     Err(error) => {
                         tracing::warn!(%error, "GetCapacity failed; current leases stay until they expire");
                         self.lock().on_error(now);
