@@ -65,6 +65,11 @@ pub const REFRESH_DECAY: f64 = 0.5;
 /// Shortest refresh interval a server hands out, in seconds: the protocol's unit.
 pub const MIN_REFRESH_INTERVAL: i64 = 1;
 
+/// A grant more than this fraction away from its share (waiting for others to give capacity
+/// back, or above what the claimant's clients still hold) is in transit: the claimant is asked
+/// back at [`MIN_REFRESH_INTERVAL`].
+pub const TRANSIT_SHARE: f64 = 0.02;
+
 /// A lower-level server's lease that ran out without a release stays reserved as its subtree's
 /// safe capacity for this many lease lengths more (see `LeaseStore::expire`): long enough to
 /// cover an outage and the backoff after it; a server gone for good gives its share back then.

@@ -301,3 +301,29 @@ fn a_leaf_asks_early_when_its_clients_wants_move_but_no_sooner_than_they_refresh
     ask(&mut leaf, 1, "b", 0, 30.0);
     assert_eq!(leaf.parent_due(), Some(4.0), "a large one is reported after the leaf's own interval");
 }
+
+#[test]
+fn capacity_in_transit_between_clients_is_asked_for_at_the_shortest_interval() {
+    let mut root = root(100.0);
+    // Alone, "a" gets all it wants.
+    assert_eq!(ask(&mut root, 0, "a", 0, 100.0), (100.0, 60, 8));
+    // "b"'s fair share is 50, but "a" holds everything until it refreshes: "b" comes back soon.
+    assert_eq!(ask(&mut root, 1, "b", 0, 100.0), (0.0, 61, 1));
+    // "a" is cut to its share at its refresh, and "b" then gets its own: both steady again.
+    assert_eq!(ask(&mut root, 8, "a", 0, 100.0), (50.0, 68, 8));
+    assert_eq!(ask(&mut root, 2, "b", 0, 100.0), (50.0, 62, 8));
+
+    // A leaf cut while its clients still hold their old grants comes back soon to say they
+    // have moved onto their smaller shares, and passes the short interval down.
+    let mut root = self::root(100.0);
+    let mut leaf = intermediate("leaf");
+    ask(&mut leaf, 0, "x", 0, 100.0);
+    refresh(&mut leaf, &mut root, 0);
+    assert_eq!(ask(&mut leaf, 0, "x", 0, 100.0), (100.0, 60, 4));
+    ask(&mut root, 1, "c", 0, 100.0);
+    let cut = refresh(&mut leaf, &mut root, 8);
+    assert_eq!((cut.response[0].gets.capacity, cut.response[0].gets.refresh_interval), (50.0, 1));
+    assert_eq!(ask(&mut leaf, 9, "x", 0, 100.0), (50.0, 68, 1));
+    let released = refresh(&mut leaf, &mut root, 10);
+    assert_eq!((released.response[0].gets.capacity, released.response[0].gets.refresh_interval), (50.0, 8));
+}

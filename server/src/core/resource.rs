@@ -12,7 +12,7 @@ use super::{
     store::{Holds, LeaseStore, UnixSeconds},
     template::Template,
 };
-use crate::defaults::{LAPSED_LEASE_LENGTHS, MIN_REFRESH_INTERVAL, REFRESH_DECAY};
+use crate::defaults::{LAPSED_LEASE_LENGTHS, MIN_REFRESH_INTERVAL, REFRESH_DECAY, TRANSIT_SHARE};
 
 /// A client's request for one resource, already validated.
 #[derive(Clone, Debug, PartialEq)]
@@ -184,15 +184,22 @@ impl Resource {
             return self.claim_safe(client, claim, now, learning.then_some(reported));
         };
         let filed = priority::file(mode, &claim.wants);
+        let mut due = 0.0;
         let capacity = self.leases.claim(client, &filed, claim.holds, now, expiry, |bands, mine, others| {
             let wants: f64 = mine.iter().map(|(_, d)| d.wants).sum();
             let target = if learning { reported } else { bands.target(kind, capacity, mine) };
-            let mut grant = target.min(wants);
+            due = target.min(wants);
+            let mut grant = due;
             if kind.shares_capacity() {
                 grant = grant.min(capacity - others);
             }
             grant.max(0.0)
         });
+        let held = match claim.holds {
+            Holds::Reported(holds) => holds,
+            Holds::Own | Holds::Unknown => capacity,
+        };
+        let refresh_interval = if in_transit(capacity, due, held) { MIN_REFRESH_INTERVAL } else { refresh_interval };
         // After the claim, so that a new client counts among the subclients.
         Grant { capacity, expiry, refresh_interval, safe_capacity: self.safe_capacity(now) }
     }
@@ -246,4 +253,14 @@ impl Resource {
         let subclients = self.leases.bands().sums().subclients;
         if subclients > 0.0 { capacity / subclients } else { capacity }
     }
+}
+
+/// Whether a claim's grant is on its way to its share: short of what it is due because others
+/// still hold that capacity, or below what the claimant's own clients still hold. Either way the
+/// grant changes as soon as those holders refresh, so the claimant is asked back at the
+/// shortest interval; a server's clients inherit that interval (halved, floored), so capacity
+/// moving between subtrees crosses each level in about a second instead of a refresh interval.
+fn in_transit(grant: f64, due: f64, held: f64) -> bool {
+    let off = (due - grant).max(held - grant);
+    off > TRANSIT_SHARE * due.max(grant)
 }
