@@ -1,6 +1,6 @@
-//! The response body the sidecar hands back: an upstream's body streamed through, holding the
-//! request's concurrency permits and its HTTP/1.1 upstream connection until it ends, or a small
-//! synthetic one.
+//! The bodies on the data path. The response body the sidecar hands back is an upstream's body
+//! streamed through (for HTTP/1.1, read off its pooled connection), holding the request's
+//! concurrency permits until it ends, or a small synthetic one.
 
 use std::{
     pin::Pin,
@@ -13,21 +13,27 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
-use crate::{gate::Permits, pool::Lease};
+use crate::{gate::Permits, pool::Http1Body};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body of a request on its way upstream.
+pub type RequestBody = Incoming;
 
 pin_project! {
     #[project = Projection]
     pub enum Body {
-        Upstream {
+        // Both upstream kinds hold the request's concurrency permits until they are dropped: for
+        // a stream, the request is in flight until its last frame.
+        Http1 {
+            #[pin]
+            inner: Http1Body,
+            permits: Option<Permits>,
+        },
+        Http2 {
             #[pin]
             inner: Incoming,
-            // Released when the body is dropped: for a stream, the request is in flight until
-            // its last frame.
             permits: Option<Permits>,
-            // The HTTP/1.1 connection the body arrives on, driven by polling the body.
-            connection: Option<Lease>,
         },
         Synthetic {
             #[pin]
@@ -37,8 +43,12 @@ pin_project! {
 }
 
 impl Body {
-    pub fn upstream(inner: Incoming, connection: Option<Lease>) -> Body {
-        Body::Upstream { inner, permits: None, connection }
+    pub fn http1(inner: Http1Body) -> Body {
+        Body::Http1 { inner, permits: None }
+    }
+
+    pub fn http2(inner: Incoming) -> Body {
+        Body::Http2 { inner, permits: None }
     }
 
     pub fn synthetic(bytes: impl Into<Bytes>) -> Body {
@@ -51,7 +61,7 @@ impl Body {
 
     /// Keeps `permits` until this body ends.
     pub fn hold(&mut self, held: Permits) {
-        if let Body::Upstream { permits, .. } = self {
+        if let Body::Http1 { permits, .. } | Body::Http2 { permits, .. } = self {
             *permits = Some(held);
         }
     }
@@ -63,34 +73,24 @@ impl HttpBody for Body {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project() {
-            Projection::Upstream { mut inner, connection, .. } => {
-                let Some(connection) = connection else {
-                    return inner.poll_frame(cx).map_err(Into::into);
-                };
-                // The connection first, so that what it reads is there for `inner` now.
-                connection.poll_connection(cx);
-                let frame = inner.as_mut().poll_frame(cx);
-                match &frame {
-                    Poll::Ready(None) => connection.finish(),
-                    Poll::Ready(Some(Ok(_))) if inner.is_end_stream() => connection.finish(),
-                    _ => {}
-                }
-                frame.map_err(Into::into)
-            }
+            Projection::Http1 { inner, .. } => inner.poll_frame(cx),
+            Projection::Http2 { inner, .. } => inner.poll_frame(cx).map_err(Into::into),
             Projection::Synthetic { inner } => inner.poll_frame(cx).map_err(|never| match never {}),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            Body::Upstream { inner, .. } => inner.is_end_stream(),
+            Body::Http1 { inner, .. } => inner.is_end_stream(),
+            Body::Http2 { inner, .. } => inner.is_end_stream(),
             Body::Synthetic { inner } => inner.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Body::Upstream { inner, .. } => inner.size_hint(),
+            Body::Http1 { inner, .. } => inner.size_hint(),
+            Body::Http2 { inner, .. } => inner.size_hint(),
             Body::Synthetic { inner } => inner.size_hint(),
         }
     }
