@@ -13,12 +13,41 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
-use crate::{gate::Permits, pool::Http1Body};
+use crate::{gate::Permits, inbound::Inbound, pool::Http1Body};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The body of a request on its way upstream.
-pub type RequestBody = Incoming;
+/// The body of a request on its way upstream, as the application's connection delivers it.
+pub enum RequestBody {
+    Http1(Inbound),
+    Http2(Incoming),
+}
+
+impl HttpBody for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            RequestBody::Http1(inner) => Pin::new(inner).poll_frame(cx),
+            RequestBody::Http2(inner) => Pin::new(inner).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Http1(inner) => inner.is_end_stream(),
+            RequestBody::Http2(inner) => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RequestBody::Http1(inner) => inner.size_hint(),
+            RequestBody::Http2(inner) => inner.size_hint(),
+        }
+    }
+}
 
 pin_project! {
     #[project = Projection]

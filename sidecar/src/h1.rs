@@ -77,10 +77,11 @@ type Fields = [[usize; 4]; MAX_HEADERS];
 pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, Malformed> {
     let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut []);
-    let end = match httparse::ParserConfig::default().parse_request_with_uninit_headers(&mut request, buf, &mut slots)? {
-        httparse::Status::Complete(end) => end,
-        httparse::Status::Partial => return Ok(None),
-    };
+    let end =
+        match httparse::ParserConfig::default().parse_request_with_uninit_headers(&mut request, buf, &mut slots)? {
+            httparse::Status::Complete(end) => end,
+            httparse::Status::Partial => return Ok(None),
+        };
     let method =
         Method::from_bytes(request.method.unwrap_or_default().as_bytes()).map_err(|_| Malformed("invalid method"))?;
     let version = version(request.version)?;
@@ -88,7 +89,8 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, Malforme
     let mut fields = [[0; 4]; MAX_HEADERS];
     let count = locate(buf, request.headers, &mut fields);
     let head = buf.split_to(end).freeze();
-    let uri = Uri::from_maybe_shared(head.slice(target[0]..target[1])).map_err(|_| Malformed("invalid request target"))?;
+    let uri =
+        Uri::from_maybe_shared(head.slice(target[0]..target[1])).map_err(|_| Malformed("invalid request target"))?;
     let headers = header_map(&head, &fields[..count])?;
     Ok(Some(RequestHead { method, uri, version, headers }))
 }
@@ -97,10 +99,11 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, Malforme
 pub fn parse_response(buf: &mut BytesMut) -> Result<Option<ResponseHead>, Malformed> {
     let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut []);
-    let end = match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut response, buf, &mut slots)? {
-        httparse::Status::Complete(end) => end,
-        httparse::Status::Partial => return Ok(None),
-    };
+    let end =
+        match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut response, buf, &mut slots)? {
+            httparse::Status::Complete(end) => end,
+            httparse::Status::Partial => return Ok(None),
+        };
     let status = StatusCode::from_u16(response.code.unwrap_or_default()).map_err(|_| Malformed("invalid status"))?;
     let version = version(response.version)?;
     let mut fields = [[0; 4]; MAX_HEADERS];
@@ -193,6 +196,14 @@ pub fn write_headers(out: &mut BytesMut, headers: &HeaderMap) {
     }
 }
 
+/// Appends one `name: value` line, the value written by `value`.
+pub fn write_header(out: &mut BytesMut, name: &str, value: impl FnOnce(&mut BytesMut)) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    value(out);
+    out.extend_from_slice(b"\r\n");
+}
+
 /// Appends `n` in `radix` (10 for lengths, 16 for chunk sizes) without allocating.
 pub fn write_number(out: &mut BytesMut, mut n: u64, radix: u64) {
     let mut digits = [0u8; 20];
@@ -226,7 +237,9 @@ pub enum Chunk {
     /// The CRLF after a chunk's data.
     DataEnd,
     /// Trailer fields, dropped: the sidecar carries trailers only over HTTP/2.
-    Trailers { read: usize },
+    Trailers {
+        read: usize,
+    },
     Done,
 }
 
@@ -354,7 +367,11 @@ fn decode_chunked(chunk: &mut Chunk, buf: &mut BytesMut) -> Result<Decoded, Malf
 }
 
 /// Reads more of `io` into `buf`; `Ok(0)` at the end of the stream.
-pub fn poll_read_more<R: AsyncRead + Unpin>(io: &mut R, buf: &mut BytesMut, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+pub fn poll_read_more<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<std::io::Result<usize>> {
     if buf.capacity() - buf.len() < READ_CHUNK / 4 {
         buf.reserve(READ_CHUNK);
     }

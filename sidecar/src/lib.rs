@@ -18,6 +18,7 @@ pub mod core;
 pub mod defaults;
 pub mod gate;
 pub mod h1;
+pub mod inbound;
 pub mod leasing;
 pub mod listener;
 pub mod metrics;

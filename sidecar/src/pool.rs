@@ -249,14 +249,10 @@ impl Http1 {
             }
             Framing::EMPTY
         } else if let Some(length) = body.size_hint().exact() {
-            out.extend_from_slice(CONTENT_LENGTH.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            h1::write_number(out, length, 10);
-            out.extend_from_slice(b"\r\n");
+            h1::write_header(out, CONTENT_LENGTH.as_str(), |out| h1::write_number(out, length, 10));
             Framing::Length(length)
         } else {
-            out.extend_from_slice(TRANSFER_ENCODING.as_str().as_bytes());
-            out.extend_from_slice(b": chunked\r\n");
+            h1::write_header(out, TRANSFER_ENCODING.as_str(), |out| out.extend_from_slice(b"chunked"));
             Framing::chunked()
         };
         out.extend_from_slice(b"\r\n");
