@@ -313,6 +313,9 @@ fn decode_chunked(chunk: &mut Chunk, buf: &mut BytesMut) -> Result<Decoded, Malf
                     return Err(Malformed("invalid chunk size"));
                 }
                 match httparse::parse_chunk_size(buf).map_err(|_| Malformed("invalid chunk size"))? {
+                    httparse::Status::Complete((end, _)) if end > MAX_CHUNK_LINE => {
+                        return Err(Malformed("chunk size line too long"));
+                    }
                     httparse::Status::Complete((end, size)) => {
                         buf.advance(end);
                         *chunk = if size == 0 { Chunk::Trailers { read: 0 } } else { Chunk::Data(size) };
@@ -400,5 +403,150 @@ pub fn poll_body<R: AsyncRead + Unpin>(
             Ok(Decoded::More) => continue,
             Err(e) => Some(Err(e.into())),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decodes `wire` fed in pieces of `step` bytes; the body's data, or the first error.
+    fn decode_in_steps(mut framing: Framing, wire: &[u8], step: usize) -> Result<Vec<u8>, Malformed> {
+        let mut buf = BytesMut::new();
+        let mut body = Vec::new();
+        let mut pieces = wire.chunks(step);
+        loop {
+            match framing.decode(&mut buf)? {
+                Decoded::Data(data) => body.extend_from_slice(&data),
+                Decoded::End => return Ok(body),
+                Decoded::More => match pieces.next() {
+                    Some(piece) => buf.extend_from_slice(piece),
+                    None => match framing.at_eof()? {
+                        Decoded::End => return Ok(body),
+                        other => panic!("{other:?} at the end"),
+                    },
+                },
+            }
+        }
+    }
+
+    fn headers(fields: &[(&str, &str)]) -> HeaderMap {
+        fields
+            .iter()
+            .map(|(n, v)| (HeaderName::from_bytes(n.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn content_length_bodies_end_at_their_length() {
+        for step in [1, 3, 100] {
+            assert_eq!(decode_in_steps(Framing::Length(5), b"hello", step).unwrap(), b"hello");
+        }
+        let mut buf = BytesMut::from(&b"hiGET / HTTP/1.1\r\n"[..]);
+        let mut framing = Framing::Length(2);
+        assert_eq!(framing.decode(&mut buf), Ok(Decoded::Data(Bytes::from_static(b"hi"))));
+        assert_eq!(framing.decode(&mut buf), Ok(Decoded::End));
+        assert_eq!(&buf[..], b"GET / HTTP/1.1\r\n", "the next message stays in the buffer");
+        assert_eq!(
+            decode_in_steps(Framing::Length(5), b"hel", 10),
+            Err(Malformed("connection closed before the end of the body"))
+        );
+    }
+
+    #[test]
+    fn chunked_bodies_decode_across_split_reads() {
+        let wire = b"5;name=value;x\r\nhello\r\n1\r\n \r\nA \r\n0123456789\r\n0\r\nx-trailer: dropped\r\n\r\n";
+        for step in [1, 2, 7, 1000] {
+            assert_eq!(decode_in_steps(Framing::chunked(), wire, step).unwrap(), b"hello 0123456789", "step {step}");
+        }
+        let mut buf = BytesMut::from(&b"0\r\n\r\nnext"[..]);
+        let mut framing = Framing::chunked();
+        assert_eq!(framing.decode(&mut buf), Ok(Decoded::End));
+        assert!(framing.is_done());
+        assert_eq!(&buf[..], b"next");
+    }
+
+    #[test]
+    fn malformed_chunked_bodies_are_errors() {
+        for wire in [
+            &b"\r\n"[..],
+            b"g\r\nx\r\n0\r\n\r\n",
+            b"-1\r\n",
+            b"5\r\nhelloXX0\r\n\r\n",
+            b"11111111111111111\r\n",
+            b"0\r\nbad\ntrailer\r\n\r\n",
+        ] {
+            assert!(decode_in_steps(Framing::chunked(), wire, 3).is_err(), "{:?}", String::from_utf8_lossy(wire));
+        }
+        let long_line = format!("5;{}\r\nhello\r\n0\r\n\r\n", "x".repeat(MAX_CHUNK_LINE));
+        assert_eq!(
+            decode_in_steps(Framing::chunked(), long_line.as_bytes(), 512),
+            Err(Malformed("chunk size line too long"))
+        );
+        assert!(decode_in_steps(Framing::chunked(), b"5\r\nhel", 10).is_err(), "truncated");
+    }
+
+    #[test]
+    fn until_close_bodies_end_with_the_connection() {
+        assert_eq!(decode_in_steps(Framing::UntilClose, b"all of it", 4).unwrap(), b"all of it");
+    }
+
+    #[test]
+    fn content_lengths_must_agree_and_be_numbers() {
+        assert_eq!(content_length(&headers(&[])), Ok(None));
+        assert_eq!(content_length(&headers(&[("content-length", "42")])), Ok(Some(42)));
+        assert_eq!(content_length(&headers(&[("content-length", "7, 7"), ("content-length", "7")])), Ok(Some(7)));
+        for bad in ["-1", "+5", "1 2", "0x10", "", "99999999999999999999"] {
+            assert!(content_length(&headers(&[("content-length", bad)])).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            content_length(&headers(&[("content-length", "5"), ("content-length", "6")])),
+            Err(Malformed("conflicting content-length values"))
+        );
+        assert_eq!(chunked(&headers(&[("transfer-encoding", "gzip, Chunked")])), Some(true));
+        assert_eq!(chunked(&headers(&[("transfer-encoding", "chunked, gzip")])), Some(false));
+        assert_eq!(chunked(&headers(&[])), None);
+    }
+
+    #[test]
+    fn heads_parse_when_complete() {
+        let mut buf = BytesMut::from(&b"POST /a?b=1 HTTP/1.1\r\nHost: app\r\nX-Two: 1\r\nx-two: 2\r\n"[..]);
+        assert!(parse_request(&mut buf).unwrap().is_none());
+        buf.extend_from_slice(b"\r\nbody");
+        let head = parse_request(&mut buf).unwrap().unwrap();
+        assert_eq!((head.method, head.version), (Method::POST, Version::HTTP_11));
+        assert_eq!(head.uri, "/a?b=1");
+        assert_eq!(head.headers["host"], "app");
+        assert_eq!(head.headers.get_all("x-two").iter().collect::<Vec<_>>(), ["1", "2"]);
+        assert_eq!(&buf[..], b"body");
+
+        let mut buf = BytesMut::from(&b"HTTP/1.0 204 No Content\r\nConnection: keep-alive\r\n\r\n"[..]);
+        let head = parse_response(&mut buf).unwrap().unwrap();
+        assert_eq!((head.status, head.version), (StatusCode::NO_CONTENT, Version::HTTP_10));
+        assert!(connection_has(&head.headers, "Keep-Alive"));
+    }
+
+    #[test]
+    fn malformed_heads_are_errors() {
+        for wire in [
+            &b"GET / HTTP/2.0\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nbad header\r\n\r\n",
+            b"GET / HTTP/1.1\r\nx: a\x01b\r\n\r\n",
+            b"G@T / HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(parse_request(&mut BytesMut::from(wire)).is_err(), "{:?}", String::from_utf8_lossy(wire));
+        }
+        assert!(parse_response(&mut BytesMut::from(&b"HTTP/1.1 2000 OK\r\n\r\n"[..])).is_err());
+    }
+
+    #[test]
+    fn numbers_are_written_in_their_radix() {
+        let mut out = BytesMut::new();
+        write_number(&mut out, 0, 10);
+        out.extend_from_slice(b" ");
+        write_number(&mut out, 1234567, 10);
+        out.extend_from_slice(b" ");
+        write_number(&mut out, 255, 16);
+        assert_eq!(&out[..], b"0 1234567 FF");
     }
 }

@@ -476,3 +476,34 @@ pub fn pools(url: &Uri, tls: &rustls::ClientConfig) -> Result<(Arc<Http1Pool>, H
     let http2 = Http2Pool::new(Dialer::new(url, alpn(b"h2"))?);
     Ok((Arc::new(http1), http2))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(status: u16, fields: &[(&str, &str)]) -> ResponseHead {
+        let headers = fields.iter().map(|(n, v)| (n.parse().unwrap(), v.parse().unwrap())).collect();
+        ResponseHead { status: StatusCode::from_u16(status).unwrap(), version: Version::HTTP_11, headers }
+    }
+
+    #[test]
+    fn responses_are_framed_as_rfc_9112_says() {
+        let sized = [("content-length", "10")];
+        assert_eq!(response_framing(&Method::HEAD, &head(200, &sized)), Ok(Framing::EMPTY));
+        assert_eq!(response_framing(&Method::GET, &head(204, &[])), Ok(Framing::EMPTY));
+        assert_eq!(response_framing(&Method::GET, &head(304, &sized)), Ok(Framing::EMPTY));
+        assert_eq!(response_framing(&Method::GET, &head(200, &sized)), Ok(Framing::Length(10)));
+        assert_eq!(
+            response_framing(&Method::GET, &head(200, &[("transfer-encoding", "chunked")])),
+            Ok(Framing::chunked())
+        );
+        assert_eq!(
+            response_framing(&Method::GET, &head(200, &[("transfer-encoding", "gzip")])),
+            Ok(Framing::UntilClose)
+        );
+        assert_eq!(response_framing(&Method::GET, &head(200, &[])), Ok(Framing::UntilClose));
+        let both = [("transfer-encoding", "chunked"), ("content-length", "3")];
+        assert!(response_framing(&Method::GET, &head(200, &both)).is_err());
+        assert!(response_framing(&Method::GET, &head(200, &[("content-length", "3, 4")])).is_err());
+    }
+}

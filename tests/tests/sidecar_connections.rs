@@ -132,3 +132,103 @@ fn connections_beyond_the_limit_wait_for_a_slot() {
     second.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     assert_eq!(response(&mut second), 200);
 }
+
+/// Reads until the peer closes; everything it sent.
+fn read_all(stream: &mut TcpStream) -> String {
+    let mut bytes = Vec::new();
+    let _ = stream.read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[test]
+fn ambiguous_request_framing_is_refused() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(&upstream, "");
+    for request in [
+        "POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+        "POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nabcd",
+        "POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: -3\r\n\r\nabc",
+        "POST /echo HTTP/1.1\r\nhost: app\r\ntransfer-encoding: gzip\r\n\r\nabc",
+        "GET /echo HTTP/1.1\r\n\r\n",
+    ] {
+        let mut stream = connect(listen);
+        stream.write_all(request.as_bytes()).unwrap();
+        let answer = read_all(&mut stream);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{request:?} got {answer:?}");
+        assert!(answer.contains("malformed request"), "{answer}");
+    }
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(&upstream, "");
+    let mut stream = connect(listen);
+    let requests = "GET /status/201 HTTP/1.1\r\nhost: app\r\n\r\n\
+                    POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 5\r\n\r\nhello\
+                    GET /status/202 HTTP/1.1\r\nhost: app\r\nconnection: close\r\n\r\n";
+    stream.write_all(requests.as_bytes()).unwrap();
+    let answer = read_all(&mut stream);
+    let statuses: Vec<&str> = answer.match_indices("HTTP/1.1 ").map(|(i, _)| &answer[i + 9..i + 12]).collect();
+    assert_eq!(statuses, ["201", "200", "202"], "{answer}");
+    assert!(answer.contains(r#""body":"hello""#), "{answer}");
+}
+
+#[test]
+fn expect_100_continue_is_answered_before_the_body_is_sent() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(&upstream, "");
+    let mut stream = connect(listen);
+    stream
+        .write_all(b"PUT /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 4\r\nexpect: 100-continue\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    let mut interim = [0u8; 25];
+    stream.read_exact(&mut interim).unwrap();
+    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    stream.write_all(b"data").unwrap();
+    let answer = read_all(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.contains(r#""body":"data""#), "{answer}");
+}
+
+#[test]
+fn http_1_0_clients_get_keep_alive_only_when_they_ask() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(&upstream, "");
+    let mut stream = connect(listen);
+    stream.write_all(b"GET /stream?chunks=2 HTTP/1.0\r\nconnection: keep-alive\r\n\r\n").unwrap();
+    // A body of unknown length cannot be delimited for HTTP/1.0 but by closing.
+    let answer = read_all(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("chunk 0\nchunk 1\n"), "{answer}");
+    assert!(answer.contains("connection: close") && !answer.contains("chunked"), "{answer}");
+
+    let mut stream = connect(listen);
+    stream.write_all(b"GET /status/200 HTTP/1.0\r\nconnection: keep-alive\r\n\r\n").unwrap();
+    assert_eq!(response(&mut stream), 200);
+    stream.write_all(b"GET /status/204 HTTP/1.0\r\n\r\n").unwrap();
+    let answer = read_all(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
+}
+
+#[test]
+fn large_bodies_stream_both_ways() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(&upstream, "");
+    let mut stream = connect(listen);
+    // 4 MB sent chunked in 64 KiB pieces; the echo sends it back with a length.
+    let piece = "x".repeat(64 * 1024);
+    let head = "POST /echo HTTP/1.1\r\nhost: app\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+    stream.write_all(head.as_bytes()).unwrap();
+    let writer = {
+        let mut stream = stream.try_clone().unwrap();
+        std::thread::spawn(move || {
+            for _ in 0..64 {
+                stream.write_all(format!("{:x}\r\n{piece}\r\n", piece.len()).as_bytes()).unwrap();
+            }
+            stream.write_all(b"0\r\n\r\n").unwrap();
+        })
+    };
+    let answer = read_all(&mut stream);
+    writer.join().unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{}", &answer[..answer.len().min(200)]);
+    assert_eq!(answer.matches('x').count(), 64 * 64 * 1024);
+}
