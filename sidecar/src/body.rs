@@ -3,6 +3,7 @@
 //! concurrency permits until it ends, or a small synthetic one.
 
 use std::{
+    fmt,
     pin::Pin,
     task::{Context, Poll},
 };
@@ -16,6 +17,19 @@ use pin_project_lite::pin_project;
 use crate::{gate::Permits, inbound::Inbound, pool::Http1Body};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Reading the application's request body failed (malformed chunked coding, a connection that
+/// broke off): the request is at fault, not the upstream, so it is answered 400 rather than 502.
+#[derive(Debug)]
+pub struct RequestBodyFailed(pub BoxError);
+
+impl fmt::Display for RequestBodyFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "reading the request body: {}", self.0)
+    }
+}
+
+impl std::error::Error for RequestBodyFailed {}
 
 /// The body of a request on its way upstream, as the application's connection delivers it.
 pub enum RequestBody {

@@ -14,14 +14,13 @@ use std::{
     time::Instant,
 };
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::{
     HeaderMap, Method, Request, Response, StatusCode, Uri, Version,
     header::{CONTENT_LENGTH, TRANSFER_ENCODING},
     uri::Scheme,
 };
 use http_body::{Body as _, Frame, SizeHint};
-use http_body_util::BodyExt;
 use hyper::{
     body::Incoming,
     client::conn::{TrySendError, http2},
@@ -35,7 +34,7 @@ use tokio::{
 use tokio_rustls::{TlsConnector, client::TlsStream};
 
 use crate::{
-    body::{BoxError, RequestBody},
+    body::{BoxError, RequestBody, RequestBodyFailed},
     defaults,
     h1::{self, Framing, Malformed, ResponseHead},
 };
@@ -142,6 +141,15 @@ struct Http1 {
     reusable: bool,
 }
 
+/// How sending a request body ended.
+enum Sent {
+    Whole,
+    /// The upstream's final response came before the body's end, whose rest is not sent.
+    Answered(ResponseHead),
+    /// The connection failed or closed: the upstream may have answered before, refusing the rest.
+    Broken(io::Error),
+}
+
 /// An exchange that failed; `Unsent` gives the request back when the upstream cannot have seen
 /// it, so that it can go out on another connection.
 enum Failure {
@@ -160,7 +168,7 @@ macro_rules! failed_from {
     )*};
 }
 
-failed_from!(io::Error, Malformed, BoxError, &'static str);
+failed_from!(io::Error, Malformed, BoxError, &'static str, String);
 
 impl Http1 {
     fn new(io: Stream) -> Http1 {
@@ -173,9 +181,9 @@ impl Http1 {
         Poll::Ready(h1::poll_read_more(&mut self.io, &mut self.input, cx).is_pending())
     }
 
-    /// Writes `req` and reads the response head. The request goes out whole before the response
-    /// is read: an upstream that answers before reading all of a request body gets its answer
-    /// read only once the body is written.
+    /// Writes `req` and reads the response head. An upstream may answer before it has read the
+    /// request body (413, 401) and then stop reading or close: its answer is watched for while the
+    /// body goes out, and ends the sending.
     async fn exchange(&mut self, req: Request<RequestBody>) -> Result<(ResponseHead, Framing), Failure> {
         let (parts, mut body) = req.into_parts();
         let framing = self.write_head(&parts.method, &parts.uri, &parts.headers, &body)?;
@@ -184,43 +192,72 @@ impl Http1 {
             tracing::debug!(error = %e, "upstream connection failed before the request was written");
             return Err(Failure::Unsent(Box::new(Request::from_parts(parts, body))));
         }
-        if !untouched {
-            self.write_body(&mut body, framing).await?;
+        let sent = if untouched {
+            self.io.flush().await?;
+            Sent::Whole
+        } else {
+            self.write_body(&mut body, framing).await?
+        };
+        // The upstream takes whatever follows a body cut short for more of it: the connection
+        // carries nothing after this response.
+        let whole = matches!(sent, Sent::Whole);
+        let (answered, broken) = match sent {
+            Sent::Whole => (None, None),
+            Sent::Answered(head) => (Some(head), None),
+            Sent::Broken(e) => (None, Some(e)),
+        };
+        let head = match answered {
+            Some(head) => head,
+            None => loop {
+                if let Some(head) = self.final_head()? {
+                    break head;
+                }
+                let read = poll_fn(|cx| h1::poll_read_more(&mut self.io, &mut self.input, cx)).await;
+                match read {
+                    // The upstream closed an idle connection as the request went out: it never
+                    // handled a request that could be repeated safely.
+                    Ok(0) | Err(_) if self.input.is_empty() && untouched && idempotent(&parts.method) => {
+                        return Err(Failure::Unsent(Box::new(Request::from_parts(parts, body))));
+                    }
+                    Ok(0) | Err(_) => {
+                        // Nothing came after the body failed to go out: that failure is the story.
+                        if let Some(e) = broken {
+                            return Err(format!("sending the request body: {e}").into());
+                        }
+                        return Err(match read {
+                            Err(e) => e.into(),
+                            Ok(_) => "the upstream closed the connection before responding".into(),
+                        });
+                    }
+                    Ok(_) => {}
+                }
+            },
+        };
+        if head.status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(Malformed("the upstream switched protocols unasked").into());
         }
-        self.io.flush().await?;
+        let framing = response_framing(&parts.method, &head)?;
+        self.reusable = whole
+            && framing != Framing::UntilClose
+            && if head.version == Version::HTTP_11 {
+                !h1::connection_has(&head.headers, "close")
+            } else {
+                h1::connection_has(&head.headers, "keep-alive")
+            };
+        Ok((head, framing))
+    }
+
+    /// Takes the final response head off `input` once it is all there, dropping the interim
+    /// responses before it (100 Continue and the like).
+    fn final_head(&mut self) -> Result<Option<ResponseHead>, Malformed> {
         loop {
             match h1::parse_response(&mut self.input)? {
-                Some(head) if head.status == StatusCode::SWITCHING_PROTOCOLS => {
-                    return Err(Malformed("the upstream switched protocols unasked").into());
-                }
-                // 100 Continue and other interim responses: the final one follows.
-                Some(head) if head.status.is_informational() => {}
-                Some(head) => {
-                    let framing = response_framing(&parts.method, &head)?;
-                    self.reusable = framing != Framing::UntilClose
-                        && if head.version == Version::HTTP_11 {
-                            !h1::connection_has(&head.headers, "close")
-                        } else {
-                            h1::connection_has(&head.headers, "keep-alive")
-                        };
-                    return Ok((head, framing));
-                }
+                Some(head) if head.status.is_informational() && head.status != StatusCode::SWITCHING_PROTOCOLS => {}
+                Some(head) => return Ok(Some(head)),
                 None if self.input.len() > defaults::UPSTREAM_MAX_HEADER_BYTES => {
-                    return Err(Malformed("response head too large").into());
+                    return Err(Malformed("response head too large"));
                 }
-                None => {
-                    let read = poll_fn(|cx| h1::poll_read_more(&mut self.io, &mut self.input, cx)).await;
-                    match read {
-                        // The upstream closed an idle connection as the request went out: it
-                        // never handled a request that could be repeated safely.
-                        Ok(0) | Err(_) if self.input.is_empty() && untouched && idempotent(&parts.method) => {
-                            return Err(Failure::Unsent(Box::new(Request::from_parts(parts, body))));
-                        }
-                        Ok(0) => return Err("the upstream closed the connection before responding".into()),
-                        Ok(_) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
+                None => return Ok(None),
             }
         }
     }
@@ -259,30 +296,91 @@ impl Http1 {
         Ok(framing)
     }
 
-    /// Streams the request body as `framing` says; its trailers are dropped.
-    async fn write_body(&mut self, body: &mut RequestBody, framing: Framing) -> Result<(), BoxError> {
+    /// Streams the request body as `framing` says (its trailers are dropped) while watching the
+    /// connection for the upstream's answer, which stops the sending if it comes first. Reads and
+    /// writes take turns within one poll, so neither waits on the other.
+    async fn write_body(&mut self, body: &mut RequestBody, framing: Framing) -> Result<Sent, Failure> {
         let chunked = matches!(framing, Framing::Chunked(_));
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| format!("reading the request body: {e}"))?;
-            let Ok(data) = frame.into_data() else { continue };
-            if data.is_empty() {
-                continue;
+        // What of the current piece is still to go out: a chunk's size line (in `output`, from
+        // `line`), its data, then the CRLF after it or, at the end, the last chunk.
+        self.output.clear();
+        let mut line = 0;
+        let mut data = Bytes::new();
+        let mut tail: &'static [u8] = b"";
+        let mut ended = false;
+        poll_fn(|cx| {
+            loop {
+                match h1::poll_read_more(&mut self.io, &mut self.input, cx) {
+                    Poll::Ready(Ok(0)) => {
+                        let closed = io::Error::new(io::ErrorKind::UnexpectedEof, "the upstream closed the connection");
+                        return Poll::Ready(Ok(Sent::Broken(closed)));
+                    }
+                    Poll::Ready(Ok(_)) => match self.final_head()? {
+                        Some(head) => {
+                            tracing::debug!(status = %head.status, "the upstream answered before the request body's end");
+                            return Poll::Ready(Ok(Sent::Answered(head)));
+                        }
+                        // An interim response (100 Continue to a forwarded `Expect`) or part of
+                        // a head: the body is still wanted.
+                        None => continue,
+                    },
+                    Poll::Ready(Err(e)) => return Poll::Ready(Ok(Sent::Broken(e))),
+                    Poll::Pending => {}
+                }
+                let piece = if line < self.output.len() {
+                    &self.output[line..]
+                } else if !data.is_empty() {
+                    &data[..]
+                } else {
+                    tail
+                };
+                if !piece.is_empty() {
+                    let n = match ready!(Pin::new(&mut self.io).poll_write(cx, piece)) {
+                        Ok(0) => return Poll::Ready(Ok(Sent::Broken(io::ErrorKind::WriteZero.into()))),
+                        Ok(n) => n,
+                        Err(e) => return Poll::Ready(Ok(Sent::Broken(e))),
+                    };
+                    if line < self.output.len() {
+                        line += n;
+                    } else if !data.is_empty() {
+                        data.advance(n);
+                    } else {
+                        tail = &tail[n..];
+                    }
+                    continue;
+                }
+                if ended {
+                    return Poll::Ready(match ready!(Pin::new(&mut self.io).poll_flush(cx)) {
+                        Ok(()) => Ok(Sent::Whole),
+                        Err(e) => Ok(Sent::Broken(e)),
+                    });
+                }
+                match ready!(Pin::new(&mut *body).poll_frame(cx)) {
+                    None => {
+                        ended = true;
+                        if chunked {
+                            tail = b"0\r\n\r\n";
+                        }
+                    }
+                    Some(Err(e)) => return Poll::Ready(Err(Failure::Failed(Box::new(RequestBodyFailed(e))))),
+                    Some(Ok(frame)) => {
+                        let Ok(next) = frame.into_data() else { continue };
+                        if next.is_empty() {
+                            continue;
+                        }
+                        if chunked {
+                            self.output.clear();
+                            h1::write_number(&mut self.output, next.len() as u64, 16);
+                            self.output.extend_from_slice(b"\r\n");
+                            line = 0;
+                            tail = b"\r\n";
+                        }
+                        data = next;
+                    }
+                }
             }
-            if chunked {
-                self.output.clear();
-                h1::write_number(&mut self.output, data.len() as u64, 16);
-                self.output.extend_from_slice(b"\r\n");
-                self.io.write_all(&self.output).await?;
-                self.io.write_all(&data).await?;
-                self.io.write_all(b"\r\n").await?;
-            } else {
-                self.io.write_all(&data).await?;
-            }
-        }
-        if chunked {
-            self.io.write_all(b"0\r\n\r\n").await?;
-        }
-        Ok(())
+        })
+        .await
     }
 }
 

@@ -16,7 +16,7 @@ use http::{
 use tower::Service;
 
 use crate::{
-    body::{Body, BoxError, RequestBody},
+    body::{Body, BoxError, RequestBody, RequestBodyFailed},
     config,
     pool::{self, Http1Pool, Http2Pool},
     respond,
@@ -51,7 +51,7 @@ impl UpstreamClient {
     }
 
     /// Sends `req` upstream; failures become the synthetic 502/504 (or gRPC UNAVAILABLE /
-    /// DEADLINE_EXCEEDED).
+    /// DEADLINE_EXCEEDED), or 400 when it was the application's request body that failed.
     pub async fn forward(&self, req: Request<RequestBody>) -> Response<Body> {
         let grpc = respond::is_grpc(req.headers());
         let sent = self.send(req);
@@ -66,6 +66,10 @@ impl UpstreamClient {
             Ok(mut response) => {
                 strip_hop_by_hop(response.headers_mut());
                 response
+            }
+            Err(e) if e.is::<RequestBodyFailed>() => {
+                tracing::debug!(upstream = self.name(), error = %e, "the application's request body failed");
+                respond::malformed(&e.to_string())
             }
             Err(e) => {
                 tracing::debug!(upstream = self.name(), error = %e, "upstream request failed");
