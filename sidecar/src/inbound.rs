@@ -162,8 +162,7 @@ pub async fn serve(
         let next = loop {
             {
                 let mut reader = lock(&shared);
-                let next = read_head(&mut reader.input, &mut http1, limits.max_header_bytes);
-                if !matches!(next, Ok(None)) {
+                if let Some(next) = read_head(&mut reader.input, &mut http1, limits.max_header_bytes) {
                     break next;
                 }
                 if !reader.input.is_empty() && head_since.is_none() {
@@ -177,40 +176,34 @@ pub async fn serve(
                     h1::poll_read_more(read, input, cx)
                 }) => {
                     if read? == 0 {
-                        break Ok(Some(Next::Close));
+                        break Next::Close;
                     }
                 }
                 () = &mut tick => {
                     let now = Instant::now();
                     match head_since {
                         Some(since) if now - since >= limits.header_read_timeout => {
-                            break Ok(Some(Next::Refuse(respond::head_timeout())));
+                            break Next::Refuse(respond::head_timeout());
                         }
-                        None if now - idle_since >= limits.idle_timeout => break Ok(Some(Next::Close)),
+                        None if now - idle_since >= limits.idle_timeout => break Next::Close,
                         _ => tick.as_mut().reset((now + period).into()),
                     }
                 }
                 // A stopping listener closes connections between requests.
-                () = &mut stopping, if head_since.is_none() => break Ok(Some(Next::Close)),
+                () = &mut stopping, if head_since.is_none() => break Next::Close,
             }
         };
         let head = match next {
-            Ok(Some(Next::Request(head))) => head,
-            Ok(Some(Next::Close)) => return Ok(None),
-            Ok(Some(Next::Http2)) => {
+            Next::Request(head) => head,
+            Next::Close => return Ok(None),
+            Next::Http2 => {
                 let Reader { read, input, .. } = Arc::into_inner(shared)
                     .ok_or("no body outlives its head")?
                     .into_inner()
                     .unwrap_or_else(|poisoned| poisoned.into_inner());
                 return Ok(Some((read.reunite(write)?, input.freeze())));
             }
-            Ok(Some(Next::Refuse(response))) => {
-                write_response(&mut write, &mut output, response, false, Version::HTTP_11, true).await?;
-                return Ok(None);
-            }
-            Ok(None) => unreachable!("the loop ends with a decision"),
-            Err(malformed) => {
-                let response = respond::malformed(&malformed.to_string());
+            Next::Refuse(response) => {
                 write_response(&mut write, &mut output, response, false, Version::HTTP_11, true).await?;
                 return Ok(None);
             }
@@ -255,21 +248,23 @@ pub async fn serve(
     }
 }
 
-/// The next request head in `input`, once `http1` says the connection is not HTTP/2.
-fn read_head(input: &mut BytesMut, http1: &mut bool, max_header_bytes: usize) -> Result<Option<Next>, Malformed> {
+/// What the bytes in `input` decide, once `http1` says the connection is not HTTP/2; `None`
+/// until more are read.
+fn read_head(input: &mut BytesMut, http1: &mut bool, max_header_bytes: usize) -> Option<Next> {
     if !*http1 {
         if input.len() < PREFACE.len() && PREFACE.starts_with(input) {
-            return Ok(None);
+            return None;
         }
         if input.starts_with(PREFACE) {
-            return Ok(Some(Next::Http2));
+            return Some(Next::Http2);
         }
         *http1 = true;
     }
-    match h1::parse_request(input)? {
-        Some(head) => Ok(Some(Next::Request(head))),
-        None if input.len() > max_header_bytes => Ok(Some(Next::Refuse(respond::head_too_large()))),
-        None => Ok(None),
+    match h1::parse_request(input) {
+        Ok(Some(head)) => Some(Next::Request(head)),
+        Ok(None) if input.len() > max_header_bytes => Some(Next::Refuse(respond::head_too_large())),
+        Ok(None) => None,
+        Err(malformed) => Some(Next::Refuse(respond::malformed(&malformed.to_string()))),
     }
 }
 
