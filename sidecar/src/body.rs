@@ -1,8 +1,9 @@
-//! The response body the sidecar hands back: an upstream's body streamed through, holding the
-//! request's concurrency permits and its HTTP/1.1 upstream connection until it ends, or a small
-//! synthetic one.
+//! The bodies on the data path. The response body the sidecar hands back is an upstream's body
+//! streamed through (for HTTP/1.1, read off its pooled connection), holding the request's
+//! concurrency permits until it ends, or a small synthetic one.
 
 use std::{
+    fmt,
     pin::Pin,
     task::{Context, Poll},
 };
@@ -13,21 +14,69 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
-use crate::{gate::Permits, pool::Lease};
+use crate::{gate::Permits, inbound::Inbound, pool::Http1Body};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Reading the application's request body failed (malformed chunked coding, a connection that
+/// broke off): the request is at fault, not the upstream, so it is answered 400 rather than 502.
+#[derive(Debug)]
+pub struct RequestBodyFailed(pub BoxError);
+
+impl fmt::Display for RequestBodyFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "reading the request body: {}", self.0)
+    }
+}
+
+impl std::error::Error for RequestBodyFailed {}
+
+/// The body of a request on its way upstream, as the application's connection delivers it.
+pub enum RequestBody {
+    Http1(Inbound),
+    Http2(Incoming),
+}
+
+impl HttpBody for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            RequestBody::Http1(inner) => Pin::new(inner).poll_frame(cx),
+            RequestBody::Http2(inner) => Pin::new(inner).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Http1(inner) => inner.is_end_stream(),
+            RequestBody::Http2(inner) => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RequestBody::Http1(inner) => inner.size_hint(),
+            RequestBody::Http2(inner) => inner.size_hint(),
+        }
+    }
+}
 
 pin_project! {
     #[project = Projection]
     pub enum Body {
-        Upstream {
+        // Both upstream kinds hold the request's concurrency permits until they are dropped: for
+        // a stream, the request is in flight until its last frame.
+        Http1 {
+            #[pin]
+            inner: Http1Body,
+            permits: Option<Permits>,
+        },
+        Http2 {
             #[pin]
             inner: Incoming,
-            // Released when the body is dropped: for a stream, the request is in flight until
-            // its last frame.
             permits: Option<Permits>,
-            // The HTTP/1.1 connection the body arrives on, driven by polling the body.
-            connection: Option<Lease>,
         },
         Synthetic {
             #[pin]
@@ -37,8 +86,12 @@ pin_project! {
 }
 
 impl Body {
-    pub fn upstream(inner: Incoming, connection: Option<Lease>) -> Body {
-        Body::Upstream { inner, permits: None, connection }
+    pub fn http1(inner: Http1Body) -> Body {
+        Body::Http1 { inner, permits: None }
+    }
+
+    pub fn http2(inner: Incoming) -> Body {
+        Body::Http2 { inner, permits: None }
     }
 
     pub fn synthetic(bytes: impl Into<Bytes>) -> Body {
@@ -51,7 +104,7 @@ impl Body {
 
     /// Keeps `permits` until this body ends.
     pub fn hold(&mut self, held: Permits) {
-        if let Body::Upstream { permits, .. } = self {
+        if let Body::Http1 { permits, .. } | Body::Http2 { permits, .. } = self {
             *permits = Some(held);
         }
     }
@@ -63,34 +116,24 @@ impl HttpBody for Body {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project() {
-            Projection::Upstream { mut inner, connection, .. } => {
-                let Some(connection) = connection else {
-                    return inner.poll_frame(cx).map_err(Into::into);
-                };
-                // The connection first, so that what it reads is there for `inner` now.
-                connection.poll_connection(cx);
-                let frame = inner.as_mut().poll_frame(cx);
-                match &frame {
-                    Poll::Ready(None) => connection.finish(),
-                    Poll::Ready(Some(Ok(_))) if inner.is_end_stream() => connection.finish(),
-                    _ => {}
-                }
-                frame.map_err(Into::into)
-            }
+            Projection::Http1 { inner, .. } => inner.poll_frame(cx),
+            Projection::Http2 { inner, .. } => inner.poll_frame(cx).map_err(Into::into),
             Projection::Synthetic { inner } => inner.poll_frame(cx).map_err(|never| match never {}),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            Body::Upstream { inner, .. } => inner.is_end_stream(),
+            Body::Http1 { inner, .. } => inner.is_end_stream(),
+            Body::Http2 { inner, .. } => inner.is_end_stream(),
             Body::Synthetic { inner } => inner.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Body::Upstream { inner, .. } => inner.size_hint(),
+            Body::Http1 { inner, .. } => inner.size_hint(),
+            Body::Http2 { inner, .. } => inner.size_hint(),
             Body::Synthetic { inner } => inner.size_hint(),
         }
     }

@@ -40,6 +40,9 @@ pub const MAX_CONNECTIONS: usize = 10_000;
 pub const UPSTREAM_POOL_IDLE: usize = 256;
 pub const UPSTREAM_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// Largest response head accepted from an upstream.
+pub const UPSTREAM_MAX_HEADER_BYTES: usize = 64 * 1024;
+
 /// Time to establish a TCP connection to an upstream.
 pub const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 

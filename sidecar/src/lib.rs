@@ -17,6 +17,8 @@ pub mod config;
 pub mod core;
 pub mod defaults;
 pub mod gate;
+pub mod h1;
+pub mod inbound;
 pub mod leasing;
 pub mod listener;
 pub mod metrics;

@@ -1,7 +1,9 @@
-//! Accepting the application's connections: HTTP/1.1 and HTTP/2 prior knowledge on one port,
-//! with a cap on open connections, header and idle timeouts, and a graceful drain at shutdown.
+//! Accepting the application's connections: HTTP/1.1 (inbound.rs) and HTTP/2 prior knowledge
+//! (hyper) on one port, with a cap on open connections, header and idle timeouts, and a graceful
+//! drain at shutdown.
 
 use std::{
+    convert::Infallible,
     future::Future,
     io,
     net::SocketAddr,
@@ -15,11 +17,10 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use hyper_util::{
-    rt::{TokioExecutor, TokioIo, TokioTimer},
-    server::conn::auto,
-    service::TowerToHyperService,
-};
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::{body::Incoming, server::conn::http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use pin_project_lite::pin_project;
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
@@ -27,9 +28,12 @@ use tokio::{
     sync::{Semaphore, watch},
     time::Sleep,
 };
+use tower::{ServiceExt, util::Oneshot};
 
 use crate::{
-    body::BoxError,
+    body::{Body, BoxError, RequestBody},
+    config,
+    inbound::{self, Limits},
     plan::Plan,
     stack::{self, Stack},
 };
@@ -65,45 +69,16 @@ pub async fn serve(
             _ = stopped(&mut stop) => break,
         };
         let _ = stream.set_nodelay(true);
-        let plan = live.load();
-        let settings = &plan.config.listeners[index];
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(Ticked)
-            .header_read_timeout(settings.header_read_timeout)
-            // Head and body copied into one buffer and written at once: cheaper than queueing
-            // them for writev for the small messages most calls are.
-            .writev(false)
-            .max_buf_size(settings.max_header_bytes.max(8192));
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
-        let activity = Activity::default();
-        let io = TokioIo::new(Tracked { stream, activity: activity.clone() });
-        let service = TowerToHyperService::new(stack::stack(live.clone(), index));
-        let connection = builder.serve_connection(io, service).into_owned();
-        // Both deadlines are checked at ticks, so each is met within half of the shorter one.
-        let tick = settings.idle_timeout.min(settings.header_read_timeout) / 2;
-        let mut stop_wait = stop.clone();
-        let serving = Serving {
-            connection,
-            peer,
-            tick: tokio::time::sleep(tick),
-            tick_period: tick,
-            idle_timeout: settings.idle_timeout,
-            activity,
-            seen: 0,
-            quiet_since: Instant::now(),
-            stop: async move { stopped(&mut stop_wait).await },
-            stop_seen: stop.clone(),
-            armed: false,
-            draining: false,
-        };
+        let settings = live.load().config.listeners[index].clone();
+        let stack = stack::stack(live.clone(), index);
+        let stop = stop.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            if let Err(e) = serving.await {
+            let served = match inbound::serve(stream, stack.clone(), Limits::from(&settings), stop.clone()).await {
+                Ok(Some((stream, preface))) => serve_http2(stream, preface, peer, stack, &settings, stop).await,
+                other => other.map(drop),
+            };
+            if let Err(e) = served {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
@@ -111,6 +86,54 @@ pub async fn serve(
     drop(listener);
     if tokio::time::timeout(grace, slots.acquire_many(max_connections)).await.is_err() {
         tracing::warn!(?grace, "connections still open after the grace period; closing them");
+    }
+}
+
+/// An HTTP/2 prior-knowledge connection, served by hyper; `preface` is what was read of it to
+/// tell it from HTTP/1.1.
+async fn serve_http2(
+    stream: TcpStream,
+    preface: Bytes,
+    peer: SocketAddr,
+    stack: Stack,
+    settings: &config::Listener,
+    stop: watch::Receiver<bool>,
+) -> Result<(), BoxError> {
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder.timer(TokioTimer::new()).max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
+    let activity = Activity::default();
+    let io = TokioIo::new(Tracked { stream, preface, activity: activity.clone() });
+    let connection = builder.serve_connection(io, Http2Service(stack));
+    let tick = settings.idle_timeout / 2;
+    let mut stop_wait = stop.clone();
+    Serving {
+        connection,
+        peer,
+        tick: tokio::time::sleep(tick),
+        tick_period: tick,
+        idle_timeout: settings.idle_timeout,
+        activity,
+        seen: 0,
+        quiet_since: Instant::now(),
+        stop: async move { stopped(&mut stop_wait).await },
+        stop_seen: stop,
+        armed: false,
+        draining: false,
+    }
+    .await
+}
+
+/// The listener's stack as hyper's HTTP/2 server calls it.
+#[derive(Clone)]
+struct Http2Service(Stack);
+
+impl hyper::service::Service<Request<Incoming>> for Http2Service {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Oneshot<Stack, Request<RequestBody>>;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        self.0.clone().oneshot(request.map(RequestBody::Http2))
     }
 }
 
@@ -140,8 +163,8 @@ pin_project! {
     }
 }
 
-/// An accepted connection, served by the listener's stack.
-type Connection = auto::Connection<'static, TokioIo<Tracked>, TowerToHyperService<Stack>, TokioExecutor>;
+/// An HTTP/2 connection, served by the listener's stack.
+type Connection = http2::Connection<TokioIo<Tracked>, Http2Service, TokioExecutor>;
 
 impl<S: Future<Output = ()>> Future for Serving<Connection, S> {
     type Output = Result<(), BoxError>;
@@ -159,9 +182,8 @@ impl<S: Future<Output = ()>> Future for Serving<Connection, S> {
             let _ = this.tick.as_mut().poll(cx);
             *this.armed = true;
         }
-        // At a tick, this poll is also when hyper finds a header-read deadline passed (`Ticked`).
         if let Poll::Ready(done) = this.connection.poll(cx) {
-            return Poll::Ready(done);
+            return Poll::Ready(done.map_err(Into::into));
         }
         if this.tick.is_elapsed() {
             let now = Instant::now();
@@ -182,34 +204,6 @@ impl<S: Future<Output = ()>> Future for Serving<Connection, S> {
     }
 }
 
-/// hyper's timer for the HTTP/1.1 header-read timeout, which it starts for every request head:
-/// a bare deadline, checked whenever hyper polls it. The connection's tick (`Serving`) is what
-/// wakes the task to poll it, which spares every request a registration with the runtime's timer.
-#[derive(Clone)]
-struct Ticked;
-
-impl hyper::rt::Timer for Ticked {
-    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        self.sleep_until(Instant::now() + duration)
-    }
-
-    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(Deadline(deadline))
-    }
-}
-
-struct Deadline(Instant);
-
-impl Future for Deadline {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
-        if Instant::now() >= self.0 { Poll::Ready(()) } else { Poll::Pending }
-    }
-}
-
-impl hyper::rt::Sleep for Deadline {}
-
 /// Resolves once `stop` turns true (or its sender is gone).
 pub async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
@@ -229,14 +223,21 @@ impl Activity {
     }
 }
 
-/// A TCP stream that records its activity for the idle timeout.
+/// A TCP stream that records its activity for the idle timeout, and first gives back what was
+/// read of it before.
 struct Tracked {
     stream: TcpStream,
+    preface: Bytes,
     activity: Activity,
 }
 
 impl AsyncRead for Tracked {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if !self.preface.is_empty() {
+            let n = self.preface.len().min(buf.remaining());
+            buf.put_slice(&self.preface.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
         let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
         if polled.is_ready() {
             self.activity.touch();

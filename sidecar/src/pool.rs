@@ -1,46 +1,121 @@
-//! Connections to one upstream. An HTTP/1.1 connection carries one request at a time: the request
-//! checks it out, drives it on its own task (no hand-off to a connection task and back) and, once
-//! the response body has been read to its end, returns it idle. HTTP/2 connections multiplex: one
-//! is shared by every request and runs on a task of its own.
+//! Connections to one upstream. An HTTP/1.1 connection carries one exchange at a time and is
+//! spoken by the sidecar's own codec (h1.rs) on the request's task: the request checks a connection
+//! out, writes itself, reads the response head, and hands the connection to the response body,
+//! which reads the body and, at its end, returns the connection idle. HTTP/2 connections
+//! multiplex: one, spoken by hyper, is shared by every request and runs on a task of its own.
 
 use std::{
     collections::VecDeque,
-    future::{Future, poll_fn},
-    pin::{Pin, pin},
+    future::poll_fn,
+    io,
+    pin::Pin,
     sync::{Arc, Mutex, MutexGuard},
-    task::{Context, Poll},
+    task::{Context, Poll, ready},
     time::Instant,
 };
 
-use http::{Request, Response, Uri};
-use http_body::Body as _;
+use bytes::{Buf, Bytes, BytesMut};
+use http::{
+    HeaderMap, Method, Request, Response, StatusCode, Uri, Version,
+    header::{CONTENT_LENGTH, TRANSFER_ENCODING},
+    uri::Scheme,
+};
+use http_body::{Body as _, Frame, SizeHint};
 use hyper::{
     body::Incoming,
-    client::conn::{TrySendError, http1, http2},
+    client::conn::{TrySendError, http2},
 };
-use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
-use hyper_util::{
-    client::legacy::connect::HttpConnector,
-    rt::{TokioExecutor, TokioIo},
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::ServerName;
+use tokio::{
+    io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf},
+    net::TcpStream,
 };
-use tokio::net::TcpStream;
-use tower::Service;
+use tokio_rustls::{TlsConnector, client::TlsStream};
 
-use crate::{body::BoxError, defaults};
+use crate::{
+    body::{BoxError, RequestBody, RequestBodyFailed},
+    defaults,
+    h1::{self, Framing, Malformed, ResponseHead},
+};
 
-pub type Connector = HttpsConnector<HttpConnector>;
-type Io = MaybeHttpsStream<TokioIo<TcpStream>>;
-
-/// Opens connections: TCP, then TLS for `https://` upstreams with ALPN offering exactly the
-/// protocol of the pool that asks.
+/// Opens connections to the upstream: TCP, then TLS for `https://` upstreams.
 struct Dialer {
-    connector: Connector,
-    target: Uri,
+    host: String,
+    port: u16,
+    tls: Option<(TlsConnector, ServerName<'static>)>,
 }
 
 impl Dialer {
-    async fn dial(&self) -> Result<Io, BoxError> {
-        self.connector.clone().call(self.target.clone()).await
+    /// `tls` has ALPN set to exactly the protocol of the pool that dials.
+    fn new(url: &Uri, tls: rustls::ClientConfig) -> Result<Dialer, String> {
+        let https = url.scheme() == Some(&Scheme::HTTPS);
+        let host = url.host().ok_or("the url has no host")?;
+        // Bracketed IPv6 literals connect and verify without their brackets.
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+        let port = url.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let tls = if https {
+            let name = ServerName::try_from(host.clone()).map_err(|e| format!("{host}: {e}"))?;
+            Some((TlsConnector::from(Arc::new(tls)), name))
+        } else {
+            None
+        };
+        Ok(Dialer { host, port, tls })
+    }
+
+    async fn dial(&self) -> Result<Stream, BoxError> {
+        let connect = TcpStream::connect((self.host.as_str(), self.port));
+        let tcp = tokio::time::timeout(defaults::UPSTREAM_CONNECT_TIMEOUT, connect)
+            .await
+            .map_err(|_| format!("connecting to {}:{} timed out", self.host, self.port))?
+            .map_err(|e| format!("cannot connect to {}:{}: {e}", self.host, self.port))?;
+        // Requests are written whole: Nagle would only hold their last segment back.
+        tcp.set_nodelay(true)?;
+        match &self.tls {
+            None => Ok(Stream::Plain(tcp)),
+            Some((connector, name)) => {
+                let tls = connector.connect(name.clone(), tcp).await.map_err(|e| format!("TLS handshake: {e}"))?;
+                Ok(Stream::Tls(Box::new(tls)))
+            }
+        }
+    }
+}
+
+/// A connection to the upstream, with or without TLS.
+pub enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
     }
 }
 
@@ -55,46 +130,282 @@ struct Idle {
     since: Instant,
 }
 
-/// One HTTP/1.1 connection: the handle requests are sent on and the state machine that does the
-/// connection's I/O, which only runs while someone polls it. Boxed, as it moves between the pool,
-/// a request and its response body.
+/// One HTTP/1.1 connection. Boxed, as it moves between the pool, a request and its response body.
 struct Http1 {
-    sender: http1::SendRequest<Incoming>,
-    driver: http1::Connection<Io, Incoming>,
-    /// The driver has finished: the connection is closed.
-    closed: bool,
+    io: Stream,
+    /// Bytes read and not yet taken: between exchanges, always empty.
+    input: BytesMut,
+    /// The request head being written, kept to spare each request an allocation.
+    output: BytesMut,
+    /// The last response allows another exchange on this connection.
+    reusable: bool,
 }
 
-impl Http1 {
-    /// Moves the connection's I/O along; true while it is open.
-    fn poll_open(&mut self, cx: &mut Context<'_>) -> bool {
-        if !self.closed && Pin::new(&mut self.driver).poll(cx).is_ready() {
-            self.closed = true;
+/// How sending a request body ended.
+enum Sent {
+    Whole,
+    /// The upstream's final response came before the body's end, whose rest is not sent.
+    Answered(ResponseHead),
+    /// The connection failed or closed: the upstream may have answered before, refusing the rest.
+    Broken(io::Error),
+}
+
+/// An exchange that failed; `Unsent` gives the request back when the upstream cannot have seen
+/// it, so that it can go out on another connection.
+enum Failure {
+    // Boxed: the rare way out should not make every exchange's result larger.
+    Unsent(Box<Request<RequestBody>>),
+    Failed(BoxError),
+}
+
+macro_rules! failed_from {
+    ($($error:ty),*) => {$(
+        impl From<$error> for Failure {
+            fn from(e: $error) -> Failure {
+                Failure::Failed(e.into())
+            }
         }
-        !self.closed
+    )*};
+}
+
+failed_from!(io::Error, Malformed, BoxError, &'static str, String);
+
+impl Http1 {
+    fn new(io: Stream) -> Http1 {
+        Http1 { io, input: BytesMut::new(), output: BytesMut::with_capacity(512), reusable: true }
     }
 
-    /// Whether an idle connection can take a request now: still open (the upstream may have
-    /// closed it while it sat in the pool) and done with its previous exchange.
-    async fn usable(&mut self) -> bool {
-        poll_fn(|cx| Poll::Ready(self.poll_open(cx) && matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(()))))).await
+    /// Whether an idle connection is still open: the upstream may have closed it, or sent bytes
+    /// nobody asked for, while it sat in the pool. A read that would block says it is fine.
+    fn poll_still_open(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        Poll::Ready(h1::poll_read_more(&mut self.io, &mut self.input, cx).is_pending())
     }
 
-    /// Sends `req` and drives the connection until the response head arrives.
-    async fn send(&mut self, req: Request<Incoming>) -> Result<Response<Incoming>, TrySendError<Request<Incoming>>> {
-        let mut answer = pin!(self.sender.try_send_request(req));
-        // The driver first: it writes the request and reads the response that `answer` yields.
+    /// Writes `req` and reads the response head. An upstream may answer before it has read the
+    /// request body (413, 401) and then stop reading or close: its answer is watched for while the
+    /// body goes out, and ends the sending.
+    async fn exchange(&mut self, req: Request<RequestBody>) -> Result<(ResponseHead, Framing), Failure> {
+        let (parts, mut body) = req.into_parts();
+        let framing = self.write_head(&parts.method, &parts.uri, &parts.headers, &body)?;
+        let untouched = body.is_end_stream();
+        if let Err(e) = self.io.write_all(&self.output).await {
+            tracing::debug!(error = %e, "upstream connection failed before the request was written");
+            return Err(Failure::Unsent(Box::new(Request::from_parts(parts, body))));
+        }
+        let sent = if untouched {
+            self.io.flush().await?;
+            Sent::Whole
+        } else {
+            self.write_body(&mut body, framing).await?
+        };
+        // The upstream takes whatever follows a body cut short for more of it: the connection
+        // carries nothing after this response.
+        let whole = matches!(sent, Sent::Whole);
+        let (answered, broken) = match sent {
+            Sent::Whole => (None, None),
+            Sent::Answered(head) => (Some(head), None),
+            Sent::Broken(e) => (None, Some(e)),
+        };
+        let head = match answered {
+            Some(head) => head,
+            None => loop {
+                if let Some(head) = self.final_head()? {
+                    break head;
+                }
+                let read = poll_fn(|cx| h1::poll_read_more(&mut self.io, &mut self.input, cx)).await;
+                match read {
+                    // The upstream closed an idle connection as the request went out: it never
+                    // handled a request that could be repeated safely.
+                    Ok(0) | Err(_) if self.input.is_empty() && untouched && idempotent(&parts.method) => {
+                        return Err(Failure::Unsent(Box::new(Request::from_parts(parts, body))));
+                    }
+                    Ok(0) | Err(_) => {
+                        // Nothing came after the body failed to go out: that failure is the story.
+                        if let Some(e) = broken {
+                            return Err(format!("sending the request body: {e}").into());
+                        }
+                        return Err(match read {
+                            Err(e) => e.into(),
+                            Ok(_) => "the upstream closed the connection before responding".into(),
+                        });
+                    }
+                    Ok(_) => {}
+                }
+            },
+        };
+        if head.status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(Malformed("the upstream switched protocols unasked").into());
+        }
+        let framing = response_framing(&parts.method, &head)?;
+        self.reusable = whole
+            && framing != Framing::UntilClose
+            && if head.version == Version::HTTP_11 {
+                !h1::connection_has(&head.headers, "close")
+            } else {
+                h1::connection_has(&head.headers, "keep-alive")
+            };
+        Ok((head, framing))
+    }
+
+    /// Takes the final response head off `input` once it is all there, dropping the interim
+    /// responses before it (100 Continue and the like).
+    fn final_head(&mut self) -> Result<Option<ResponseHead>, Malformed> {
+        loop {
+            match h1::parse_response(&mut self.input)? {
+                Some(head) if head.status.is_informational() && head.status != StatusCode::SWITCHING_PROTOCOLS => {}
+                Some(head) => return Ok(Some(head)),
+                None if self.input.len() > defaults::UPSTREAM_MAX_HEADER_BYTES => {
+                    return Err(Malformed("response head too large"));
+                }
+                None => return Ok(None),
+            }
+        }
+    }
+
+    /// Puts the request head into `output`; returns how the body is framed.
+    fn write_head(
+        &mut self,
+        method: &Method,
+        uri: &Uri,
+        headers: &HeaderMap,
+        body: &RequestBody,
+    ) -> Result<Framing, Malformed> {
+        let out = &mut self.output;
+        out.clear();
+        out.extend_from_slice(method.as_str().as_bytes());
+        out.extend_from_slice(b" ");
+        out.extend_from_slice(uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes());
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        h1::write_headers(out, headers);
+        let framing = if let Some(length) = h1::content_length(headers)? {
+            Framing::Length(length)
+        } else if body.is_end_stream() {
+            // An upstream may refuse a POST that says nothing of its length (411).
+            if [Method::POST, Method::PUT, Method::PATCH].contains(method) {
+                out.extend_from_slice(b"content-length: 0\r\n");
+            }
+            Framing::EMPTY
+        } else if let Some(length) = body.size_hint().exact() {
+            h1::write_header(out, CONTENT_LENGTH.as_str(), |out| h1::write_number(out, length, 10));
+            Framing::Length(length)
+        } else {
+            h1::write_header(out, TRANSFER_ENCODING.as_str(), |out| out.extend_from_slice(b"chunked"));
+            Framing::chunked()
+        };
+        out.extend_from_slice(b"\r\n");
+        Ok(framing)
+    }
+
+    /// Streams the request body as `framing` says (its trailers are dropped) while watching the
+    /// connection for the upstream's answer, which stops the sending if it comes first. Reads and
+    /// writes take turns within one poll, so neither waits on the other.
+    async fn write_body(&mut self, body: &mut RequestBody, framing: Framing) -> Result<Sent, Failure> {
+        let chunked = matches!(framing, Framing::Chunked(_));
+        // What of the current piece is still to go out: a chunk's size line (in `output`, from
+        // `line`), its data, then the CRLF after it or, at the end, the last chunk.
+        self.output.clear();
+        let mut line = 0;
+        let mut data = Bytes::new();
+        let mut tail: &'static [u8] = b"";
+        let mut ended = false;
         poll_fn(|cx| {
-            self.poll_open(cx);
-            answer.as_mut().poll(cx)
+            loop {
+                match h1::poll_read_more(&mut self.io, &mut self.input, cx) {
+                    Poll::Ready(Ok(0)) => {
+                        let closed = io::Error::new(io::ErrorKind::UnexpectedEof, "the upstream closed the connection");
+                        return Poll::Ready(Ok(Sent::Broken(closed)));
+                    }
+                    Poll::Ready(Ok(_)) => match self.final_head()? {
+                        Some(head) => {
+                            tracing::debug!(status = %head.status, "the upstream answered before the request body's end");
+                            return Poll::Ready(Ok(Sent::Answered(head)));
+                        }
+                        // An interim response (100 Continue to a forwarded `Expect`) or part of
+                        // a head: the body is still wanted.
+                        None => continue,
+                    },
+                    Poll::Ready(Err(e)) => return Poll::Ready(Ok(Sent::Broken(e))),
+                    Poll::Pending => {}
+                }
+                let piece = if line < self.output.len() {
+                    &self.output[line..]
+                } else if !data.is_empty() {
+                    &data[..]
+                } else {
+                    tail
+                };
+                if !piece.is_empty() {
+                    let n = match ready!(Pin::new(&mut self.io).poll_write(cx, piece)) {
+                        Ok(0) => return Poll::Ready(Ok(Sent::Broken(io::ErrorKind::WriteZero.into()))),
+                        Ok(n) => n,
+                        Err(e) => return Poll::Ready(Ok(Sent::Broken(e))),
+                    };
+                    if line < self.output.len() {
+                        line += n;
+                    } else if !data.is_empty() {
+                        data.advance(n);
+                    } else {
+                        tail = &tail[n..];
+                    }
+                    continue;
+                }
+                if ended {
+                    return Poll::Ready(match ready!(Pin::new(&mut self.io).poll_flush(cx)) {
+                        Ok(()) => Ok(Sent::Whole),
+                        Err(e) => Ok(Sent::Broken(e)),
+                    });
+                }
+                match ready!(Pin::new(&mut *body).poll_frame(cx)) {
+                    None => {
+                        ended = true;
+                        if chunked {
+                            tail = b"0\r\n\r\n";
+                        }
+                    }
+                    Some(Err(e)) => return Poll::Ready(Err(Failure::Failed(Box::new(RequestBodyFailed(e))))),
+                    Some(Ok(frame)) => {
+                        let Ok(next) = frame.into_data() else { continue };
+                        if next.is_empty() {
+                            continue;
+                        }
+                        if chunked {
+                            self.output.clear();
+                            h1::write_number(&mut self.output, next.len() as u64, 16);
+                            self.output.extend_from_slice(b"\r\n");
+                            line = 0;
+                            tail = b"\r\n";
+                        }
+                        data = next;
+                    }
+                }
+            }
         })
         .await
     }
 }
 
+/// Methods a client may repeat without changing what they do (RFC 9110 §9.2.2).
+fn idempotent(method: &Method) -> bool {
+    [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE, Method::PUT, Method::DELETE].contains(method)
+}
+
+/// How the response body is delimited (RFC 9112 §6.3). A response with both Transfer-Encoding and
+/// Content-Length is refused rather than guessed at: it is how response splitting looks.
+fn response_framing(method: &Method, head: &ResponseHead) -> Result<Framing, Malformed> {
+    if method == Method::HEAD || head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED {
+        return Ok(Framing::EMPTY);
+    }
+    match (h1::chunked(&head.headers), h1::content_length(&head.headers)?) {
+        (Some(_), Some(_)) => Err(Malformed("response has both transfer-encoding and content-length")),
+        (Some(true), None) => Ok(Framing::chunked()),
+        (Some(false), None) | (None, None) => Ok(Framing::UntilClose),
+        (None, Some(length)) => Ok(Framing::Length(length)),
+    }
+}
+
 impl Http1Pool {
-    pub fn new(connector: Connector, target: Uri) -> Http1Pool {
-        Http1Pool { dialer: Dialer { connector, target }, idle: Mutex::new(VecDeque::new()) }
+    fn new(dialer: Dialer) -> Http1Pool {
+        Http1Pool { dialer, idle: Mutex::new(VecDeque::new()) }
     }
 
     fn lock(&self) -> MutexGuard<'_, VecDeque<Idle>> {
@@ -103,7 +414,7 @@ impl Http1Pool {
 
     /// Sends `req` on an idle connection or a new one. A request the upstream never saw (its idle
     /// connection had closed) is sent again on the next one.
-    pub async fn send(self: &Arc<Self>, mut req: Request<Incoming>) -> Result<(Response<Incoming>, Lease), BoxError> {
+    pub async fn send(self: &Arc<Self>, mut req: Request<RequestBody>) -> Result<Response<Http1Body>, BoxError> {
         loop {
             let (mut connection, reused) = match self.checkout().await {
                 Some(connection) => (connection, true),
@@ -111,16 +422,21 @@ impl Http1Pool {
                 // request's future larger.
                 None => (Box::pin(self.connect()).await?, false),
             };
-            match connection.send(req).await {
-                Ok(response) => {
-                    let finished = response.body().is_end_stream();
-                    let lease = Lease { connection: Some(connection), pool: self.clone(), finished };
-                    return Ok((response, lease));
+            match connection.exchange(req).await {
+                Ok((head, framing)) => {
+                    let mut body = Http1Body { connection: Some(connection), framing, pool: self.clone() };
+                    if body.framing.is_done() {
+                        body.release();
+                    }
+                    let mut response = Response::new(body);
+                    *response.status_mut() = head.status;
+                    *response.version_mut() = head.version;
+                    *response.headers_mut() = head.headers;
+                    return Ok(response);
                 }
-                Err(mut failed) => match failed.take_message() {
-                    Some(unsent) if reused => req = unsent,
-                    _ => return Err(failed.into_error().into()),
-                },
+                Err(Failure::Unsent(unsent)) if reused => req = *unsent,
+                Err(Failure::Unsent(_)) => return Err("the upstream closed a new connection".into()),
+                Err(Failure::Failed(e)) => return Err(e),
             }
         }
     }
@@ -128,17 +444,16 @@ impl Http1Pool {
     async fn checkout(&self) -> Option<Box<Http1>> {
         loop {
             let Idle { mut connection, since } = self.lock().pop_back()?;
-            if since.elapsed() <= defaults::UPSTREAM_POOL_IDLE_TIMEOUT && connection.usable().await {
+            if since.elapsed() <= defaults::UPSTREAM_POOL_IDLE_TIMEOUT
+                && poll_fn(|cx| connection.poll_still_open(cx)).await
+            {
                 return Some(connection);
             }
         }
     }
 
     async fn connect(&self) -> Result<Box<Http1>, BoxError> {
-        let io = self.dialer.dial().await?;
-        // One flat write buffer, as for the application's connections (listener.rs).
-        let (sender, driver) = http1::Builder::new().writev(false).handshake(io).await?;
-        Ok(Box::new(Http1 { sender, driver, closed: false }))
+        Ok(Box::new(Http1::new(self.dialer.dial().await?)))
     }
 
     /// Keeps a connection whose exchange is complete. Nobody polls an idle connection, so the
@@ -155,57 +470,68 @@ impl Http1Pool {
     }
 }
 
-/// An HTTP/1.1 connection checked out for one response, which its body drives. It goes back to
-/// the pool if the body was read to its end, and is closed otherwise (HTTP/1.1 has no other way
-/// to abandon a response).
-pub struct Lease {
+/// A response body read off its HTTP/1.1 connection. Read to its end, it returns the connection
+/// to the pool; dropped before, it closes it (HTTP/1.1 has no other way to abandon a response).
+pub struct Http1Body {
     connection: Option<Box<Http1>>,
+    framing: Framing,
     pool: Arc<Http1Pool>,
-    finished: bool,
 }
 
-impl Lease {
-    /// Reads more of the response (and writes more of the request body) into the connection's
-    /// buffers and channels.
-    pub fn poll_connection(&mut self, cx: &mut Context<'_>) {
-        if let Some(connection) = &mut self.connection {
-            connection.poll_open(cx);
-        }
-    }
-
-    /// The response body has ended.
-    pub fn finish(&mut self) {
-        self.finished = true;
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        if let Some(connection) = self.connection.take().filter(|c| self.finished && !c.closed) {
+impl Http1Body {
+    /// The body is complete: the connection goes back to the pool if the upstream left it
+    /// reusable and sent nothing past the response.
+    fn release(&mut self) {
+        if let Some(connection) = self.connection.take().filter(|c| c.reusable && c.input.is_empty()) {
             self.pool.check_in(connection);
         }
+    }
+}
+
+impl http_body::Body for Http1Body {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let Some(connection) = &mut this.connection else { return Poll::Ready(None) };
+        let polled = ready!(h1::poll_body(&mut connection.io, &mut connection.input, &mut this.framing, cx));
+        match &polled {
+            Some(Ok(_)) if !this.framing.is_done() => {}
+            Some(Err(_)) => this.connection = None,
+            _ => this.release(),
+        }
+        Poll::Ready(polled.map(|data| data.map(Frame::data)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.framing.is_done()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.framing.remaining().map_or_else(SizeHint::default, SizeHint::with_exact)
     }
 }
 
 /// The HTTP/2 connection every request shares, opened on first use and again once it closes.
 pub struct Http2Pool {
     dialer: Dialer,
-    shared: Mutex<Option<http2::SendRequest<Incoming>>>,
+    shared: Mutex<Option<http2::SendRequest<RequestBody>>>,
 }
 
 impl Http2Pool {
-    pub fn new(connector: Connector, target: Uri) -> Http2Pool {
-        Http2Pool { dialer: Dialer { connector, target }, shared: Mutex::new(None) }
+    fn new(dialer: Dialer) -> Http2Pool {
+        Http2Pool { dialer, shared: Mutex::new(None) }
     }
 
-    fn shared(&self) -> Option<http2::SendRequest<Incoming>> {
+    fn shared(&self) -> Option<http2::SendRequest<RequestBody>> {
         let shared = self.shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         shared.as_ref().filter(|s| !s.is_closed()).cloned()
     }
 
     /// Sends `req`; a request the shared connection refused before sending it (it was closing) is
     /// sent again on a new connection.
-    pub async fn send(&self, mut req: Request<Incoming>) -> Result<Response<Incoming>, BoxError> {
+    pub async fn send(&self, mut req: Request<RequestBody>) -> Result<Response<Incoming>, BoxError> {
         loop {
             let (mut sender, reused) = match self.shared() {
                 Some(sender) => (sender, true),
@@ -215,7 +541,7 @@ impl Http2Pool {
                 Ok(response) => return Ok(response),
                 Err(mut failed) => match failed.take_message() {
                     Some(unsent) if reused => req = unsent,
-                    _ => return Err(failed.into_error().into()),
+                    _ => return Err(TrySendError::into_error(failed).into()),
                 },
             }
         }
@@ -223,8 +549,8 @@ impl Http2Pool {
 
     /// Concurrent first requests may each open a connection; the last one opened is shared and
     /// the others close when their requests end.
-    async fn connect(&self) -> Result<http2::SendRequest<Incoming>, BoxError> {
-        let io = self.dialer.dial().await?;
+    async fn connect(&self) -> Result<http2::SendRequest<RequestBody>, BoxError> {
+        let io = TokioIo::new(self.dialer.dial().await?);
         let (sender, connection) = http2::handshake(TokioExecutor::new(), io).await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
@@ -233,5 +559,49 @@ impl Http2Pool {
         });
         *self.shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(sender.clone());
         Ok(sender)
+    }
+}
+
+/// Both pools of one upstream; `tls` is the trust for `https://` urls.
+pub fn pools(url: &Uri, tls: &rustls::ClientConfig) -> Result<(Arc<Http1Pool>, Http2Pool), String> {
+    // ALPN offers exactly the version each pool speaks.
+    let alpn = |protocol: &[u8]| {
+        let mut config = tls.clone();
+        config.alpn_protocols = vec![protocol.to_vec()];
+        config
+    };
+    let http1 = Http1Pool::new(Dialer::new(url, alpn(b"http/1.1"))?);
+    let http2 = Http2Pool::new(Dialer::new(url, alpn(b"h2"))?);
+    Ok((Arc::new(http1), http2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(status: u16, fields: &[(&str, &str)]) -> ResponseHead {
+        let headers = fields.iter().map(|(n, v)| (n.parse().unwrap(), v.parse().unwrap())).collect();
+        ResponseHead { status: StatusCode::from_u16(status).unwrap(), version: Version::HTTP_11, headers }
+    }
+
+    #[test]
+    fn responses_are_framed_as_rfc_9112_says() {
+        let sized = [("content-length", "10")];
+        assert_eq!(response_framing(&Method::HEAD, &head(200, &sized)), Ok(Framing::EMPTY));
+        assert_eq!(response_framing(&Method::GET, &head(204, &[])), Ok(Framing::EMPTY));
+        assert_eq!(response_framing(&Method::GET, &head(304, &sized)), Ok(Framing::EMPTY));
+        assert_eq!(response_framing(&Method::GET, &head(200, &sized)), Ok(Framing::Length(10)));
+        assert_eq!(
+            response_framing(&Method::GET, &head(200, &[("transfer-encoding", "chunked")])),
+            Ok(Framing::chunked())
+        );
+        assert_eq!(
+            response_framing(&Method::GET, &head(200, &[("transfer-encoding", "gzip")])),
+            Ok(Framing::UntilClose)
+        );
+        assert_eq!(response_framing(&Method::GET, &head(200, &[])), Ok(Framing::UntilClose));
+        let both = [("transfer-encoding", "chunked"), ("content-length", "3")];
+        assert!(response_framing(&Method::GET, &head(200, &both)).is_err());
+        assert!(response_framing(&Method::GET, &head(200, &[("content-length", "3, 4")])).is_err());
     }
 }

@@ -13,14 +13,12 @@ use http::{
     header::{CONNECTION, HOST, TE, TRANSFER_ENCODING, UPGRADE},
     uri::{Authority, PathAndQuery, Scheme},
 };
-use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
 use tower::Service;
 
 use crate::{
-    body::{Body, BoxError},
-    config, defaults,
-    pool::{Connector, Http1Pool, Http2Pool, Lease},
+    body::{Body, BoxError, RequestBody, RequestBodyFailed},
+    config,
+    pool::{self, Http1Pool, Http2Pool},
     respond,
     stack::{Exchange, ResponseFuture},
 };
@@ -40,34 +38,8 @@ impl UpstreamClient {
         let scheme = config.url.scheme().cloned().unwrap_or(Scheme::HTTP);
         let authority = config.url.authority().cloned().ok_or("the url has no authority")?;
         let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
-        let target = Uri::builder()
-            .scheme(scheme.clone())
-            .authority(authority.clone())
-            .path_and_query("/")
-            .build()
-            .map_err(|e| e.to_string())?;
-        let tls = tls_config(config.ca.as_deref())?;
-        let connector = |http2: bool| -> Connector {
-            let mut http = HttpConnector::new();
-            http.set_nodelay(true);
-            http.enforce_http(false);
-            http.set_connect_timeout(Some(defaults::UPSTREAM_CONNECT_TIMEOUT));
-            let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls.clone()).https_or_http();
-            // ALPN offers exactly the version the pool speaks.
-            if http2 {
-                builder.enable_http2().wrap_connector(http)
-            } else {
-                builder.enable_http1().wrap_connector(http)
-            }
-        };
-        Ok(UpstreamClient {
-            config: config.clone(),
-            scheme,
-            authority,
-            host,
-            http1: Arc::new(Http1Pool::new(connector(false), target.clone())),
-            http2: Http2Pool::new(connector(true), target),
-        })
+        let (http1, http2) = pool::pools(&config.url, &tls_config(config.ca.as_deref())?)?;
+        Ok(UpstreamClient { config: config.clone(), scheme, authority, host, http1, http2 })
     }
 
     pub fn name(&self) -> &str {
@@ -79,8 +51,8 @@ impl UpstreamClient {
     }
 
     /// Sends `req` upstream; failures become the synthetic 502/504 (or gRPC UNAVAILABLE /
-    /// DEADLINE_EXCEEDED).
-    pub async fn forward(&self, req: Request<Incoming>) -> Response<Body> {
+    /// DEADLINE_EXCEEDED), or 400 when it was the application's request body that failed.
+    pub async fn forward(&self, req: Request<RequestBody>) -> Response<Body> {
         let grpc = respond::is_grpc(req.headers());
         let sent = self.send(req);
         let answer = match self.config.timeout {
@@ -91,10 +63,13 @@ impl UpstreamClient {
             None => sent.await,
         };
         match answer {
-            Ok((response, connection)) => {
-                let (mut parts, body) = response.into_parts();
-                strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, Body::upstream(body, connection))
+            Ok(mut response) => {
+                strip_hop_by_hop(response.headers_mut());
+                response
+            }
+            Err(e) if e.is::<RequestBodyFailed>() => {
+                tracing::debug!(upstream = self.name(), error = %e, "the application's request body failed");
+                respond::malformed(&e.to_string())
             }
             Err(e) => {
                 tracing::debug!(upstream = self.name(), error = %e, "upstream request failed");
@@ -104,7 +79,7 @@ impl UpstreamClient {
     }
 
     /// HTTP/2 goes out as HTTP/2 (gRPC needs it end to end), everything else as HTTP/1.1.
-    async fn send(&self, req: Request<Incoming>) -> Result<(Response<Incoming>, Option<Lease>), BoxError> {
+    async fn send(&self, req: Request<RequestBody>) -> Result<Response<Body>, BoxError> {
         let (mut parts, body) = req.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         let path = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
@@ -117,14 +92,14 @@ impl UpstreamClient {
                 .path_and_query(path)
                 .build()?;
             let response = self.http2.send(Request::from_parts(parts, body)).await?;
-            Ok((response, None))
+            Ok(response.map(Body::http2))
         } else {
             // HTTP/1.1 sends the target in origin form, the authority in Host.
             parts.version = Version::HTTP_11;
             parts.headers.insert(HOST, self.host.clone());
             parts.uri = Uri::from(path);
-            let (response, connection) = self.http1.send(Request::from_parts(parts, body)).await?;
-            Ok((response, Some(connection)))
+            let response = self.http1.send(Request::from_parts(parts, body)).await?;
+            Ok(response.map(Body::http1))
         }
     }
 }

@@ -68,6 +68,21 @@ pub fn gateway_timeout(grpc: bool, upstream: &str) -> Response<Body> {
     if grpc { trailers_only(code::DEADLINE_EXCEEDED, &message) } else { plain(StatusCode::GATEWAY_TIMEOUT, message) }
 }
 
+/// A request the codec could not read: malformed, or framed ambiguously.
+pub fn malformed(why: &str) -> Response<Body> {
+    plain(StatusCode::BAD_REQUEST, format!("sluice: malformed request: {why}"))
+}
+
+/// A request head larger than the listener's `max_header_bytes`.
+pub fn head_too_large() -> Response<Body> {
+    plain(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "sluice: request head too large".to_owned())
+}
+
+/// A request head that did not arrive within the listener's `header_read_timeout`.
+pub fn head_timeout() -> Response<Body> {
+    plain(StatusCode::REQUEST_TIMEOUT, "sluice: request head not received in time".to_owned())
+}
+
 fn plain(status: StatusCode, mut message: String) -> Response<Body> {
     message.push('\n');
     let mut response = Response::new(Body::synthetic(message));

@@ -12,11 +12,10 @@ use std::{
 use arc_swap::ArcSwap;
 use futures_util::future::Either;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use tower::Service;
 
 use crate::{
-    body::Body,
+    body::{Body, RequestBody},
     classify::host,
     plan::{Plan, Target},
     respond,
@@ -39,7 +38,7 @@ impl<S> Route<S> {
     }
 }
 
-impl<S> Service<Request<Incoming>> for Route<S>
+impl<S> Service<Request<RequestBody>> for Route<S>
 where
     S: Service<Exchange, Response = Response<Body>, Error = Infallible>,
 {
@@ -51,7 +50,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, request: Request<RequestBody>) -> Self::Future {
         let listener = self.live.load().listeners[self.listener].clone();
         let upstream = match &listener.target {
             Target::Fixed(upstream) => Some(upstream.clone()),

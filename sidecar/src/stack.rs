@@ -4,12 +4,11 @@ use std::{convert::Infallible, future::Future, pin::Pin, sync::Arc};
 
 use arc_swap::ArcSwap;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use tower::ServiceBuilder;
 
 use crate::{
     admission::Admit,
-    body::Body,
+    body::{Body, RequestBody},
     classify::{Charged, Classify},
     metrics::Measure,
     plan::{ListenerPlan, Plan},
@@ -23,7 +22,7 @@ pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Inf
 
 /// A routed request on its way down the stack, with what the layers above found out about it.
 pub struct Exchange {
-    pub request: Request<Incoming>,
+    pub request: Request<RequestBody>,
     pub listener: Arc<ListenerPlan>,
     pub upstream: Arc<UpstreamClient>,
     /// What the request is charged, once classification found a matching rule.

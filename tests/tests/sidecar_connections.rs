@@ -5,7 +5,8 @@
 
 use std::{
     io::{ErrorKind, Read, Write},
-    net::{SocketAddr, TcpStream},
+    net::{SocketAddr, TcpListener, TcpStream},
+    thread,
     time::{Duration, Instant},
 };
 
@@ -16,21 +17,22 @@ use sluice_tests::{
 
 /// A standalone sidecar with one listener, its limits set by `limits` (YAML keys of the
 /// listener), forwarding to a test upstream with a rule far above any test load.
-fn sidecar(upstream: &UpstreamProcess, limits: &str) -> (Sidecar, SocketAddr) {
+fn sidecar(upstream: SocketAddr, limits: &str) -> (Sidecar, SocketAddr) {
     let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let config = format!(
         "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n    {limits}\n\
-         upstreams:\n  - name: app\n    url: http://{}\n\
+         upstreams:\n  - name: app\n    url: http://{upstream}\n\
          resources:\n  - id: everything\n    capacity: 1000000\n\
-         rules:\n  - resource: everything\n",
-        upstream.addr()
+         rules:\n  - resource: everything\n"
     );
     (Sidecar::builder().config(&config).start_sidecar(), listen)
 }
 
 fn connect(addr: SocketAddr) -> TcpStream {
     let stream = TcpStream::connect(addr).expect("connect");
+    // A sidecar that stops reading or answering fails the test rather than hanging it.
     stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    stream.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
     stream
 }
 
@@ -74,7 +76,7 @@ fn closed_after(stream: &mut TcpStream) -> Duration {
 #[test]
 fn a_request_head_that_does_not_arrive_in_time_closes_the_connection() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(&upstream, "header_read_timeout: 1s");
+    let (_sidecar, listen) = sidecar(upstream.addr(), "header_read_timeout: 1s");
     let mut stream = connect(listen);
     stream.write_all(b"GET /echo HTTP/1.1\r\nhost: app\r\n").unwrap();
     let after = closed_after(&mut stream);
@@ -84,7 +86,7 @@ fn a_request_head_that_does_not_arrive_in_time_closes_the_connection() {
 #[test]
 fn an_idle_keep_alive_connection_is_closed() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(&upstream, "idle_timeout: 1s");
+    let (_sidecar, listen) = sidecar(upstream.addr(), "idle_timeout: 1s");
     let mut stream = connect(listen);
     stream.write_all(GET).unwrap();
     assert_eq!(response(&mut stream), 200);
@@ -95,7 +97,7 @@ fn an_idle_keep_alive_connection_is_closed() {
 #[test]
 fn an_oversized_request_head_is_refused() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(&upstream, "max_header_bytes: 4096");
+    let (_sidecar, listen) = sidecar(upstream.addr(), "max_header_bytes: 4096");
     let mut stream = connect(listen);
     let big = format!("GET /echo HTTP/1.1\r\nhost: app\r\nx-big: {}\r\n\r\n", "a".repeat(16 * 1024));
     // The sidecar may stop reading and close before the whole head is written.
@@ -113,7 +115,7 @@ fn an_oversized_request_head_is_refused() {
 #[test]
 fn connections_beyond_the_limit_wait_for_a_slot() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(&upstream, "max_connections: 1");
+    let (_sidecar, listen) = sidecar(upstream.addr(), "max_connections: 1");
     let mut first = connect(listen);
     first.write_all(GET).unwrap();
     assert_eq!(response(&mut first), 200);
@@ -131,4 +133,208 @@ fn connections_beyond_the_limit_wait_for_a_slot() {
     drop(first);
     second.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     assert_eq!(response(&mut second), 200);
+}
+
+/// Reads until the peer closes; everything it sent.
+fn read_all(stream: &mut TcpStream) -> String {
+    let mut bytes = Vec::new();
+    let _ = stream.read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[test]
+fn ambiguous_request_framing_is_refused() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(upstream.addr(), "");
+    for request in [
+        "POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+        "POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nabcd",
+        "POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: -3\r\n\r\nabc",
+        "POST /echo HTTP/1.1\r\nhost: app\r\ntransfer-encoding: gzip\r\n\r\nabc",
+        "GET /echo HTTP/1.1\r\n\r\n",
+    ] {
+        let mut stream = connect(listen);
+        stream.write_all(request.as_bytes()).unwrap();
+        let answer = read_all(&mut stream);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{request:?} got {answer:?}");
+        assert!(answer.contains("malformed request"), "{answer}");
+    }
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(upstream.addr(), "");
+    let mut stream = connect(listen);
+    let requests = "GET /status/201 HTTP/1.1\r\nhost: app\r\n\r\n\
+                    POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 5\r\n\r\nhello\
+                    GET /status/202 HTTP/1.1\r\nhost: app\r\nconnection: close\r\n\r\n";
+    stream.write_all(requests.as_bytes()).unwrap();
+    let answer = read_all(&mut stream);
+    let statuses: Vec<&str> = answer.match_indices("HTTP/1.1 ").map(|(i, _)| &answer[i + 9..i + 12]).collect();
+    assert_eq!(statuses, ["201", "200", "202"], "{answer}");
+    assert!(answer.contains(r#""body":"hello""#), "{answer}");
+}
+
+#[test]
+fn expect_100_continue_is_answered_before_the_body_is_sent() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(upstream.addr(), "");
+    let mut stream = connect(listen);
+    stream
+        .write_all(b"PUT /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 4\r\nexpect: 100-continue\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    let mut interim = [0u8; 25];
+    stream.read_exact(&mut interim).unwrap();
+    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    stream.write_all(b"data").unwrap();
+    let answer = read_all(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.contains(r#""body":"data""#), "{answer}");
+}
+
+#[test]
+fn http_1_0_clients_get_keep_alive_only_when_they_ask() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(upstream.addr(), "");
+    let mut stream = connect(listen);
+    stream.write_all(b"GET /stream?chunks=2 HTTP/1.0\r\nconnection: keep-alive\r\n\r\n").unwrap();
+    // A body of unknown length cannot be delimited for HTTP/1.0 but by closing.
+    let answer = read_all(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("chunk 0\nchunk 1\n"), "{answer}");
+    assert!(answer.contains("connection: close") && !answer.contains("chunked"), "{answer}");
+
+    let mut stream = connect(listen);
+    stream.write_all(b"GET /status/200 HTTP/1.0\r\nconnection: keep-alive\r\n\r\n").unwrap();
+    assert_eq!(response(&mut stream), 200);
+    stream.write_all(b"GET /status/204 HTTP/1.0\r\n\r\n").unwrap();
+    let answer = read_all(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
+}
+
+#[test]
+fn large_bodies_stream_both_ways() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(upstream.addr(), "");
+    let mut stream = connect(listen);
+    // 4 MB sent chunked in 64 KiB pieces; the echo sends it back with a length. The `Expect` goes
+    // upstream too, whose 100 Continue then arrives while the body is on its way: it is no answer
+    // that would end the body.
+    let piece = "x".repeat(64 * 1024);
+    let head = "POST /echo HTTP/1.1\r\nhost: app\r\ntransfer-encoding: chunked\r\nexpect: 100-continue\r\n\
+                connection: close\r\n\r\n";
+    stream.write_all(head.as_bytes()).unwrap();
+    let writer = {
+        let mut stream = stream.try_clone().unwrap();
+        std::thread::spawn(move || {
+            for _ in 0..64 {
+                stream.write_all(format!("{:x}\r\n{piece}\r\n", piece.len()).as_bytes()).unwrap();
+            }
+            stream.write_all(b"0\r\n\r\n").unwrap();
+        })
+    };
+    let answer = read_all(&mut stream);
+    writer.join().unwrap();
+    let answer = answer.strip_prefix("HTTP/1.1 100 Continue\r\n\r\n").unwrap_or(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{}", &answer[..answer.len().min(200)]);
+    assert!(answer.contains(r#"["expect","100-continue"]"#), "the upstream was asked to continue");
+    let body = answer.split_once(r#""body":""#).and_then(|(_, rest)| rest.split('"').next()).unwrap_or("");
+    assert_eq!(body.matches('x').count(), 64 * 64 * 1024);
+}
+
+/// An upstream that refuses uploads the way many do: it reads a request's head and answers 413
+/// at once, reading none of the body, then closes (`/refuse`: the unread body makes that a
+/// reset) or holds the connection open without reading (`/refuse-and-hold`). Any other request
+/// is answered 200. Each response closes its connection.
+fn refusing_upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("listen");
+    let addr = listener.local_addr().unwrap();
+    thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            if head.starts_with(b"POST /refuse") {
+                let refusal =
+                    "HTTP/1.1 413 Payload Too Large\r\ncontent-length: 10\r\nconnection: close\r\n\r\ntoo large\n";
+                let _ = stream.write_all(refusal.as_bytes());
+                if head.starts_with(b"POST /refuse-and-hold") {
+                    held.push(stream);
+                }
+            } else {
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\nok\n");
+            }
+        }
+    });
+    addr
+}
+
+#[test]
+fn an_upstream_refusing_a_body_it_has_not_read_is_answered_through() {
+    let (_sidecar, listen) = sidecar(refusing_upstream(), "");
+    // 16 MB: far more than the socket buffers between the sidecar and the upstream hold.
+    const SIZE: usize = 16 << 20;
+    for (path, framing) in
+        [("/refuse", format!("content-length: {SIZE}")), ("/refuse-and-hold", "transfer-encoding: chunked".to_owned())]
+    {
+        let mut stream = connect(listen);
+        stream.write_all(format!("POST {path} HTTP/1.1\r\nhost: app\r\n{framing}\r\n\r\n").as_bytes()).unwrap();
+        let writer = {
+            let mut stream = stream.try_clone().unwrap();
+            let chunked = framing.contains("chunked");
+            thread::spawn(move || {
+                let piece = vec![b'x'; 64 * 1024];
+                // The sidecar stops taking the body once refused: writing then fails.
+                for _ in 0..SIZE / piece.len() {
+                    let sent = if chunked {
+                        stream
+                            .write_all(format!("{:x}\r\n", piece.len()).as_bytes())
+                            .and_then(|()| stream.write_all(&piece))
+                            .and_then(|()| stream.write_all(b"\r\n"))
+                    } else {
+                        stream.write_all(&piece)
+                    };
+                    if sent.is_err() {
+                        return;
+                    }
+                }
+                if chunked {
+                    let _ = stream.write_all(b"0\r\n\r\n");
+                }
+            })
+        };
+        let answer = read_all(&mut stream);
+        writer.join().unwrap();
+        assert!(answer.starts_with("HTTP/1.1 413") && answer.ends_with("too large\n"), "{path}: {answer:?}");
+        // The rest of the body was not read: the connection cannot carry another request.
+        assert!(answer.contains("connection: close"), "{path}: {answer:?}");
+        // The sidecar goes on serving.
+        let mut stream = connect(listen);
+        stream.write_all(GET).unwrap();
+        assert_eq!(response(&mut stream), 200, "after {path}");
+    }
+}
+
+#[test]
+fn a_malformed_chunked_request_body_is_refused_as_the_requests_fault() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(upstream.addr(), "");
+    // A chunk-size line that is no number; chunk data longer than its size.
+    for body in ["5\r\nhello\r\nzz\r\n\r\n", "5\r\nhelloXX\r\n0\r\n\r\n"] {
+        let mut stream = connect(listen);
+        let request = format!("POST /echo HTTP/1.1\r\nhost: app\r\ntransfer-encoding: chunked\r\n\r\n{body}");
+        stream.write_all(request.as_bytes()).unwrap();
+        let answer = read_all(&mut stream);
+        assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("malformed request"), "{body:?}: {answer:?}");
+        assert!(answer.contains("connection: close"), "{answer}");
+    }
+    let mut stream = connect(listen);
+    stream.write_all(GET).unwrap();
+    assert_eq!(response(&mut stream), 200);
 }

@@ -1,0 +1,552 @@
+//! HTTP/1.1 framing (RFC 9112), shared by the application side and the upstream side: heads parsed
+//! with httparse into `http` types and written back out, and message bodies delimited by
+//! Content-Length, chunked coding or the connection's end.
+
+use std::{
+    fmt,
+    future::Future,
+    mem::MaybeUninit,
+    pin::pin,
+    task::{Context, Poll, ready},
+};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{
+    HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version,
+    header::{CONTENT_LENGTH, TRANSFER_ENCODING},
+};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// Headers a head may carry, as hyper allows.
+const MAX_HEADERS: usize = 100;
+
+/// Longest chunk-size line, extensions included, and most trailer bytes: both are read whole
+/// before they are understood, so they are bounded.
+const MAX_CHUNK_LINE: usize = 4096;
+const MAX_TRAILER_BYTES: usize = 16 * 1024;
+
+/// How much more the read buffer takes at a time.
+const READ_CHUNK: usize = 8 * 1024;
+
+/// A message that breaks HTTP/1.1's rules; the text says which one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Malformed(pub &'static str);
+
+impl fmt::Display for Malformed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for Malformed {}
+
+impl From<httparse::Error> for Malformed {
+    fn from(e: httparse::Error) -> Malformed {
+        Malformed(match e {
+            httparse::Error::HeaderName => "invalid header name",
+            httparse::Error::HeaderValue => "invalid header value",
+            httparse::Error::NewLine => "invalid line ending",
+            httparse::Error::Status => "invalid status",
+            httparse::Error::Token => "invalid method",
+            httparse::Error::TooManyHeaders => "more than 100 headers",
+            httparse::Error::Version => "invalid HTTP version",
+        })
+    }
+}
+
+/// A parsed request head.
+pub struct RequestHead {
+    pub method: Method,
+    pub uri: Uri,
+    pub version: Version,
+    pub headers: HeaderMap,
+}
+
+/// A parsed response head.
+pub struct ResponseHead {
+    pub status: StatusCode,
+    pub version: Version,
+    pub headers: HeaderMap,
+}
+
+/// Where each header's name and value lie in the head: the head's bytes are frozen once parsed,
+/// and the values then point into them instead of being copied.
+type Fields = [[usize; 4]; MAX_HEADERS];
+
+/// Takes a whole request head off the front of `buf`; `None` until all of it is there.
+pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, Malformed> {
+    let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut []);
+    let end =
+        match httparse::ParserConfig::default().parse_request_with_uninit_headers(&mut request, buf, &mut slots)? {
+            httparse::Status::Complete(end) => end,
+            httparse::Status::Partial => return Ok(None),
+        };
+    let method =
+        Method::from_bytes(request.method.unwrap_or_default().as_bytes()).map_err(|_| Malformed("invalid method"))?;
+    let version = version(request.version)?;
+    let target = span(buf, request.path.unwrap_or_default().as_bytes());
+    let mut fields = [[0; 4]; MAX_HEADERS];
+    let count = locate(buf, request.headers, &mut fields);
+    let head = buf.split_to(end).freeze();
+    let uri =
+        Uri::from_maybe_shared(head.slice(target[0]..target[1])).map_err(|_| Malformed("invalid request target"))?;
+    let headers = header_map(&head, &fields[..count])?;
+    Ok(Some(RequestHead { method, uri, version, headers }))
+}
+
+/// Takes a whole response head off the front of `buf`; `None` until all of it is there.
+pub fn parse_response(buf: &mut BytesMut) -> Result<Option<ResponseHead>, Malformed> {
+    let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut response = httparse::Response::new(&mut []);
+    let end =
+        match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut response, buf, &mut slots)? {
+            httparse::Status::Complete(end) => end,
+            httparse::Status::Partial => return Ok(None),
+        };
+    let status = StatusCode::from_u16(response.code.unwrap_or_default()).map_err(|_| Malformed("invalid status"))?;
+    let version = version(response.version)?;
+    let mut fields = [[0; 4]; MAX_HEADERS];
+    let count = locate(buf, response.headers, &mut fields);
+    let head = buf.split_to(end).freeze();
+    let headers = header_map(&head, &fields[..count])?;
+    Ok(Some(ResponseHead { status, version, headers }))
+}
+
+fn version(minor: Option<u8>) -> Result<Version, Malformed> {
+    match minor {
+        Some(1) => Ok(Version::HTTP_11),
+        Some(0) => Ok(Version::HTTP_10),
+        _ => Err(Malformed("invalid HTTP version")),
+    }
+}
+
+/// Start and end of `part`, a slice of `buf`, as offsets into it.
+fn span(buf: &[u8], part: &[u8]) -> [usize; 2] {
+    let start = part.as_ptr() as usize - buf.as_ptr() as usize;
+    [start, start + part.len()]
+}
+
+fn locate(buf: &[u8], headers: &[httparse::Header<'_>], fields: &mut Fields) -> usize {
+    for (field, header) in fields.iter_mut().zip(headers) {
+        let [name, name_end] = span(buf, header.name.as_bytes());
+        let [value, value_end] = span(buf, header.value);
+        *field = [name, name_end, value, value_end];
+    }
+    headers.len()
+}
+
+fn header_map(head: &Bytes, fields: &[[usize; 4]]) -> Result<HeaderMap, Malformed> {
+    let mut headers = HeaderMap::with_capacity(fields.len());
+    for &[name, name_end, value, value_end] in fields {
+        let name = HeaderName::from_bytes(&head[name..name_end]).map_err(|_| Malformed("invalid header name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(value..value_end))
+            .map_err(|_| Malformed("invalid header value"))?;
+        headers.append(name, value);
+    }
+    Ok(headers)
+}
+
+/// The Content-Length of a message, if it has one. Repeats of one value (`5, 5`) are one length;
+/// anything else that is not a single decimal number is refused (RFC 9112 §6.3).
+pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Malformed> {
+    let mut length = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        for item in value.as_bytes().split(|&b| b == b',') {
+            let n = decimal(item.trim_ascii()).ok_or(Malformed("invalid content-length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(Malformed("conflicting content-length values"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(length)
+}
+
+fn decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+}
+
+/// Whether the message's transfer codings end in chunked: `None` without Transfer-Encoding.
+pub fn chunked(headers: &HeaderMap) -> Option<bool> {
+    let last = headers.get_all(TRANSFER_ENCODING).iter().next_back()?;
+    let coding = last.as_bytes().rsplit(|&b| b == b',').next().unwrap_or_default();
+    Some(coding.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+}
+
+/// Whether `Connection` lists `option` (`close`, `keep-alive`).
+pub fn connection_has(headers: &HeaderMap, option: &str) -> bool {
+    headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .any(|o| o.trim_ascii().eq_ignore_ascii_case(option.as_bytes()))
+}
+
+/// Appends `name: value` lines for every header.
+pub fn write_headers(out: &mut BytesMut, headers: &HeaderMap) {
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Appends one `name: value` line, the value written by `value`.
+pub fn write_header(out: &mut BytesMut, name: &str, value: impl FnOnce(&mut BytesMut)) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    value(out);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends `n` in `radix` (10 for lengths, 16 for chunk sizes) without allocating.
+pub fn write_number(out: &mut BytesMut, mut n: u64, radix: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b"0123456789ABCDEF"[(n % radix) as usize];
+        n /= radix;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// How a body's end is found, and how far reading it has got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Framing {
+    /// This many bytes are still to come; 0 once the body is complete (or for no body at all).
+    Length(u64),
+    Chunked(Chunk),
+    /// Everything until the peer closes (a response without a length).
+    UntilClose,
+}
+
+/// Where a chunked body's decoding stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chunk {
+    Size,
+    Data(u64),
+    /// The CRLF after a chunk's data.
+    DataEnd,
+    /// Trailer fields, dropped: the sidecar carries trailers only over HTTP/2.
+    Trailers {
+        read: usize,
+    },
+    Done,
+}
+
+/// What a look at the buffered bytes gave.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decoded {
+    Data(Bytes),
+    End,
+    /// Nothing until more bytes are read.
+    More,
+}
+
+impl Framing {
+    pub const EMPTY: Framing = Framing::Length(0);
+
+    pub fn chunked() -> Framing {
+        Framing::Chunked(Chunk::Size)
+    }
+
+    pub fn is_done(&self) -> bool {
+        matches!(self, Framing::Length(0) | Framing::Chunked(Chunk::Done))
+    }
+
+    /// Takes what it can of the body off the front of `buf`.
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, Malformed> {
+        match self {
+            Framing::Length(0) => Ok(Decoded::End),
+            Framing::Length(left) => {
+                if buf.is_empty() {
+                    return Ok(Decoded::More);
+                }
+                let take = buf.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
+                *left -= take as u64;
+                Ok(Decoded::Data(buf.split_to(take).freeze()))
+            }
+            Framing::UntilClose if buf.is_empty() => Ok(Decoded::More),
+            Framing::UntilClose => Ok(Decoded::Data(buf.split().freeze())),
+            Framing::Chunked(chunk) => decode_chunked(chunk, buf),
+        }
+    }
+
+    /// The peer closed the connection: the end of an until-close body, a truncation of others.
+    pub fn at_eof(&mut self) -> Result<Decoded, Malformed> {
+        match self {
+            Framing::UntilClose => {
+                *self = Framing::EMPTY;
+                Ok(Decoded::End)
+            }
+            _ if self.is_done() => Ok(Decoded::End),
+            _ => Err(Malformed("connection closed before the end of the body")),
+        }
+    }
+
+    /// Bytes still to come, when known.
+    pub fn remaining(&self) -> Option<u64> {
+        match self {
+            Framing::Length(left) => Some(*left),
+            Framing::Chunked(Chunk::Done) => Some(0),
+            _ => None,
+        }
+    }
+}
+
+fn decode_chunked(chunk: &mut Chunk, buf: &mut BytesMut) -> Result<Decoded, Malformed> {
+    loop {
+        match *chunk {
+            Chunk::Size => {
+                let Some(first) = buf.first() else { return Ok(Decoded::More) };
+                // httparse would read a bare CRLF as a last chunk of size 0.
+                if !first.is_ascii_hexdigit() {
+                    return Err(Malformed("invalid chunk size"));
+                }
+                match httparse::parse_chunk_size(buf).map_err(|_| Malformed("invalid chunk size"))? {
+                    httparse::Status::Complete((end, _)) if end > MAX_CHUNK_LINE => {
+                        return Err(Malformed("chunk size line too long"));
+                    }
+                    httparse::Status::Complete((end, size)) => {
+                        buf.advance(end);
+                        *chunk = if size == 0 { Chunk::Trailers { read: 0 } } else { Chunk::Data(size) };
+                    }
+                    httparse::Status::Partial if buf.len() > MAX_CHUNK_LINE => {
+                        return Err(Malformed("chunk size line too long"));
+                    }
+                    httparse::Status::Partial => return Ok(Decoded::More),
+                }
+            }
+            Chunk::Data(left) => {
+                if buf.is_empty() {
+                    return Ok(Decoded::More);
+                }
+                let take = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                let left = left - take as u64;
+                *chunk = if left == 0 { Chunk::DataEnd } else { Chunk::Data(left) };
+                return Ok(Decoded::Data(buf.split_to(take).freeze()));
+            }
+            Chunk::DataEnd => {
+                if buf.len() < 2 {
+                    return Ok(Decoded::More);
+                }
+                if &buf[..2] != b"\r\n" {
+                    return Err(Malformed("chunk data longer than its size"));
+                }
+                buf.advance(2);
+                *chunk = Chunk::Size;
+            }
+            Chunk::Trailers { read } => {
+                let Some(newline) = buf.iter().position(|&b| b == b'\n') else {
+                    if read + buf.len() > MAX_TRAILER_BYTES {
+                        return Err(Malformed("trailers too large"));
+                    }
+                    return Ok(Decoded::More);
+                };
+                if newline == 0 || buf[newline - 1] != b'\r' {
+                    return Err(Malformed("invalid line ending in trailers"));
+                }
+                let line = buf.split_to(newline + 1);
+                *chunk = if line.len() == 2 {
+                    Chunk::Done
+                } else if read + line.len() > MAX_TRAILER_BYTES {
+                    return Err(Malformed("trailers too large"));
+                } else {
+                    Chunk::Trailers { read: read + line.len() }
+                };
+            }
+            Chunk::Done => return Ok(Decoded::End),
+        }
+    }
+}
+
+/// Reads more of `io` into `buf`; `Ok(0)` at the end of the stream.
+pub fn poll_read_more<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<std::io::Result<usize>> {
+    if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+        buf.reserve(READ_CHUNK);
+    }
+    pin!(io.read_buf(buf)).poll(cx)
+}
+
+/// The next piece of a body read from `io`: data, `None` at its end, or an error.
+pub fn poll_body<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
+    framing: &mut Framing,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Bytes, crate::body::BoxError>>> {
+    loop {
+        let decoded = match framing.decode(buf) {
+            Ok(Decoded::More) => match ready!(poll_read_more(io, buf, cx)) {
+                Ok(0) => framing.at_eof(),
+                Ok(_) => continue,
+                Err(e) => return Poll::Ready(Some(Err(e.into()))),
+            },
+            decoded => decoded,
+        };
+        return Poll::Ready(match decoded {
+            Ok(Decoded::Data(data)) => Some(Ok(data)),
+            Ok(Decoded::End) => None,
+            Ok(Decoded::More) => continue,
+            Err(e) => Some(Err(e.into())),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decodes `wire` fed in pieces of `step` bytes; the body's data, or the first error.
+    fn decode_in_steps(mut framing: Framing, wire: &[u8], step: usize) -> Result<Vec<u8>, Malformed> {
+        let mut buf = BytesMut::new();
+        let mut body = Vec::new();
+        let mut pieces = wire.chunks(step);
+        loop {
+            match framing.decode(&mut buf)? {
+                Decoded::Data(data) => body.extend_from_slice(&data),
+                Decoded::End => return Ok(body),
+                Decoded::More => match pieces.next() {
+                    Some(piece) => buf.extend_from_slice(piece),
+                    None => match framing.at_eof()? {
+                        Decoded::End => return Ok(body),
+                        other => panic!("{other:?} at the end"),
+                    },
+                },
+            }
+        }
+    }
+
+    fn headers(fields: &[(&str, &str)]) -> HeaderMap {
+        fields
+            .iter()
+            .map(|(n, v)| (HeaderName::from_bytes(n.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn content_length_bodies_end_at_their_length() {
+        for step in [1, 3, 100] {
+            assert_eq!(decode_in_steps(Framing::Length(5), b"hello", step).unwrap(), b"hello");
+        }
+        let mut buf = BytesMut::from(&b"hiGET / HTTP/1.1\r\n"[..]);
+        let mut framing = Framing::Length(2);
+        assert_eq!(framing.decode(&mut buf), Ok(Decoded::Data(Bytes::from_static(b"hi"))));
+        assert_eq!(framing.decode(&mut buf), Ok(Decoded::End));
+        assert_eq!(&buf[..], b"GET / HTTP/1.1\r\n", "the next message stays in the buffer");
+        assert_eq!(
+            decode_in_steps(Framing::Length(5), b"hel", 10),
+            Err(Malformed("connection closed before the end of the body"))
+        );
+    }
+
+    #[test]
+    fn chunked_bodies_decode_across_split_reads() {
+        let wire = b"5;name=value;x\r\nhello\r\n1\r\n \r\nA \r\n0123456789\r\n0\r\nx-trailer: dropped\r\n\r\n";
+        for step in [1, 2, 7, 1000] {
+            assert_eq!(decode_in_steps(Framing::chunked(), wire, step).unwrap(), b"hello 0123456789", "step {step}");
+        }
+        let mut buf = BytesMut::from(&b"0\r\n\r\nnext"[..]);
+        let mut framing = Framing::chunked();
+        assert_eq!(framing.decode(&mut buf), Ok(Decoded::End));
+        assert!(framing.is_done());
+        assert_eq!(&buf[..], b"next");
+    }
+
+    #[test]
+    fn malformed_chunked_bodies_are_errors() {
+        for wire in [
+            &b"\r\n"[..],
+            b"g\r\nx\r\n0\r\n\r\n",
+            b"-1\r\n",
+            b"5\r\nhelloXX0\r\n\r\n",
+            b"11111111111111111\r\n",
+            b"0\r\nbad\ntrailer\r\n\r\n",
+        ] {
+            assert!(decode_in_steps(Framing::chunked(), wire, 3).is_err(), "{:?}", String::from_utf8_lossy(wire));
+        }
+        let long_line = format!("5;{}\r\nhello\r\n0\r\n\r\n", "x".repeat(MAX_CHUNK_LINE));
+        assert_eq!(
+            decode_in_steps(Framing::chunked(), long_line.as_bytes(), 512),
+            Err(Malformed("chunk size line too long"))
+        );
+        assert!(decode_in_steps(Framing::chunked(), b"5\r\nhel", 10).is_err(), "truncated");
+    }
+
+    #[test]
+    fn until_close_bodies_end_with_the_connection() {
+        assert_eq!(decode_in_steps(Framing::UntilClose, b"all of it", 4).unwrap(), b"all of it");
+    }
+
+    #[test]
+    fn content_lengths_must_agree_and_be_numbers() {
+        assert_eq!(content_length(&headers(&[])), Ok(None));
+        assert_eq!(content_length(&headers(&[("content-length", "42")])), Ok(Some(42)));
+        assert_eq!(content_length(&headers(&[("content-length", "7, 7"), ("content-length", "7")])), Ok(Some(7)));
+        for bad in ["-1", "+5", "1 2", "0x10", "", "99999999999999999999"] {
+            assert!(content_length(&headers(&[("content-length", bad)])).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            content_length(&headers(&[("content-length", "5"), ("content-length", "6")])),
+            Err(Malformed("conflicting content-length values"))
+        );
+        assert_eq!(chunked(&headers(&[("transfer-encoding", "gzip, Chunked")])), Some(true));
+        assert_eq!(chunked(&headers(&[("transfer-encoding", "chunked, gzip")])), Some(false));
+        assert_eq!(chunked(&headers(&[])), None);
+    }
+
+    #[test]
+    fn heads_parse_when_complete() {
+        let mut buf = BytesMut::from(&b"POST /a?b=1 HTTP/1.1\r\nHost: app\r\nX-Two: 1\r\nx-two: 2\r\n"[..]);
+        assert!(parse_request(&mut buf).unwrap().is_none());
+        buf.extend_from_slice(b"\r\nbody");
+        let head = parse_request(&mut buf).unwrap().unwrap();
+        assert_eq!((head.method, head.version), (Method::POST, Version::HTTP_11));
+        assert_eq!(head.uri, "/a?b=1");
+        assert_eq!(head.headers["host"], "app");
+        assert_eq!(head.headers.get_all("x-two").iter().collect::<Vec<_>>(), ["1", "2"]);
+        assert_eq!(&buf[..], b"body");
+
+        let mut buf = BytesMut::from(&b"HTTP/1.0 204 No Content\r\nConnection: keep-alive\r\n\r\n"[..]);
+        let head = parse_response(&mut buf).unwrap().unwrap();
+        assert_eq!((head.status, head.version), (StatusCode::NO_CONTENT, Version::HTTP_10));
+        assert!(connection_has(&head.headers, "Keep-Alive"));
+    }
+
+    #[test]
+    fn malformed_heads_are_errors() {
+        for wire in [
+            &b"GET / HTTP/2.0\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nbad header\r\n\r\n",
+            b"GET / HTTP/1.1\r\nx: a\x01b\r\n\r\n",
+            b"G@T / HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(parse_request(&mut BytesMut::from(wire)).is_err(), "{:?}", String::from_utf8_lossy(wire));
+        }
+        assert!(parse_response(&mut BytesMut::from(&b"HTTP/1.1 2000 OK\r\n\r\n"[..])).is_err());
+    }
+
+    #[test]
+    fn numbers_are_written_in_their_radix() {
+        let mut out = BytesMut::new();
+        write_number(&mut out, 0, 10);
+        out.extend_from_slice(b" ");
+        write_number(&mut out, 1234567, 10);
+        out.extend_from_slice(b" ");
+        write_number(&mut out, 255, 16);
+        assert_eq!(&out[..], b"0 1234567 FF");
+    }
+}

@@ -1,0 +1,433 @@
+//! The application's HTTP/1.1 connections, spoken by the sidecar's own codec (h1.rs) on the
+//! connection's task: a request head is read, handed to the listener's stack with a body that
+//! reads itself off the same connection, and the response is written back, one exchange after
+//! the other (pipelined requests wait in the read buffer). A connection that opens with the
+//! HTTP/2 preface is handed back, for hyper's HTTP/2 server.
+
+use std::{
+    future::poll_fn,
+    pin::{Pin, pin},
+    sync::{Arc, Mutex, MutexGuard},
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use bytes::{Bytes, BytesMut};
+use http::{
+    HeaderMap, Method, Request, Response, StatusCode, Version,
+    header::{CONTENT_LENGTH, EXPECT, HOST, TRANSFER_ENCODING},
+};
+use http_body::{Body as _, Frame, SizeHint};
+use http_body_util::BodyExt;
+use tokio::{
+    io::{AsyncWrite, AsyncWriteExt},
+    net::{
+        TcpStream,
+        tcp::{OwnedReadHalf, OwnedWriteHalf},
+    },
+    sync::watch,
+};
+use tower::Service;
+
+use crate::{
+    body::{Body, BoxError},
+    config,
+    h1::{self, Framing, Malformed, RequestHead},
+    listener::stopped,
+    respond,
+    stack::Stack,
+};
+
+/// What every HTTP/2 prior-knowledge connection starts with (RFC 9113 §3.4).
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// Body data up to this size is copied behind the head (or the previous data) to go out in one
+/// write; larger pieces are written on their own.
+const COPY_LIMIT: usize = 16 * 1024;
+
+/// The read side of a connection, which the connection reads heads from and a request's body
+/// reads itself from; both run on the connection's task, so the lock is never contended.
+struct Reader {
+    read: OwnedReadHalf,
+    input: BytesMut,
+    /// The current request's body.
+    framing: Framing,
+    expect: Expect,
+}
+
+/// Where a request that asked for `100 Continue` stands: the interim response goes out when the
+/// stack first reads the body, so a request refused before that never has its body sent.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Nothing,
+    /// Not yet read.
+    Continue,
+    /// The body was read: the connection writes `100 Continue` and wakes it.
+    Asked,
+}
+
+type Shared = Arc<Mutex<Reader>>;
+
+fn lock(shared: &Shared) -> MutexGuard<'_, Reader> {
+    shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A request body on an HTTP/1.1 connection of the application; `None` for a request without one.
+pub struct Inbound(Option<Shared>);
+
+impl http_body::Body for Inbound {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let Some(shared) = &self.0 else { return Poll::Ready(None) };
+        let mut reader = lock(shared);
+        match reader.expect {
+            Expect::Nothing => {}
+            Expect::Continue => {
+                reader.expect = Expect::Asked;
+                return Poll::Pending;
+            }
+            Expect::Asked => return Poll::Pending,
+        }
+        let Reader { read, input, framing, .. } = &mut *reader;
+        h1::poll_body(read, input, framing, cx).map(|data| data.map(|data| data.map(Frame::data)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.as_ref().is_none_or(|shared| lock(shared).framing.is_done())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let remaining = self.0.as_ref().map_or(Some(0), |shared| lock(shared).framing.remaining());
+        remaining.map_or_else(SizeHint::default, SizeHint::with_exact)
+    }
+}
+
+/// A connection's limits, from its listener's configuration.
+pub struct Limits {
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_header_bytes: usize,
+}
+
+impl From<&config::Listener> for Limits {
+    fn from(l: &config::Listener) -> Limits {
+        Limits {
+            header_read_timeout: l.header_read_timeout,
+            idle_timeout: l.idle_timeout,
+            max_header_bytes: l.max_header_bytes,
+        }
+    }
+}
+
+/// How a request head's wait ended.
+enum Next {
+    Request(RequestHead),
+    /// The peer closed, the connection idled out or the listener is stopping.
+    Close,
+    /// The connection sent the HTTP/2 preface.
+    Http2,
+    /// A refusal to send before closing.
+    Refuse(Response<Body>),
+}
+
+/// Serves `stream` until it closes; returns it, with what was read of it, if it speaks HTTP/2.
+pub async fn serve(
+    stream: TcpStream,
+    mut stack: Stack,
+    limits: Limits,
+    stop: watch::Receiver<bool>,
+) -> Result<Option<(TcpStream, Bytes)>, BoxError> {
+    let (read, mut write) = stream.into_split();
+    let shared = Arc::new(Mutex::new(Reader {
+        read,
+        input: BytesMut::with_capacity(8 * 1024),
+        framing: Framing::EMPTY,
+        expect: Expect::Nothing,
+    }));
+    let mut output = BytesMut::with_capacity(8 * 1024);
+    let mut stop_wait = stop.clone();
+    let mut stopping = pin!(stopped(&mut stop_wait));
+    // Both deadlines are checked at ticks, so each is met within half of the shorter one; that
+    // spares every request a registration with the runtime's timer.
+    let period = limits.idle_timeout.min(limits.header_read_timeout) / 2;
+    let mut tick = pin!(tokio::time::sleep(period));
+    let mut idle_since = Instant::now();
+    let mut http1 = false;
+    loop {
+        let mut head_since = None;
+        let next = loop {
+            {
+                let mut reader = lock(&shared);
+                if let Some(next) = read_head(&mut reader.input, &mut http1, limits.max_header_bytes) {
+                    break next;
+                }
+                if !reader.input.is_empty() && head_since.is_none() {
+                    head_since = Some(Instant::now());
+                }
+            }
+            tokio::select! {
+                biased;
+                read = poll_fn(|cx| {
+                    let Reader { read, input, .. } = &mut *lock(&shared);
+                    h1::poll_read_more(read, input, cx)
+                }) => {
+                    if read? == 0 {
+                        break Next::Close;
+                    }
+                }
+                () = &mut tick => {
+                    let now = Instant::now();
+                    match head_since {
+                        Some(since) if now - since >= limits.header_read_timeout => {
+                            break Next::Refuse(respond::head_timeout());
+                        }
+                        None if now - idle_since >= limits.idle_timeout => break Next::Close,
+                        _ => tick.as_mut().reset((now + period).into()),
+                    }
+                }
+                // A stopping listener closes connections between requests.
+                () = &mut stopping, if head_since.is_none() => break Next::Close,
+            }
+        };
+        let head = match next {
+            Next::Request(head) => head,
+            Next::Close => return Ok(None),
+            Next::Http2 => {
+                let Reader { read, input, .. } = Arc::into_inner(shared)
+                    .ok_or("no body outlives its head")?
+                    .into_inner()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                return Ok(Some((read.reunite(write)?, input.freeze())));
+            }
+            Next::Refuse(response) => {
+                write_response(&mut write, &mut output, response, false, Version::HTTP_11, true).await?;
+                return Ok(None);
+            }
+        };
+        let version = head.version;
+        let (request, keep_alive) = match request(head, &shared) {
+            Ok(request) => request,
+            Err(malformed) => {
+                let response = respond::malformed(&malformed.to_string());
+                write_response(&mut write, &mut output, response, false, version, true).await?;
+                return Ok(None);
+            }
+        };
+        let head_only = request.method() == Method::HEAD;
+        let _ = poll_fn(|cx| stack.poll_ready(cx)).await;
+        let mut call = pin!(stack.call(request));
+        let mut continued = 0;
+        let response = poll_fn(|cx| {
+            if let Poll::Ready(Ok(response)) = call.as_mut().poll(cx) {
+                return Poll::Ready(Ok(response));
+            }
+            if lock(&shared).expect == Expect::Asked {
+                while continued < CONTINUE.len() {
+                    match Pin::new(&mut write).poll_write(cx, &CONTINUE[continued..]) {
+                        Poll::Ready(Ok(n)) => continued += n,
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                lock(&shared).expect = Expect::Nothing;
+                cx.waker().wake_by_ref();
+            }
+            Poll::Pending
+        })
+        .await?;
+        // A body left unread (a refused request) would be taken for the next head.
+        let close = !keep_alive || !lock(&shared).framing.is_done() || *stop.borrow();
+        if write_response(&mut write, &mut output, response, head_only, version, close).await? {
+            return Ok(None);
+        }
+        idle_since = Instant::now();
+    }
+}
+
+/// What the bytes in `input` decide, once `http1` says the connection is not HTTP/2; `None`
+/// until more are read.
+fn read_head(input: &mut BytesMut, http1: &mut bool, max_header_bytes: usize) -> Option<Next> {
+    if !*http1 {
+        if input.len() < PREFACE.len() && PREFACE.starts_with(input) {
+            return None;
+        }
+        if input.starts_with(PREFACE) {
+            return Some(Next::Http2);
+        }
+        *http1 = true;
+    }
+    match h1::parse_request(input) {
+        Ok(Some(head)) => Some(Next::Request(head)),
+        Ok(None) if input.len() > max_header_bytes => Some(Next::Refuse(respond::head_too_large())),
+        Ok(None) => None,
+        Err(malformed) => Some(Next::Refuse(respond::malformed(&malformed.to_string()))),
+    }
+}
+
+/// The request for the stack, and whether the connection may carry another one after it. Its
+/// framing is checked against request smuggling (RFC 9112 §6.3): a message with both
+/// Transfer-Encoding and Content-Length, a Transfer-Encoding not ending in chunked, or unclear
+/// Content-Length is refused.
+fn request(head: RequestHead, shared: &Shared) -> Result<(Request<crate::body::RequestBody>, bool), Malformed> {
+    let RequestHead { method, uri, version, headers } = head;
+    let framing = match (h1::chunked(&headers), h1::content_length(&headers)?) {
+        (Some(_), Some(_)) => return Err(Malformed("both transfer-encoding and content-length")),
+        (Some(_), None) if version == Version::HTTP_10 => return Err(Malformed("transfer-encoding in HTTP/1.0")),
+        (Some(true), None) => Framing::chunked(),
+        (Some(false), None) => return Err(Malformed("transfer-encoding does not end in chunked")),
+        (None, length) => Framing::Length(length.unwrap_or(0)),
+    };
+    if version == Version::HTTP_11 && headers.get_all(HOST).iter().count() != 1 {
+        return Err(Malformed("an HTTP/1.1 request needs exactly one host header"));
+    }
+    let keep_alive = if version == Version::HTTP_11 {
+        !h1::connection_has(&headers, "close")
+    } else {
+        h1::connection_has(&headers, "keep-alive")
+    };
+    let body = if framing.is_done() {
+        Inbound(None)
+    } else {
+        let continues = version == Version::HTTP_11
+            && headers.get(EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        let mut reader = lock(shared);
+        reader.framing = framing;
+        reader.expect = if continues { Expect::Continue } else { Expect::Nothing };
+        Inbound(Some(shared.clone()))
+    };
+    let mut request = Request::new(crate::body::RequestBody::Http1(body));
+    *request.method_mut() = method;
+    *request.uri_mut() = uri;
+    *request.version_mut() = version;
+    *request.headers_mut() = headers;
+    Ok((request, keep_alive))
+}
+
+/// Writes `response`, its body framed by its length, else chunked for HTTP/1.1 clients, else by
+/// closing. Returns whether the connection is to close: asked to, or the body could not be
+/// delimited or failed midway. Trailers are dropped (gRPC, which needs them, is HTTP/2).
+async fn write_response(
+    write: &mut OwnedWriteHalf,
+    out: &mut BytesMut,
+    response: Response<Body>,
+    head_only: bool,
+    version: Version,
+    mut close: bool,
+) -> std::io::Result<bool> {
+    let (parts, mut body) = response.into_parts();
+    let status = parts.status;
+    let bodiless = head_only
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    out.clear();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.extend_from_slice(b" ");
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    h1::write_headers(out, &parts.headers);
+    let mut framing = if bodiless {
+        Framing::EMPTY
+    } else if let Some(length) = declared_length(&parts.headers) {
+        Framing::Length(length)
+    } else if let Some(length) = body.size_hint().exact() {
+        h1::write_header(out, CONTENT_LENGTH.as_str(), |out| h1::write_number(out, length, 10));
+        Framing::Length(length)
+    } else if version == Version::HTTP_11 {
+        h1::write_header(out, TRANSFER_ENCODING.as_str(), |out| out.extend_from_slice(b"chunked"));
+        Framing::chunked()
+    } else {
+        close = true;
+        Framing::UntilClose
+    };
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if version == Version::HTTP_10 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    if !bodiless {
+        close |= !write_body(write, out, &mut body, &mut framing).await?;
+    }
+    write.write_all(out).await?;
+    Ok(close)
+}
+
+/// Streams `body` behind what `out` holds; false if it broke its framing or failed.
+async fn write_body(
+    write: &mut OwnedWriteHalf,
+    out: &mut BytesMut,
+    body: &mut Body,
+    framing: &mut Framing,
+) -> std::io::Result<bool> {
+    let chunked = matches!(framing, Framing::Chunked(_));
+    loop {
+        // What is ready now joins the head; only a wait for more sends what is buffered.
+        let frame = match poll_fn(|cx| Poll::Ready(Pin::new(&mut *body).poll_frame(cx))).await {
+            Poll::Ready(frame) => frame,
+            Poll::Pending => {
+                write.write_all(out).await?;
+                out.clear();
+                body.frame().await
+            }
+        };
+        let data = match frame {
+            None => break,
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) if !data.is_empty() => data,
+                _ => continue,
+            },
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "response body failed midway; closing the connection");
+                return Ok(false);
+            }
+        };
+        let mut data = data;
+        if let Framing::Length(left) = framing {
+            if data.len() as u64 > *left {
+                tracing::debug!("response body longer than its content-length; closing the connection");
+                data.truncate(usize::try_from(*left).unwrap_or(usize::MAX));
+                *left = 0;
+                append(write, out, &data).await?;
+                return Ok(false);
+            }
+            *left -= data.len() as u64;
+        }
+        if chunked {
+            h1::write_number(out, data.len() as u64, 16);
+            out.extend_from_slice(b"\r\n");
+            append(write, out, &data).await?;
+            out.extend_from_slice(b"\r\n");
+        } else {
+            append(write, out, &data).await?;
+        }
+    }
+    if chunked {
+        out.extend_from_slice(b"0\r\n\r\n");
+    }
+    Ok(match framing {
+        Framing::Length(left) => *left == 0,
+        _ => true,
+    })
+}
+
+/// Adds `data` to what goes out: copied when small, else written after what `out` holds.
+async fn append(write: &mut OwnedWriteHalf, out: &mut BytesMut, data: &Bytes) -> std::io::Result<()> {
+    if data.len() <= COPY_LIMIT {
+        out.extend_from_slice(data);
+        return Ok(());
+    }
+    write.write_all(out).await?;
+    out.clear();
+    write.write_all(data).await
+}
+
+/// A response's own Content-Length, which its body is held to.
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    h1::content_length(headers).ok().flatten()
+}
