@@ -2,6 +2,7 @@
 CARGO ?= cargo
 BENCH_CLIENTS ?= 100,10000,100000,1000000
 BENCH_DURATION ?= 10s
+BENCH_ROUNDS ?= 3
 
 .PHONY: all build test demo bench bench-server bench-sidecar sim lint fmt clean
 
@@ -29,11 +30,12 @@ bench-server:
 		--clients $(BENCH_CLIENTS) --duration $(BENCH_DURATION)
 
 # wrk through the sidecar (an active rule, lease far above the load) vs direct vs nginx, one
-# worker thread each, in one run (needs `apt-get install -y wrk nginx-light`); then the cost of
+# worker thread each, in BENCH_ROUNDS interleaved rounds judged on the median (needs
+# `apt-get install -y wrk nginx-light`); then the cost of
 # one admission check.
 bench-sidecar:
 	$(CARGO) build --release --workspace --bins
-	./target/release/sluice-bench-sidecar --duration $(BENCH_DURATION)
+	./target/release/sluice-bench-sidecar --duration $(BENCH_DURATION) --rounds $(BENCH_ROUNDS)
 	$(CARGO) bench -p sluice-sidecar --bench admission
 
 # Deterministic simulation of Doorman's scenarios on a simulated clock, driving the real server
