@@ -31,7 +31,7 @@ use tower::Service;
 
 use crate::{
     body::{Body, BoxError},
-    config,
+    config, defaults,
     h1::{self, Framing, Malformed, RequestHead},
     listener::stopped,
     respond,
@@ -240,12 +240,39 @@ pub async fn serve(
         })
         .await?;
         // A body left unread (a refused request) would be taken for the next head.
-        let close = !keep_alive || !lock(&shared).framing.is_done() || *stop.borrow();
+        let unread = !lock(&shared).framing.is_done();
+        let close = !keep_alive || unread || *stop.borrow();
         if write_response(&mut write, &mut output, response, head_only, version, close).await? {
+            if unread {
+                linger(&shared, &mut write).await;
+            }
             return Ok(None);
         }
         idle_since = Instant::now();
     }
+}
+
+/// Closes a connection whose request body is unread (`defaults::LINGER_TIME`): the write side
+/// first, then what the application still sends is read and dropped until it closes too, or
+/// for a bounded time and size.
+async fn linger(shared: &Shared, write: &mut OwnedWriteHalf) {
+    let _ = write.shutdown().await;
+    let mut left = defaults::LINGER_BYTES;
+    let drained = async {
+        loop {
+            let read = poll_fn(|cx| {
+                let Reader { read, input, .. } = &mut *lock(shared);
+                input.clear();
+                h1::poll_read_more(read, input, cx)
+            })
+            .await;
+            match read {
+                Ok(n) if n > 0 && n < left => left -= n,
+                _ => return,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(defaults::LINGER_TIME, drained).await;
 }
 
 /// What the bytes in `input` decide, once `http1` says the connection is not HTTP/2; `None`

@@ -338,3 +338,34 @@ fn a_malformed_chunked_request_body_is_refused_as_the_requests_fault() {
     stream.write_all(GET).unwrap();
     assert_eq!(response(&mut stream), 200);
 }
+
+/// A request refused before its body was read (a 429 here) is answered even to an application
+/// that writes its whole body before reading anything: the sidecar closes its side and drains
+/// what still comes, where closing with unread data would send a reset that can destroy the
+/// answer before the application reads it.
+#[test]
+fn a_rejected_request_is_answered_to_a_client_that_sends_its_whole_body_first() {
+    let upstream = UpstreamProcess::start(None);
+    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let config = format!(
+        "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
+         upstreams:\n  - name: app\n    url: http://{}\n\
+         resources:\n  - id: tiny\n    capacity: 0.01\n    burst: 2\n\
+         rules:\n  - resource: tiny\n    on_limit: reject\n",
+        upstream.addr()
+    );
+    let _sidecar = Sidecar::builder().config(&config).start_sidecar();
+    // The burst of 2 passes; at 0.01 a second, nothing more does for the rest of the test.
+    let mut stream = connect(listen);
+    for _ in 0..2 {
+        stream.write_all(GET).unwrap();
+        assert_eq!(response(&mut stream), 200);
+    }
+    const SIZE: usize = 8 << 20;
+    let mut stream = connect(listen);
+    stream.write_all(format!("POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: {SIZE}\r\n\r\n").as_bytes()).unwrap();
+    stream.write_all(&vec![b'x'; SIZE]).expect("the sidecar takes the whole body");
+    let answer = read_all(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer:?}");
+    assert!(answer.contains("connection: close"), "{answer:?}");
+}
