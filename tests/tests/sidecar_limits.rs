@@ -97,6 +97,7 @@ async fn reject_mode_answers_at_once_with_429_or_resource_exhausted() {
     assert_eq!(codes, [200, 200], "the burst of 2 passes, the rest is rejected");
     let rejection = rejection.expect("a rejection");
     assert_eq!(rejection.headers["retry-after"], "1");
+    assert!(rejection.headers["date"].to_str().unwrap().ends_with(" GMT"), "{:?}", rejection.headers);
     assert_eq!(rejection.headers["ratelimit-policy"], "\"tiny\";q=1;w=1");
     assert!(rejection.headers["ratelimit"].to_str().unwrap().starts_with("\"tiny\";r=0;t="));
     assert!(rejection.body.contains("resource \"tiny\""), "{}", rejection.body);
