@@ -223,7 +223,10 @@ pub async fn serve(
         let mut continued = 0;
         let response = poll_fn(|cx| {
             if let Poll::Ready(Ok(response)) = call.as_mut().poll(cx) {
-                return Poll::Ready(Ok(response));
+                return Poll::Ready(Ok(Some(response)));
+            }
+            if gone(&shared, limits.max_header_bytes, cx) {
+                return Poll::Ready(Ok(None));
             }
             if lock(&shared).expect == Expect::Asked {
                 while continued < CONTINUE.len() {
@@ -239,6 +242,10 @@ pub async fn serve(
             Poll::Pending
         })
         .await?;
+        let Some(response) = response else {
+            tracing::debug!("the application closed its connection before the answer; request dropped");
+            return Ok(None);
+        };
         // A body left unread (a refused request) would be taken for the next head.
         let unread = !lock(&shared).framing.is_done();
         let close = !keep_alive || unread || *stop.borrow();
@@ -250,6 +257,22 @@ pub async fn serve(
         }
         idle_since = Instant::now();
     }
+}
+
+/// Whether the application has closed its connection while its request waits for an answer
+/// (queued by a limit, or at the upstream): the caller then drops the request, which leaves the
+/// queue or abandons the upstream exchange, as nginx and Envoy do. Only once the request body
+/// is read; what arrives meanwhile (a pipelined request) is kept, up to `max_header_bytes`.
+fn gone(shared: &Shared, max_header_bytes: usize, cx: &mut Context<'_>) -> bool {
+    let Reader { read, input, framing, .. } = &mut *lock(shared);
+    while framing.is_done() && input.len() <= max_header_bytes {
+        match h1::poll_read_more(read, input, cx) {
+            Poll::Ready(Ok(0) | Err(_)) => return true,
+            Poll::Ready(Ok(_)) => {}
+            Poll::Pending => break,
+        }
+    }
+    false
 }
 
 /// Closes a connection whose request body is unread (`defaults::LINGER_TIME`): the write side

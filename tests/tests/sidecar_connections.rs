@@ -6,6 +6,10 @@
 use std::{
     io::{ErrorKind, Read, Write},
     net::{SocketAddr, TcpListener, TcpStream},
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
     thread,
     time::{Duration, Instant},
 };
@@ -346,15 +350,7 @@ fn a_malformed_chunked_request_body_is_refused_as_the_requests_fault() {
 #[test]
 fn a_rejected_request_is_answered_to_a_client_that_sends_its_whole_body_first() {
     let upstream = UpstreamProcess::start(None);
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let config = format!(
-        "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
-         upstreams:\n  - name: app\n    url: http://{}\n\
-         resources:\n  - id: tiny\n    capacity: 0.01\n    burst: 2\n\
-         rules:\n  - resource: tiny\n    on_limit: reject\n",
-        upstream.addr()
-    );
-    let _sidecar = Sidecar::builder().config(&config).start_sidecar();
+    let (_sidecar, listen) = limited_sidecar(upstream.addr(), 0.01, "on_limit: reject");
     // The burst of 2 passes; at 0.01 a second, nothing more does for the rest of the test.
     let mut stream = connect(listen);
     for _ in 0..2 {
@@ -368,4 +364,74 @@ fn a_rejected_request_is_answered_to_a_client_that_sends_its_whole_body_first() 
     let answer = read_all(&mut stream);
     assert!(answer.starts_with("HTTP/1.1 429"), "{answer:?}");
     assert!(answer.contains("connection: close"), "{answer:?}");
+}
+
+/// A standalone sidecar whose one rule limits every request to `rate` a second with a burst of
+/// 2, and does `on_limit` (YAML of the rule) beyond it.
+fn limited_sidecar(upstream: SocketAddr, rate: f64, on_limit: &str) -> (Sidecar, SocketAddr) {
+    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let config = format!(
+        "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
+         upstreams:\n  - name: app\n    url: http://{upstream}\n\
+         resources:\n  - id: tiny\n    capacity: {rate}\n    burst: 2\n\
+         rules:\n  - resource: tiny\n    {on_limit}\n"
+    );
+    (Sidecar::builder().config(&config).start_sidecar(), listen)
+}
+
+/// An upstream that answers every request 200 on its own connection and counts them.
+fn counting_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("listen");
+    let addr = listener.local_addr().unwrap();
+    let count = Arc::new(AtomicUsize::new(0));
+    let counted = count.clone();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let counted = counted.clone();
+            thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    head.clear();
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    if stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n").is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, count)
+}
+
+/// A request waiting in a limit's queue is dropped when the application closes its connection:
+/// it never reaches the upstream, and the capacity it would have taken stays for others.
+#[test]
+fn a_queued_request_whose_client_went_away_is_not_forwarded() {
+    let (upstream, forwarded) = counting_upstream();
+    let (_sidecar, listen) = limited_sidecar(upstream, 1.0, "on_limit: delay\n    max_wait: 10s");
+    let mut stream = connect(listen);
+    for _ in 0..2 {
+        stream.write_all(GET).unwrap();
+        assert_eq!(response(&mut stream), 200);
+    }
+    assert_eq!(forwarded.load(Ordering::SeqCst), 2);
+    // The burst is spent: the next request waits about a second for its token. Its client
+    // leaves at once.
+    let mut leaving = connect(listen);
+    leaving.write_all(GET).unwrap();
+    drop(leaving);
+    thread::sleep(Duration::from_millis(2500));
+    assert_eq!(forwarded.load(Ordering::SeqCst), 2, "the abandoned request was forwarded");
+    // Its token is still there for the next request.
+    stream.write_all(GET).unwrap();
+    assert_eq!(response(&mut stream), 200);
+    assert_eq!(forwarded.load(Ordering::SeqCst), 3);
 }
