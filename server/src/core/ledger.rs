@@ -89,7 +89,7 @@ impl Ledger {
         let learning = learning(self.serving_since, resource, now);
         let grant = resource.claim(client, claim, now, learning);
         if let Some(parent) = parent {
-            parent.changed(resource_id, resource, now);
+            parent.changed(resource, now);
         }
         grant
     }
@@ -145,7 +145,7 @@ impl Ledger {
     /// The bulk request to the parent for every resource with clients; marks it in flight.
     pub fn parent_request(&mut self, now: f64) -> Option<GetServerCapacityRequest> {
         let (now, serving_since) = (now as UnixSeconds, self.serving_since);
-        let resources = self.resources.iter().map(|(id, r)| (id.as_str(), r));
+        let resources = self.resources.iter_mut().map(|(id, r)| (id.as_str(), r));
         self.parent.as_mut()?.request(now, resources, |r| learning(serving_since, r, now))
     }
 

@@ -32,13 +32,11 @@ pub struct Parent {
     /// This server's id towards its parent.
     server_id: String,
     schedule: Schedule,
-    /// Per resource, Σ wants and the `has` last reported.
-    reported: HashMap<String, Sums>,
 }
 
 impl Parent {
     pub fn new(server_id: String, seed: u64) -> Parent {
-        Parent { server_id, schedule: Schedule::new(seed), reported: HashMap::new() }
+        Parent { server_id, schedule: Schedule::new(seed) }
     }
 
     pub fn server_id(&self) -> &str {
@@ -56,8 +54,8 @@ impl Parent {
 
     /// A claim changed `resource`: if what this server would report has moved by
     /// [`REPORT_CHANGE`] of its lease, ask before the refresh interval is up.
-    pub fn changed(&mut self, id: &str, resource: &Resource, now: UnixSeconds) {
-        let (Some(lease), Some(reported)) = (resource.parent_lease(now), self.reported.get(id)) else { return };
+    pub fn changed(&mut self, resource: &Resource, now: UnixSeconds) {
+        let (Some(lease), Some(reported)) = (resource.parent_lease(now), resource.reported()) else { return };
         let sums = resource.bands().sums();
         // Wants either way; what it holds only downwards, as capacity it can give back.
         let moved = (sums.wants - reported.wants).abs().max(reported.has - sums.has.max(lease.capacity));
@@ -77,43 +75,37 @@ impl Parent {
     pub fn request<'a>(
         &mut self,
         now: UnixSeconds,
-        resources: impl Iterator<Item = (&'a str, &'a Resource)>,
+        resources: impl Iterator<Item = (&'a str, &'a mut Resource)>,
         learning: impl Fn(&Resource) -> bool,
     ) -> Option<GetServerCapacityRequest> {
         if self.schedule.in_flight() {
             return None;
         }
-        let resource: Vec<ServerCapacityResourceRequest> = resources
-            .filter(|(_, r)| !r.leases().is_empty())
-            .map(|(id, r)| ServerCapacityResourceRequest {
-                resource_id: id.to_owned(),
-                has: (!learning(r)).then(|| {
-                    let held = r.bands().sums().has;
-                    match r.parent_lease(now) {
-                        Some(lease) => proto::Lease {
-                            expiry_time: lease.expiry,
-                            refresh_interval: lease.refresh_interval,
-                            capacity: lease.capacity.max(held),
-                        },
-                        None => proto::Lease { expiry_time: now, refresh_interval: 0, capacity: held },
-                    }
-                }),
-                wants: aggregates(r),
-            })
-            .collect();
+        let mut resource = Vec::new();
+        for (id, r) in resources {
+            if r.leases().is_empty() {
+                r.set_reported(None);
+                continue;
+            }
+            let has = (!learning(r)).then(|| {
+                let held = r.bands().sums().has;
+                match r.parent_lease(now) {
+                    Some(lease) => proto::Lease {
+                        expiry_time: lease.expiry,
+                        refresh_interval: lease.refresh_interval,
+                        capacity: lease.capacity.max(held),
+                    },
+                    None => proto::Lease { expiry_time: now, refresh_interval: 0, capacity: held },
+                }
+            });
+            let wants = aggregates(r);
+            let total = wants.iter().map(|w| w.wants).sum();
+            r.set_reported(Some(Sums { wants: total, has: has.as_ref().map_or(0.0, |h| h.capacity), subclients: 0.0 }));
+            resource.push(ServerCapacityResourceRequest { resource_id: id.to_owned(), has, wants });
+        }
         if resource.is_empty() {
             return None;
         }
-        self.reported = resource
-            .iter()
-            .map(|r| {
-                let wants = r.wants.iter().map(|w| w.wants).sum();
-                (
-                    r.resource_id.clone(),
-                    Sums { wants, has: r.has.as_ref().map_or(0.0, |h| h.capacity), subclients: 0.0 },
-                )
-            })
-            .collect();
         self.schedule.begin();
         Some(GetServerCapacityRequest { server_id: self.server_id.clone(), resource })
     }

@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 
 use super::{
     algorithm::{Algorithm, Kind},
-    band::Demand,
+    band::{Demand, Sums},
     priority::{self, Bands, PriorityMode, Wants},
     store::{Holds, LeaseStore, UnixSeconds},
     template::Template,
@@ -80,6 +80,9 @@ pub struct Resource {
     template: Arc<Template>,
     leases: LeaseStore,
     supply: Supply,
+    /// Σ wants and the `has` this intermediate server last reported to its parent for the
+    /// resource, while it has clients: what a claim's change is measured against.
+    reported: Option<Sums>,
 }
 
 impl Resource {
@@ -89,7 +92,7 @@ impl Resource {
 
     /// A resource with the given supply; `seed` fixes its bands' tree shapes (simulations).
     pub fn with_supply(template: Arc<Template>, supply: Supply, seed: Option<u64>) -> Resource {
-        Resource { template, leases: LeaseStore::seeded(seed), supply }
+        Resource { template, leases: LeaseStore::seeded(seed), supply, reported: None }
     }
 
     pub fn template(&self) -> &Arc<Template> {
@@ -113,6 +116,14 @@ impl Resource {
     /// Records the lease the parent granted this resource.
     pub fn set_parent_lease(&mut self, lease: ParentLease) {
         self.supply = Supply::Parent(Some(lease));
+    }
+
+    pub fn reported(&self) -> Option<Sums> {
+        self.reported
+    }
+
+    pub fn set_reported(&mut self, reported: Option<Sums>) {
+        self.reported = reported;
     }
 
     /// The parent's lease while it is valid.
