@@ -205,6 +205,7 @@ pub async fn serve(
             }
             Next::Refuse(response) => {
                 write_response(&mut write, &mut output, response, false, Version::HTTP_11, true).await?;
+                linger(&shared, &mut write).await;
                 return Ok(None);
             }
         };
@@ -214,6 +215,7 @@ pub async fn serve(
             Err(malformed) => {
                 let response = respond::malformed(&malformed.to_string());
                 write_response(&mut write, &mut output, response, false, version, true).await?;
+                linger(&shared, &mut write).await;
                 return Ok(None);
             }
         };
@@ -275,9 +277,9 @@ fn gone(shared: &Shared, max_header_bytes: usize, cx: &mut Context<'_>) -> bool 
     false
 }
 
-/// Closes a connection whose request body is unread (`defaults::LINGER_TIME`): the write side
-/// first, then what the application still sends is read and dropped until it closes too, or
-/// for a bounded time and size.
+/// Closes a connection that may have unread input — a request body, or the rest of a refused
+/// head (`defaults::LINGER_TIME`): the write side first, then what the application still sends
+/// is read and dropped until it closes too, or for a bounded time and size.
 async fn linger(shared: &Shared, write: &mut OwnedWriteHalf) {
     let _ = write.shutdown().await;
     let mut left = defaults::LINGER_BYTES;
