@@ -69,7 +69,8 @@ struct Pod {
     offered: Arc<AtomicU64>,
     admitted: Arc<AtomicU64>,
     rejected: Arc<AtomicU64>,
-    last: (u64, u64, u64),
+    /// The counters at the previous line, and when they were read.
+    last: ((u64, u64, u64), Instant),
 }
 
 impl Pod {
@@ -92,7 +93,7 @@ impl Pod {
             offered: Arc::default(),
             admitted: Arc::default(),
             rejected: Arc::default(),
-            last: (0, 0, 0),
+            last: ((0, 0, 0), Instant::now()),
         };
         let (offered, admitted, rejected) = (pod.offered.clone(), pod.admitted.clone(), pod.rejected.clone());
         tokio::spawn(async move {
@@ -117,15 +118,20 @@ impl Pod {
         pod
     }
 
-    /// This second's figures and the lease, e.g. `A: 300 offered  50 admitted 250 rejected  lease 50.0 leased`.
+    /// The rates since the previous line and the lease, e.g.
+    /// `A: 300 offered  50 admitted 250 rejected, lease  50.0 (leased)`. Counts are divided by
+    /// the time actually elapsed: a line printed late (say while another sidecar starts) covers
+    /// more than a second, and its raw counts would read as a rate above the limit.
     fn line(&mut self) -> (String, u64) {
         let now = (
             self.offered.load(Ordering::Relaxed),
             self.admitted.load(Ordering::Relaxed),
             self.rejected.load(Ordering::Relaxed),
         );
-        let (offered, admitted, rejected) = (now.0 - self.last.0, now.1 - self.last.1, now.2 - self.last.2);
-        self.last = now;
+        let (last, at) = std::mem::replace(&mut self.last, (now, Instant::now()));
+        let seconds = at.elapsed().as_secs_f64().max(1e-3);
+        let rate = |now: u64, last: u64| ((now - last) as f64 / seconds).round() as u64;
+        let (offered, admitted, rejected) = (rate(now.0, last.0), rate(now.1, last.1), rate(now.2, last.2));
         let status: serde_json::Value =
             serde_json::from_str(&self.sidecar.get("/debug/status.json").1).unwrap_or_default();
         let resource = &status["resources"][0];
@@ -173,20 +179,24 @@ pub async fn run(args: Args) -> Result<(), String> {
             _ = tokio::signal::ctrl_c() => break,
         }
         let t = start.elapsed();
-        if pods.len() == 1 && t >= args.join_after {
-            pods.push(Pod::start("B", server.grpc, upstream_addr, args.rate, &args.bin_dir));
-            println!("— sidecar B joins: the capacity is now shared —");
-        }
-        let mut total = 0;
-        let parts: Vec<String> = pods
-            .iter_mut()
-            .map(|p| {
-                let (text, admitted) = p.line();
-                total += admitted;
-                text
-            })
-            .collect();
-        println!("t={:>3}s  {}  | Σ admitted {total:>3}/s of {CAPACITY}", t.as_secs(), parts.join("  | "));
+        // Starting a sidecar and reading its status block: off the runtime's workers, so the
+        // load generators and their counters keep time meanwhile.
+        tokio::task::block_in_place(|| {
+            if pods.len() == 1 && t >= args.join_after {
+                pods.push(Pod::start("B", server.grpc, upstream_addr, args.rate, &args.bin_dir));
+                println!("— sidecar B joins: the capacity is now shared —");
+            }
+            let mut total = 0;
+            let parts: Vec<String> = pods
+                .iter_mut()
+                .map(|p| {
+                    let (text, admitted) = p.line();
+                    total += admitted;
+                    text
+                })
+                .collect();
+            println!("t={:>3}s  {}  | Σ admitted {total:>3}/s of {CAPACITY}", t.as_secs(), parts.join("  | "));
+        });
         if args.duration.is_some_and(|d| t >= d) {
             break;
         }
