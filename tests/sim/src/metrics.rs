@@ -11,7 +11,11 @@
 //!   until Σ has is again no more than [`TOLERANCE`] short of min(capacity, Σ wants), and stays
 //!   so for one refresh interval of the clients' servers, counting the first shortfall that
 //!   begins within a lease length of the shift (so that a consequence that waits for leases to
-//!   run out counts);
+//!   run out counts) and before the next shift (a shortfall that begins after another shift is
+//!   that one's). Reported apart for shifts in demand (clients joining, leaving, spiking, calming
+//!   down: what Doorman's "reconverged within 2 minutes after a shift in demand" measured) and
+//!   failures (crashes, elections, network loss and its end), which a subtree cut off for longer
+//!   than a lease cannot reconverge from before it is reachable again;
 //! - fairness: Jain's index of the clients' `has` against the exact max-min fair split of the
 //!   capacity over their true demands, averaged over the converged samples after the first
 //!   learning mode (the steady state). A true demand is the offered load with the sidecar's
@@ -91,10 +95,19 @@ pub fn jain(
     (fairness::jain(&grants, &fair), fairness::jain(&tree, &fair), fairness::jain(&grants, &tree))
 }
 
+/// What moved: what clients ask for, or the servers and network that answer them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Cause {
+    Demand,
+    /// Ranks above demand: shifts at the same instant are judged as a failure.
+    Failure,
+}
+
 /// A shift in demand or supply, and how long the system took to settle after it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Shift {
     pub at: Time,
+    pub cause: Cause,
     pub what: String,
     /// `None`: not within the run.
     pub reconverged_after: Option<Time>,
@@ -133,7 +146,7 @@ pub struct Summary {
 impl Summary {
     pub fn compute(
         samples: &[Sample],
-        shifts: Vec<(Time, String)>,
+        shifts: Vec<(Time, Cause, String)>,
         learning_end: Time,
         refresh: Time,
         horizon: Time,
@@ -167,13 +180,14 @@ impl Summary {
         }
     }
 
-    /// The longest reconvergence among the shifts that reconverged.
-    pub fn reconvergence_max(&self) -> Option<Time> {
-        self.settled().reduce(f64::max)
+    /// The longest reconvergence among the shifts of `cause` that reconverged.
+    pub fn reconvergence_max(&self, cause: Cause) -> Option<Time> {
+        self.settled().filter(|shift| shift.cause == cause).filter_map(|shift| shift.reconverged_after).reduce(f64::max)
     }
 
+    /// The mean reconvergence over all shifts that reconverged.
     pub fn reconvergence_mean(&self) -> Option<Time> {
-        mean(self.settled())
+        mean(self.settled().filter_map(|shift| shift.reconverged_after))
     }
 
     /// Shifts after which the system did not reconverge within the run.
@@ -181,19 +195,20 @@ impl Summary {
         self.shifts.iter().filter(|shift| shift.reconverged_after.is_none()).count()
     }
 
-    fn settled(&self) -> impl Iterator<Item = Time> + '_ {
-        self.shifts.iter().filter_map(|shift| shift.reconverged_after)
+    fn settled(&self) -> impl Iterator<Item = &Shift> + '_ {
+        self.shifts.iter().filter(|shift| shift.reconverged_after.is_some())
     }
 }
 
 /// For each shift after `learning_end`: how long until the system is converged again — from the
 /// shift to the end of the first shortfall that begins within `horizon` seconds of it (the
-/// longest a consequence can wait to show: a lease outliving its server), the end being a
-/// converged sample from which it stays converged for `refresh` seconds (or to the end of the
-/// run); 0 if no shortfall begins within the horizon.
+/// longest a consequence can wait to show: a lease outliving its server) and before the next
+/// shift, the end being a converged sample from which it stays converged for `refresh` seconds
+/// (or to the end of the run); 0 if no such shortfall begins. Each shortfall is charged to the
+/// last shift before it began, once: a shift that finds one under way is not charged for it.
 fn reconvergence(
     samples: &[Sample],
-    mut shifts: Vec<(Time, String)>,
+    mut shifts: Vec<(Time, Cause, String)>,
     learning_end: Time,
     refresh: Time,
     horizon: Time,
@@ -202,10 +217,12 @@ fn reconvergence(
     shifts.dedup_by(|later, earlier| {
         let same = later.0 == earlier.0;
         if same {
-            earlier.1 = format!("{}; {}", earlier.1, later.1);
+            earlier.1 = earlier.1.max(later.1);
+            earlier.2 = format!("{}; {}", earlier.2, later.2);
         }
         same
     });
+    let next_at: Vec<Time> = shifts.iter().skip(1).map(|shift| shift.0).chain([f64::INFINITY]).collect();
     // Where the converged run through each sample ends (−∞ if it is not converged).
     let mut run_end = vec![f64::NEG_INFINITY; samples.len()];
     for i in (0..samples.len()).rev() {
@@ -216,18 +233,30 @@ fn reconvergence(
     let end = samples.last().map_or(0.0, |s| s.t);
     shifts
         .into_iter()
-        .filter(|(at, _)| *at >= learning_end && *at <= end)
-        .map(|(at, what)| {
-            let first = samples.partition_point(|s| s.t < at);
-            let shortfall =
-                (first..samples.len()).take_while(|&i| samples[i].t < at + horizon).find(|&i| !samples[i].converged());
-            let settled = match shortfall {
-                None => Some(0.0),
-                Some(start) => (start + 1..samples.len())
-                    .find(|&i| run_end[i] >= samples[i].t + refresh || run_end[i] == end)
-                    .map(|i| samples[i].t - at),
+        .zip(next_at)
+        .filter(|((at, ..), _)| *at >= learning_end && *at <= end)
+        .map(|((at, cause, what), next)| {
+            // The first sample from which the system stays converged for `refresh` seconds.
+            let settles = |from: usize| {
+                (from..samples.len()).find(|&i| run_end[i] >= samples[i].t + refresh || run_end[i] == end)
             };
-            Shift { at, what, reconverged_after: settled }
+            let first = samples.partition_point(|s| s.t < at);
+            // A shortfall under way at the shift began before it and is charged to the shift
+            // before; this one answers for a shortfall that begins once that one has settled.
+            let from = match first.checked_sub(1) {
+                Some(before) if !samples[before].converged() => settles(first),
+                _ => Some(first),
+            };
+            let settled = from.and_then(|from| {
+                let shortfall = (from..samples.len())
+                    .take_while(|&i| samples[i].t < (at + horizon).min(next))
+                    .find(|&i| !samples[i].converged());
+                match shortfall {
+                    None => Some(0.0),
+                    Some(start) => settles(start + 1).map(|i| samples[i].t - at),
+                }
+            });
+            Shift { at, cause, what, reconverged_after: settled }
         })
         .collect()
 }
@@ -268,7 +297,11 @@ mod tests {
             sample(5.0, 80.0, 80.0, 80.0),
             sample(6.0, 80.0, 81.0, 80.0),
         ];
-        let shifts = vec![(2.0, "drop".into()), (0.5, "during learning".into()), (2.0, "same time".into())];
+        let shifts = vec![
+            (2.0, Cause::Demand, "drop".into()),
+            (0.5, Cause::Demand, "during learning".into()),
+            (2.0, Cause::Failure, "same time".into()),
+        ];
         let summary = Summary::compute(&samples, shifts, 1.0, 2.0, 60.0, 12, 6);
         // has / min(capacity, wants) over t ≥ 1: 1, 0.9, 0.95, 1, 1, 1.0125.
         assert!((summary.utilization - 5.8625 / 6.0).abs() < 1e-12);
@@ -276,9 +309,33 @@ mod tests {
         assert!((summary.granted_peak - 1.03).abs() < 1e-12);
         assert!((summary.overshoot_mean.unwrap() - 1.02).abs() < 1e-12);
         assert_eq!(summary.has_peak, 1.0);
-        assert_eq!(summary.shifts, [Shift { at: 2.0, what: "drop; same time".into(), reconverged_after: Some(2.0) }]);
-        assert_eq!((summary.reconvergence_max(), summary.unsettled()), (Some(2.0), 0));
+        let merged =
+            Shift { at: 2.0, cause: Cause::Failure, what: "drop; same time".into(), reconverged_after: Some(2.0) };
+        assert_eq!(summary.shifts, [merged]);
+        assert_eq!((summary.reconvergence_max(Cause::Failure), summary.unsettled()), (Some(2.0), 0));
+        assert_eq!(summary.reconvergence_max(Cause::Demand), None);
         assert_eq!((summary.rpcs_per_second, summary.root_rpcs_per_second), (2.0, 1.0));
         assert!((summary.reserved_peak - 1.03).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_shortfall_belongs_to_the_last_shift_before_it() {
+        let has = [100.0, 100.0, 100.0, 70.0, 80.0, 100.0, 100.0, 100.0, 60.0, 100.0, 100.0, 100.0];
+        let samples: Vec<Sample> = has.iter().enumerate().map(|(t, &h)| sample(t as f64, 200.0, h, h)).collect();
+        let shifts = vec![
+            (0.5, Cause::Demand, "calm".into()),
+            (2.5, Cause::Failure, "cut".into()),
+            (3.5, Cause::Demand, "spike".into()),
+        ];
+        let summary = Summary::compute(&samples, shifts, 0.0, 2.0, 60.0, 0, 0);
+        let after: Vec<Option<Time>> = summary.shifts.iter().map(|shift| shift.reconverged_after).collect();
+        // The dip from 3 s follows the cut at 2.5 s, which is charged until 5 s (converged and
+        // staying so for 2 s). The spike comes during that dip: it answers for the next one, at
+        // 8 s, settled at 9 s.
+        assert_eq!(after, [Some(0.0), Some(2.5), Some(5.5)]);
+        assert_eq!(
+            (summary.reconvergence_max(Cause::Demand), summary.reconvergence_max(Cause::Failure)),
+            (Some(5.5), Some(2.5))
+        );
     }
 }

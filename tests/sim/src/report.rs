@@ -4,9 +4,13 @@
 
 use std::{fmt::Write as _, fs, io, path::Path};
 
-use crate::{metrics::Summary, sim::Outcome, svg};
+use crate::{
+    metrics::{Cause, Summary},
+    sim::Outcome,
+    svg,
+};
 
-const COLUMNS: [&str; 16] = [
+const COLUMNS: [&str; 18] = [
     "scenario",
     "clients",
     "sim s",
@@ -16,7 +20,9 @@ const COLUMNS: [&str; 16] = [
     "mean over %",
     "peak has %",
     "peak resv %",
-    "reconv max s",
+    "demand reconv max s",
+    "÷ refresh",
+    "failure reconv max s",
     "÷ refresh",
     "reconv mean s",
     "unsettled",
@@ -46,8 +52,10 @@ fn row(outcome: &Outcome) -> Vec<String> {
         optional(s.overshoot_mean.map(|m| m * 100.0), 2),
         percent(s.has_peak),
         percent(s.reserved_peak),
-        optional(s.reconvergence_max(), 1),
-        optional(s.reconvergence_max().map(|max| max / s.refresh), 2),
+        optional(s.reconvergence_max(Cause::Demand), 1),
+        optional(s.reconvergence_max(Cause::Demand).map(|max| max / s.refresh), 2),
+        optional(s.reconvergence_max(Cause::Failure), 1),
+        optional(s.reconvergence_max(Cause::Failure).map(|max| max / s.refresh), 2),
         optional(s.reconvergence_mean(), 1),
         format!("{}/{}", s.unsettled(), s.shifts.len()),
         optional(s.jain, 4),
@@ -85,7 +93,8 @@ pub fn table(outcomes: &[Outcome]) -> String {
 pub fn summary_csv(outcomes: &[Outcome]) -> String {
     let mut out = String::from(
         "scenario,clients,duration_s,utilization,overshoot_events,granted_peak,overshoot_mean,has_peak,\
-         reserved_peak,reconvergence_max_s,reconvergence_max_refreshes,reconvergence_mean_s,shifts,unsettled,jain,\
+         reserved_peak,demand_reconvergence_max_s,demand_reconvergence_max_refreshes,failure_reconvergence_max_s,\
+         failure_reconvergence_max_refreshes,reconvergence_mean_s,shifts,unsettled,jain,\
          tree_jain,jain_vs_tree,rpcs_per_s,root_rpcs_per_s\n",
     );
     for outcome in outcomes {
@@ -93,7 +102,7 @@ pub fn summary_csv(outcomes: &[Outcome]) -> String {
         let blank = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.6}"));
         let _ = writeln!(
             out,
-            "{},{},{:.0},{:.6},{},{:.6},{},{:.6},{:.6},{},{},{},{},{},{},{},{},{:.4},{:.4}",
+            "{},{},{:.0},{:.6},{},{:.6},{},{:.6},{:.6},{},{},{},{},{},{},{},{},{},{},{:.4},{:.4}",
             outcome.name,
             outcome.clients,
             s.duration,
@@ -103,8 +112,10 @@ pub fn summary_csv(outcomes: &[Outcome]) -> String {
             blank(s.overshoot_mean),
             s.has_peak,
             s.reserved_peak,
-            blank(s.reconvergence_max()),
-            blank(s.reconvergence_max().map(|max| max / s.refresh)),
+            blank(s.reconvergence_max(Cause::Demand)),
+            blank(s.reconvergence_max(Cause::Demand).map(|max| max / s.refresh)),
+            blank(s.reconvergence_max(Cause::Failure)),
+            blank(s.reconvergence_max(Cause::Failure).map(|max| max / s.refresh)),
             blank(s.reconvergence_mean()),
             s.shifts.len(),
             s.unsettled(),
@@ -135,10 +146,14 @@ pub fn series_csv(outcome: &Outcome) -> String {
 
 /// Every shift after the first learning mode and how long the system took to reconverge.
 pub fn shifts_csv(outcome: &Outcome) -> String {
-    let mut out = String::from("at,what,reconverged_after_s\n");
+    let mut out = String::from("at,cause,what,reconverged_after_s\n");
     for shift in &outcome.summary.shifts {
         let after = shift.reconverged_after.map_or_else(String::new, |t| format!("{t:.3}"));
-        let _ = writeln!(out, "{:.3},\"{}\",{after}", shift.at, shift.what.replace('"', "'"));
+        let cause = match shift.cause {
+            Cause::Demand => "demand",
+            Cause::Failure => "failure",
+        };
+        let _ = writeln!(out, "{:.3},{cause},\"{}\",{after}", shift.at, shift.what.replace('"', "'"));
     }
     out
 }

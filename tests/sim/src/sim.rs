@@ -13,7 +13,7 @@ use crate::{
     client::{Client, Phase},
     clock::{Clock, Time},
     load::Boost,
-    metrics::{self, ClientState, Sample, Summary},
+    metrics::{self, Cause, ClientState, Sample, Summary},
     network::Network,
     protocol::{Reply, Request},
     routing::Outgoing,
@@ -97,7 +97,7 @@ struct Simulation {
     learning_end: Time,
     sample_every: Time,
     samples: Vec<Sample>,
-    shifts: Vec<(Time, String)>,
+    shifts: Vec<(Time, Cause, String)>,
 }
 
 /// Runs a scenario to its end.
@@ -240,7 +240,7 @@ impl Simulation {
                     self.clock.after(every, Event::Step(c));
                 }
                 self.clock.after(LEASE_CHECK_INTERVAL.as_secs_f64(), Event::Check(c));
-                self.shifts.push((now, format!("{} joins", self.clients[c].id())));
+                self.shifts.push((now, Cause::Demand, format!("{} joins", self.clients[c].id())));
                 self.wake(Node::Client(c));
             }
             Event::Leave(c) => {
@@ -249,7 +249,7 @@ impl Simulation {
                     let (server, replica) = (client.server, client.release_to());
                     self.send(server, replica, Node::Client(c), 0, request);
                 }
-                self.shifts.push((now, format!("{} leaves", self.clients[c].id())));
+                self.shifts.push((now, Cause::Demand, format!("{} leaves", self.clients[c].id())));
             }
             Event::Check(c) => {
                 if self.clients[c].phase == Phase::Active {
@@ -332,19 +332,19 @@ impl Simulation {
                     client.boost(now, Some(boost));
                     client.spikes += 1;
                     self.clock.after(lasts, Event::SpikeEnd { client: c, spike: client.spikes });
-                    self.shifts.push((now, format!("{} spikes", client.id())));
+                    self.shifts.push((now, Cause::Demand, format!("{} spikes", client.id())));
                 }
             }
             Event::SpikeEnd { client: c, spike } => {
                 let client = &mut self.clients[c];
                 if client.spikes == spike {
                     client.boost(now, None);
-                    self.shifts.push((now, format!("{} calms down", client.id())));
+                    self.shifts.push((now, Cause::Demand, format!("{} calms down", client.id())));
                 }
             }
             Event::Crash { server, election, restart } => {
                 if let Some(dead) = self.servers[server].crash() {
-                    self.shifts.push((now, format!("{} crashes", self.servers[server].address(dead))));
+                    self.shifts.push((now, Cause::Failure, format!("{} crashes", self.servers[server].address(dead))));
                     self.clock.after(election, Event::Elect { server, dead });
                     if let Some(restart) = restart {
                         self.clock.after(restart, Event::Restart { server, replica: dead });
@@ -353,15 +353,15 @@ impl Simulation {
             }
             Event::Elect { server, dead } => {
                 self.servers[server].elect(now, dead);
-                self.shifts.push((now, format!("{} elects a master", self.servers[server].name)));
+                self.shifts.push((now, Cause::Failure, format!("{} elects a master", self.servers[server].name)));
                 self.wake(Node::Server(server));
             }
             Event::Restart { server, replica } => self.servers[server].restart(replica),
             Event::Loss { server, rate, lasts } => {
                 self.network.lose(server, rate, now + lasts);
                 let name = server.map_or("every server", |s| &self.servers[s].name).to_owned();
-                self.shifts.push((now, format!("{:.0}% loss at {name}", rate * 100.0)));
-                self.shifts.push((now + lasts, format!("loss at {name} ends")));
+                self.shifts.push((now, Cause::Failure, format!("{:.0}% loss at {name}", rate * 100.0)));
+                self.shifts.push((now + lasts, Cause::Failure, format!("loss at {name} ends")));
             }
         }
     }

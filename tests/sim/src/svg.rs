@@ -3,7 +3,11 @@
 
 use std::fmt::Write as _;
 
-use crate::{metrics::Sample, sim::Outcome};
+use crate::{
+    clock::Time,
+    metrics::{Cause, Sample},
+    sim::Outcome,
+};
 
 const WIDTH: f64 = 960.0;
 const HEIGHT: f64 = 440.0;
@@ -37,12 +41,13 @@ pub fn plot(outcome: &Outcome) -> String {
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">
 <rect width="100%" height="100%" fill="white"/>
 <text x="{LEFT}" y="20" font-size="15" font-weight="bold">{}</text>
-<text x="{LEFT}" y="38" fill="#444">utilization {:.2}% · peak granted {:.2}% · reconverged ≤ {} · Jain {} · {:.2} RPC/s</text>
+<text x="{LEFT}" y="38" fill="#444">utilization {:.2}% · peak granted {:.2}% · reconverged ≤ {} after demand shifts, ≤ {} after failures · Jain {} · {:.2} RPC/s</text>
 "##,
         escape(&title(outcome)),
         s.utilization * 100.0,
         s.granted_peak * 100.0,
-        s.reconvergence_max().map_or_else(|| "-".into(), |t| format!("{t:.0} s")),
+        seconds(s.reconvergence_max(Cause::Demand)),
+        seconds(s.reconvergence_max(Cause::Failure)),
         s.jain.map_or_else(|| "-".into(), |j| format!("{j:.4}")),
         s.rpcs_per_second,
     );
@@ -107,6 +112,10 @@ pub fn plot(outcome: &Outcome) -> String {
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+fn seconds(value: Option<Time>) -> String {
+    value.map_or_else(|| "-".into(), |t| format!("{t:.0} s"))
 }
 
 fn title(outcome: &Outcome) -> String {

@@ -1,13 +1,17 @@
 //! Short runs of the shipped scenarios with their fixed seeds: they replay exactly, and they meet
 //! the targets — utilization ≥ 98% after the first learning mode, overshoot ≤ 102%,
 //! Jain ≥ 0.99, and for the tree reconvergence within three refresh intervals of the leaf
-//! level. Scenario 7 misses two of them (README, "Simulation"); those assertions are in
+//! level after a shift in demand. Scenario 7 misses two of them (README, "Simulation"); those assertions are in
 //! `#[ignore]`d tests that name the reason, so that `cargo test -p sluice-sim -- --ignored`
 //! shows where the core stands.
 
 use std::path::{Path, PathBuf};
 
-use sluice_sim::{Outcome, Scenario, metrics::Summary, report, run, svg};
+use sluice_sim::{
+    Outcome, Scenario,
+    metrics::{Cause, Summary},
+    report, run, svg,
+};
 
 fn path(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios").join(file)
@@ -157,17 +161,20 @@ fn scenario_7_utilization_target() {
     assert!(s.granted_peak <= 1.02, "peak granted {}", s.granted_peak);
 }
 
-/// Scenario 7's reconvergence target: three refresh intervals of the clients' servers (3 s).
-/// Missed (135 s at most, here and over the hour; 28 s on average): a failover holds a subtree's grants for
-/// the new master's learning mode and a cut-off subtree lives on safe capacity until its
-/// outage ends, both far longer than 9 s; and capacity moving between regions crosses three
-/// levels of refreshes twice, down to the clients that give it up and back up (README,
-/// "Simulation").
+/// Scenario 7's reconvergence target: three refresh intervals of the clients' servers (3 s),
+/// after each shift in demand (as Doorman's "within 2 minutes after a shift in demand"). Missed
+/// over the hour: 14 s at most with this seed (7, 6, 0, 46 and 7 s with seeds 1–4 and 11; the
+/// 46 s is a one-second dip 45 s after its spike). Capacity moving between regions crosses three
+/// levels twice, down to the clients that give it up and back up, and Σ has dips by 2–4% for
+/// a few seconds meanwhile; a server never hands out capacity its other clients still hold, so
+/// the dip is not covered by overshoot. Failures are reported apart and have no such target: a
+/// failover holds a subtree's grants for the new master's learning mode and a cut-off subtree
+/// lives on safe capacity until its outage ends (README, "Simulation").
 #[test]
-#[ignore = "missed: failovers and outages keep a subtree short for far longer than 3 leaf refresh intervals (README, Simulation)"]
+#[ignore = "missed: capacity moving between regions leaves Σ has 2–4% short for up to 14 s (README, Simulation)"]
 fn scenario_7_reconvergence_target() {
-    let s = scenario_7_short().summary;
-    let max = s.reconvergence_max().unwrap();
+    let s = run(&scenario("7-tree-mishaps.yaml", 3600.0)).unwrap().summary;
+    let max = s.reconvergence_max(Cause::Demand).unwrap();
     assert!(max <= 3.0 * s.refresh, "reconverged after {max} s, refresh {} s", s.refresh);
     assert_eq!(s.unsettled(), 0);
 }
