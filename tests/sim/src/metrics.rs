@@ -9,13 +9,14 @@
 //!   clients, and the peak of what clients enforce (leases and fallbacks);
 //! - reconvergence: after each shift (a scenario event or mishap, its start or end), the time
 //!   until Σ has is again no more than [`TOLERANCE`] short of min(capacity, Σ wants), and stays
-//!   so for one refresh interval of the clients' servers, counting the first shortfall that
-//!   begins within a lease length of the shift (so that a consequence that waits for leases to
-//!   run out counts) and before the next shift (a shortfall that begins after another shift is
-//!   that one's). Reported apart for shifts in demand (clients joining, leaving, spiking, calming
-//!   down: what Doorman's "reconverged within 2 minutes after a shift in demand" measured) and
-//!   failures (crashes, elections, network loss and its end), which a subtree cut off for longer
-//!   than a lease cannot reconverge from before it is reachable again;
+//!   so for one refresh interval of the clients' servers, after the shortfall the shift caused:
+//!   the next one that begins within a lease length (so that a consequence that waits for
+//!   leases to run out counts) and before the next shift, or else one under way that no earlier
+//!   shift caused. Reported apart for shifts in demand
+//!   (clients joining, leaving, spiking, calming down: what Doorman's "reconverged within 2
+//!   minutes after a shift in demand" measured) and failures (crashes, elections, network loss
+//!   and its end), which a subtree cut off for longer than a lease cannot reconverge from before
+//!   it is reachable again;
 //! - fairness: Jain's index of the clients' `has` against the exact max-min fair split of the
 //!   capacity over their true demands, averaged over the converged samples after the first
 //!   learning mode (the steady state). A true demand is the offered load with the sidecar's
@@ -200,12 +201,13 @@ impl Summary {
     }
 }
 
-/// For each shift after `learning_end`: how long until the system is converged again — from the
-/// shift to the end of the first shortfall that begins within `horizon` seconds of it (the
-/// longest a consequence can wait to show: a lease outliving its server) and before the next
-/// shift, the end being a converged sample from which it stays converged for `refresh` seconds
-/// (or to the end of the run); 0 if no such shortfall begins. Each shortfall is charged to the
-/// last shift before it began, once: a shift that finds one under way is not charged for it.
+/// For each shift after `learning_end`: how long until the system is converged again after
+/// the shortfall it caused — from the shift to the end of that shortfall, the end being a
+/// converged sample from which it stays converged for `refresh` seconds (or to the end of the
+/// run); 0 if it caused none. A shortfall is caused by the last shift before it began if it
+/// began within `horizon` seconds of it (the longest a consequence can wait to show: a lease
+/// outliving its server), else by the first shift that comes while it lasts; each shortfall is
+/// charged once, and a shift answers for the first it caused.
 fn reconvergence(
     samples: &[Sample],
     mut shifts: Vec<(Time, Cause, String)>,
@@ -222,7 +224,33 @@ fn reconvergence(
         }
         same
     });
-    let next_at: Vec<Time> = shifts.iter().skip(1).map(|shift| shift.0).chain([f64::INFINITY]).collect();
+    shifts.retain(|(at, ..)| *at >= learning_end && samples.last().is_some_and(|s| *at <= s.t));
+    let owners = shortfalls(samples, refresh).into_iter().filter_map(|(began, settled)| {
+        let last = shifts.partition_point(|(at, ..)| *at <= began);
+        let cause = last.checked_sub(1).filter(|&i| began < shifts[i].0 + horizon);
+        let during = || Some(last).filter(|&i| i < shifts.len() && settled.is_none_or(|end| shifts[i].0 < end));
+        Some((cause.or_else(during)?, settled))
+    });
+    let mut caused: Vec<Option<Option<Time>>> = vec![None; shifts.len()];
+    for (owner, settled) in owners {
+        caused[owner].get_or_insert(settled);
+    }
+    shifts
+        .into_iter()
+        .zip(caused)
+        .map(|((at, cause, what), caused)| {
+            let reconverged_after = match caused {
+                None => Some(0.0),
+                Some(settled) => settled.map(|end| (end - at).max(0.0)),
+            };
+            Shift { at, cause, what, reconverged_after }
+        })
+        .collect()
+}
+
+/// Every shortfall: when it began, and when the system was converged again for `refresh`
+/// seconds (`None`: not within the run).
+fn shortfalls(samples: &[Sample], refresh: Time) -> Vec<(Time, Option<Time>)> {
     // Where the converged run through each sample ends (−∞ if it is not converged).
     let mut run_end = vec![f64::NEG_INFINITY; samples.len()];
     for i in (0..samples.len()).rev() {
@@ -231,34 +259,17 @@ fn reconvergence(
         }
     }
     let end = samples.last().map_or(0.0, |s| s.t);
-    shifts
-        .into_iter()
-        .zip(next_at)
-        .filter(|((at, ..), _)| *at >= learning_end && *at <= end)
-        .map(|((at, cause, what), next)| {
-            // The first sample from which the system stays converged for `refresh` seconds.
-            let settles = |from: usize| {
-                (from..samples.len()).find(|&i| run_end[i] >= samples[i].t + refresh || run_end[i] == end)
-            };
-            let first = samples.partition_point(|s| s.t < at);
-            // A shortfall under way at the shift began before it and is charged to the shift
-            // before; this one answers for a shortfall that begins once that one has settled.
-            let from = match first.checked_sub(1) {
-                Some(before) if !samples[before].converged() => settles(first),
-                _ => Some(first),
-            };
-            let settled = from.and_then(|from| {
-                let shortfall = (from..samples.len())
-                    .take_while(|&i| samples[i].t < (at + horizon).min(next))
-                    .find(|&i| !samples[i].converged());
-                match shortfall {
-                    None => Some(0.0),
-                    Some(start) => settles(start + 1).map(|i| samples[i].t - at),
-                }
-            });
-            Shift { at, cause, what, reconverged_after: settled }
-        })
-        .collect()
+    let mut found = Vec::new();
+    let mut from = 0;
+    while let Some(began) = (from..samples.len()).find(|&i| !samples[i].converged()) {
+        let settled = (began + 1..samples.len()).find(|&i| run_end[i] >= samples[i].t + refresh || run_end[i] == end);
+        found.push((samples[began].t, settled.map(|i| samples[i].t)));
+        match settled {
+            Some(i) => from = i,
+            None => break,
+        }
+    }
+    found
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
@@ -337,5 +348,16 @@ mod tests {
             (summary.reconvergence_max(Cause::Demand), summary.reconvergence_max(Cause::Failure)),
             (Some(5.5), Some(2.5))
         );
+    }
+
+    #[test]
+    fn a_shortfall_no_shift_caused_is_charged_to_a_shift_that_comes_while_it_lasts() {
+        let has = [100.0, 100.0, 100.0, 100.0, 70.0, 70.0, 100.0, 100.0, 100.0];
+        let samples: Vec<Sample> = has.iter().enumerate().map(|(t, &h)| sample(t as f64, 200.0, h, h)).collect();
+        let shifts = vec![(0.5, Cause::Demand, "early".into()), (4.5, Cause::Failure, "during".into())];
+        // A horizon of 1.5 s: the dip at 4 s is too late to be the early shift's.
+        let summary = Summary::compute(&samples, shifts, 0.0, 2.0, 1.5, 0, 0);
+        let after: Vec<Option<Time>> = summary.shifts.iter().map(|shift| shift.reconverged_after).collect();
+        assert_eq!(after, [Some(0.0), Some(1.5)]);
     }
 }
