@@ -183,12 +183,12 @@ impl Summary {
 
     /// The longest reconvergence among the shifts of `cause` that reconverged.
     pub fn reconvergence_max(&self, cause: Cause) -> Option<Time> {
-        self.settled().filter(|shift| shift.cause == cause).filter_map(|shift| shift.reconverged_after).reduce(f64::max)
+        self.settled(Some(cause)).reduce(f64::max)
     }
 
     /// The mean reconvergence over all shifts that reconverged.
     pub fn reconvergence_mean(&self) -> Option<Time> {
-        mean(self.settled().filter_map(|shift| shift.reconverged_after))
+        mean(self.settled(None))
     }
 
     /// Shifts after which the system did not reconverge within the run.
@@ -196,8 +196,12 @@ impl Summary {
         self.shifts.iter().filter(|shift| shift.reconverged_after.is_none()).count()
     }
 
-    fn settled(&self) -> impl Iterator<Item = &Shift> + '_ {
-        self.shifts.iter().filter(|shift| shift.reconverged_after.is_some())
+    /// The reconvergence times of the shifts (of `cause`, if given) that reconverged.
+    fn settled(&self, cause: Option<Cause>) -> impl Iterator<Item = Time> + '_ {
+        self.shifts
+            .iter()
+            .filter(move |shift| cause.is_none_or(|c| shift.cause == c))
+            .filter_map(|shift| shift.reconverged_after)
     }
 }
 
@@ -241,7 +245,7 @@ fn reconvergence(
         .map(|((at, cause, what), caused)| {
             let reconverged_after = match caused {
                 None => Some(0.0),
-                Some(settled) => settled.map(|end| (end - at).max(0.0)),
+                Some(settled) => settled.map(|end| end - at),
             };
             Shift { at, cause, what, reconverged_after }
         })
