@@ -54,6 +54,12 @@ fn connect(addr: SocketAddr) -> TcpStream {
 
 const GET: &[u8] = b"GET /echo HTTP/1.1\r\nhost: app\r\n\r\n";
 
+/// Sends [`GET`] on `stream` and returns the answer's status code.
+fn get(stream: &mut TcpStream) -> u16 {
+    stream.write_all(GET).unwrap();
+    response(stream)
+}
+
 /// Reads one response head and its `content-length` body; returns the status code.
 fn response(stream: &mut TcpStream) -> u16 {
     let mut bytes = Vec::new();
@@ -107,8 +113,7 @@ fn an_idle_keep_alive_connection_is_closed() {
     let upstream = UpstreamProcess::start(None);
     let (_sidecar, listen) = sidecar(upstream.addr(), "idle_timeout: 1s");
     let mut stream = connect(listen);
-    stream.write_all(GET).unwrap();
-    assert_eq!(response(&mut stream), 200);
+    assert_eq!(get(&mut stream), 200);
     let after = closed_after(&mut stream);
     assert!(after >= Duration::from_millis(500) && after < Duration::from_secs(10), "closed after {after:?}");
 }
@@ -126,9 +131,7 @@ fn an_oversized_request_head_is_refused() {
     let answer = read_all(&mut stream);
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
     // A head within the limit on a new connection still passes.
-    let mut stream = connect(listen);
-    stream.write_all(GET).unwrap();
-    assert_eq!(response(&mut stream), 200);
+    assert_eq!(get(&mut connect(listen)), 200);
 }
 
 #[test]
@@ -136,8 +139,7 @@ fn connections_beyond_the_limit_wait_for_a_slot() {
     let upstream = UpstreamProcess::start(None);
     let (_sidecar, listen) = sidecar(upstream.addr(), "max_connections: 1");
     let mut first = connect(listen);
-    first.write_all(GET).unwrap();
-    assert_eq!(response(&mut first), 200);
+    assert_eq!(get(&mut first), 200);
     // The first connection is kept alive: the second is accepted by the kernel but not served.
     let mut second = connect(listen);
     second.write_all(GET).unwrap();
@@ -341,9 +343,7 @@ fn an_upstream_refusing_a_body_it_has_not_read_is_answered_through() {
         // The rest of the body was not read: the connection cannot carry another request.
         assert!(answer.contains("connection: close"), "{path}: {answer:?}");
         // The sidecar goes on serving.
-        let mut stream = connect(listen);
-        stream.write_all(GET).unwrap();
-        assert_eq!(response(&mut stream), 200, "after {path}");
+        assert_eq!(get(&mut connect(listen)), 200, "after {path}");
     }
 }
 
@@ -360,9 +360,7 @@ fn a_malformed_chunked_request_body_is_refused_as_the_requests_fault() {
         assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("malformed request"), "{body:?}: {answer:?}");
         assert!(answer.contains("connection: close"), "{answer}");
     }
-    let mut stream = connect(listen);
-    stream.write_all(GET).unwrap();
-    assert_eq!(response(&mut stream), 200);
+    assert_eq!(get(&mut connect(listen)), 200);
 }
 
 /// A request refused before its body was read (a 429 here) is answered even to an application
@@ -376,8 +374,7 @@ fn a_rejected_request_is_answered_to_a_client_that_sends_its_whole_body_first() 
     // The burst of 2 passes; at 0.01 a second, nothing more does for the rest of the test.
     let mut stream = connect(listen);
     for _ in 0..2 {
-        stream.write_all(GET).unwrap();
-        assert_eq!(response(&mut stream), 200);
+        assert_eq!(get(&mut stream), 200);
     }
     const SIZE: usize = 8 << 20;
     let mut stream = connect(listen);
@@ -420,8 +417,7 @@ fn a_queued_request_whose_client_went_away_is_not_forwarded() {
     let (_sidecar, listen) = limited_sidecar(upstream, 1.0, "on_limit: delay\n    max_wait: 10s");
     let mut stream = connect(listen);
     for _ in 0..2 {
-        stream.write_all(GET).unwrap();
-        assert_eq!(response(&mut stream), 200);
+        assert_eq!(get(&mut stream), 200);
     }
     assert_eq!(forwarded.load(Ordering::SeqCst), 2);
     // The burst is spent: the next request waits about a second for its token. Its client
@@ -432,7 +428,6 @@ fn a_queued_request_whose_client_went_away_is_not_forwarded() {
     thread::sleep(Duration::from_millis(2500));
     assert_eq!(forwarded.load(Ordering::SeqCst), 2, "the abandoned request was forwarded");
     // Its token is still there for the next request.
-    stream.write_all(GET).unwrap();
-    assert_eq!(response(&mut stream), 200);
+    assert_eq!(get(&mut stream), 200);
     assert_eq!(forwarded.load(Ordering::SeqCst), 3);
 }
