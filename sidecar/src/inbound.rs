@@ -249,7 +249,7 @@ pub async fn serve(
             return Ok(None);
         };
         // A body left unread (a refused request) would be taken for the next head.
-        let unread = !lock(&shared).framing.is_done();
+        let unread = !skip_buffered_body(&shared);
         let close = !keep_alive || unread || *stop.borrow();
         if write_response(&mut write, &mut output, response, head_only, version, close).await? {
             if unread {
@@ -259,6 +259,17 @@ pub async fn serve(
         }
         idle_since = Instant::now();
     }
+}
+
+/// Skips what of the current request's body has already arrived, which a refused request's
+/// small body usually has, so the connection can serve the next one; not a body that waits
+/// for `100 Continue`, which the application may never send. Whether the body is all read.
+fn skip_buffered_body(shared: &Shared) -> bool {
+    let Reader { input, framing, expect, .. } = &mut *lock(shared);
+    if *expect != Expect::Continue {
+        while let Ok(h1::Decoded::Data(_)) = framing.decode(input) {}
+    }
+    framing.is_done()
 }
 
 /// Whether the application has closed its connection while its request waits for an answer
@@ -468,15 +479,19 @@ async fn write_body(
     })
 }
 
-/// Adds `data` to what goes out: copied when small, else written after what `out` holds.
+/// Adds `data` to what goes out: copied when small, else written after what `out` holds. What
+/// `out` holds goes out once it reaches [`COPY_LIMIT`], so a body the upstream sends faster
+/// than the application reads is not gathered in memory.
 async fn append(write: &mut OwnedWriteHalf, out: &mut BytesMut, data: &Bytes) -> std::io::Result<()> {
-    if data.len() <= COPY_LIMIT {
+    let large = data.len() > COPY_LIMIT;
+    if !large {
         out.extend_from_slice(data);
-        return Ok(());
     }
-    write.write_all(out).await?;
-    out.clear();
-    write.write_all(data).await
+    if large || out.len() >= COPY_LIMIT {
+        write.write_all(out).await?;
+        out.clear();
+    }
+    if large { write.write_all(data).await } else { Ok(()) }
 }
 
 /// A response's own Content-Length, which its body is held to.

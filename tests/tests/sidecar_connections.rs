@@ -366,7 +366,8 @@ fn a_malformed_chunked_request_body_is_refused_as_the_requests_fault() {
 /// A request refused before its body was read (a 429 here) is answered even to an application
 /// that writes its whole body before reading anything: the sidecar closes its side and drains
 /// what still comes, where closing with unread data would send a reset that can destroy the
-/// answer before the application reads it.
+/// answer before the application reads it. A small body that came with its head is skipped
+/// instead, and the connection stays open.
 #[test]
 fn a_rejected_request_is_answered_to_a_client_that_sends_its_whole_body_first() {
     let upstream = UpstreamProcess::start(None);
@@ -383,6 +384,12 @@ fn a_rejected_request_is_answered_to_a_client_that_sends_its_whole_body_first() 
     let answer = read_all(&mut stream);
     assert!(answer.starts_with("HTTP/1.1 429"), "{answer:?}");
     assert!(answer.contains("connection: close"), "{answer:?}");
+    // A small body arrives with its head: it is skipped, and the connection serves the next
+    // request (refused too, as the limit is spent).
+    let mut stream = connect(listen);
+    stream.write_all(b"POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 5\r\n\r\nhello").unwrap();
+    assert_eq!(response(&mut stream), 429);
+    assert_eq!(get(&mut stream), 429);
 }
 
 /// An upstream that answers every request 200 on its own connection and counts them.
