@@ -36,7 +36,6 @@ pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// until one closes, so the kernel's backlog pushes back on the application.
 pub const MAX_CONNECTIONS: usize = 10_000;
 
-/// Idle pooled connections kept per upstream, and how long.
 /// After answering a request whose body it did not read (a rejection, say), the sidecar closes
 /// its side and reads and drops what the application still sends, for up to this long and this
 /// many bytes: closing with unread data would send a reset, which can destroy the answer before
@@ -44,6 +43,7 @@ pub const MAX_CONNECTIONS: usize = 10_000;
 pub const LINGER_TIME: Duration = Duration::from_secs(2);
 pub const LINGER_BYTES: usize = 16 << 20;
 
+/// Idle pooled connections kept per upstream, and how long.
 pub const UPSTREAM_POOL_IDLE: usize = 256;
 pub const UPSTREAM_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 

@@ -107,6 +107,7 @@ impl http_body::Body for Inbound {
 }
 
 /// A connection's limits, from its listener's configuration.
+#[derive(Clone, Copy)]
 pub struct Limits {
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,

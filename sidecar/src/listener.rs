@@ -32,7 +32,6 @@ use tower::{ServiceExt, util::Oneshot};
 
 use crate::{
     body::{Body, BoxError, RequestBody},
-    config,
     inbound::{self, Limits},
     plan::Plan,
     stack::{self, Stack},
@@ -69,13 +68,13 @@ pub async fn serve(
             _ = stopped(&mut stop) => break,
         };
         let _ = stream.set_nodelay(true);
-        let settings = live.load().config.listeners[index].clone();
+        let limits = Limits::from(&live.load().config.listeners[index]);
         let stack = stack::stack(live.clone(), index);
         let stop = stop.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let served = match inbound::serve(stream, stack.clone(), Limits::from(&settings), stop.clone()).await {
-                Ok(Some((stream, preface))) => serve_http2(stream, preface, peer, stack, &settings, stop).await,
+            let served = match inbound::serve(stream, stack.clone(), limits, stop.clone()).await {
+                Ok(Some((stream, preface))) => serve_http2(stream, preface, peer, stack, limits, stop).await,
                 other => other.map(drop),
             };
             if let Err(e) = served {
@@ -96,22 +95,22 @@ async fn serve_http2(
     preface: Bytes,
     peer: SocketAddr,
     stack: Stack,
-    settings: &config::Listener,
+    limits: Limits,
     stop: watch::Receiver<bool>,
 ) -> Result<(), BoxError> {
     let mut builder = http2::Builder::new(TokioExecutor::new());
-    builder.timer(TokioTimer::new()).max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
+    builder.timer(TokioTimer::new()).max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
     let activity = Activity::default();
     let io = TokioIo::new(Tracked { stream, preface, activity: activity.clone() });
     let connection = builder.serve_connection(io, Http2Service(stack));
-    let tick = settings.idle_timeout / 2;
+    let tick = limits.idle_timeout / 2;
     let mut stop_wait = stop.clone();
     Serving {
         connection,
         peer,
         tick: tokio::time::sleep(tick),
         tick_period: tick,
-        idle_timeout: settings.idle_timeout,
+        idle_timeout: limits.idle_timeout,
         activity,
         seen: 0,
         quiet_since: Instant::now(),

@@ -168,7 +168,7 @@ macro_rules! failed_from {
     )*};
 }
 
-failed_from!(io::Error, Malformed, BoxError, &'static str, String);
+failed_from!(io::Error, Malformed, &'static str, String);
 
 impl Http1 {
     fn new(io: Stream) -> Http1 {
