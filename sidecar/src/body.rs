@@ -10,7 +10,7 @@ use std::{
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use http_body_util::Full;
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
@@ -31,51 +31,18 @@ impl fmt::Display for RequestBodyFailed {
 
 impl std::error::Error for RequestBodyFailed {}
 
-/// The body of a request on its way upstream, as the application's connection delivers it.
-pub enum RequestBody {
-    Http1(Inbound),
-    Http2(Incoming),
-}
-
-impl HttpBody for RequestBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            RequestBody::Http1(inner) => Pin::new(inner).poll_frame(cx),
-            RequestBody::Http2(inner) => Pin::new(inner).poll_frame(cx).map_err(Into::into),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            RequestBody::Http1(inner) => inner.is_end_stream(),
-            RequestBody::Http2(inner) => inner.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            RequestBody::Http1(inner) => inner.size_hint(),
-            RequestBody::Http2(inner) => inner.size_hint(),
-        }
-    }
-}
+/// The body of a request on its way upstream, as the application's connection delivers it:
+/// from the own HTTP/1.1 codec, or from hyper's HTTP/2 server.
+pub type RequestBody = Either<Inbound, Incoming>;
 
 pin_project! {
     #[project = Projection]
     pub enum Body {
-        // Both upstream kinds hold the request's concurrency permits until they are dropped: for
+        // An upstream's body holds the request's concurrency permits until it is dropped: for
         // a stream, the request is in flight until its last frame.
-        Http1 {
+        Upstream {
             #[pin]
-            inner: Http1Body,
-            permits: Option<Permits>,
-        },
-        Http2 {
-            #[pin]
-            inner: Incoming,
+            inner: Either<Http1Body, Incoming>,
             permits: Option<Permits>,
         },
         Synthetic {
@@ -87,11 +54,11 @@ pin_project! {
 
 impl Body {
     pub fn http1(inner: Http1Body) -> Body {
-        Body::Http1 { inner, permits: None }
+        Body::Upstream { inner: Either::Left(inner), permits: None }
     }
 
     pub fn http2(inner: Incoming) -> Body {
-        Body::Http2 { inner, permits: None }
+        Body::Upstream { inner: Either::Right(inner), permits: None }
     }
 
     pub fn synthetic(bytes: impl Into<Bytes>) -> Body {
@@ -104,7 +71,7 @@ impl Body {
 
     /// Keeps `permits` until this body ends.
     pub fn hold(&mut self, held: Permits) {
-        if let Body::Http1 { permits, .. } | Body::Http2 { permits, .. } = self {
+        if let Body::Upstream { permits, .. } = self {
             *permits = Some(held);
         }
     }
@@ -116,24 +83,21 @@ impl HttpBody for Body {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project() {
-            Projection::Http1 { inner, .. } => inner.poll_frame(cx),
-            Projection::Http2 { inner, .. } => inner.poll_frame(cx).map_err(Into::into),
+            Projection::Upstream { inner, .. } => inner.poll_frame(cx),
             Projection::Synthetic { inner } => inner.poll_frame(cx).map_err(|never| match never {}),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            Body::Http1 { inner, .. } => inner.is_end_stream(),
-            Body::Http2 { inner, .. } => inner.is_end_stream(),
+            Body::Upstream { inner, .. } => inner.is_end_stream(),
             Body::Synthetic { inner } => inner.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Body::Http1 { inner, .. } => inner.size_hint(),
-            Body::Http2 { inner, .. } => inner.size_hint(),
+            Body::Upstream { inner, .. } => inner.size_hint(),
             Body::Synthetic { inner } => inner.size_hint(),
         }
     }

@@ -363,7 +363,7 @@ fn request(head: RequestHead, shared: &Shared) -> Result<(Request<crate::body::R
         reader.expect = if continues { Expect::Continue } else { Expect::Nothing };
         Inbound(Some(shared.clone()))
     };
-    let mut request = Request::new(crate::body::RequestBody::Http1(body));
+    let mut request = Request::new(crate::body::RequestBody::Left(body));
     *request.method_mut() = method;
     *request.uri_mut() = uri;
     *request.version_mut() = version;

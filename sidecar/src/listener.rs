@@ -132,7 +132,7 @@ impl hyper::service::Service<Request<Incoming>> for Http2Service {
     type Future = Oneshot<Stack, Request<RequestBody>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        self.0.clone().oneshot(request.map(RequestBody::Http2))
+        self.0.clone().oneshot(request.map(RequestBody::Right))
     }
 }
 
