@@ -177,8 +177,14 @@ pub fn chunked(headers: &HeaderMap) -> Option<bool> {
     Some(coding.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }
 
+/// Whether a message of `version` with `headers` lets its connection carry another one:
+/// HTTP/1.1 unless `Connection: close`, HTTP/1.0 only with `Connection: keep-alive`.
+pub fn keep_alive(version: Version, headers: &HeaderMap) -> bool {
+    if version == Version::HTTP_11 { !connection_has(headers, "close") } else { connection_has(headers, "keep-alive") }
+}
+
 /// Whether `Connection` lists `option` (`close`, `keep-alive`).
-pub fn connection_has(headers: &HeaderMap, option: &str) -> bool {
+fn connection_has(headers: &HeaderMap, option: &str) -> bool {
     headers
         .get_all(http::header::CONNECTION)
         .iter()
@@ -523,7 +529,11 @@ mod tests {
         let mut buf = BytesMut::from(&b"HTTP/1.0 204 No Content\r\nConnection: keep-alive\r\n\r\n"[..]);
         let head = parse_response(&mut buf).unwrap().unwrap();
         assert_eq!((head.status, head.version), (StatusCode::NO_CONTENT, Version::HTTP_10));
-        assert!(connection_has(&head.headers, "Keep-Alive"));
+        assert!(keep_alive(head.version, &head.headers), "HTTP/1.0 with Connection: Keep-Alive");
+        assert!(!keep_alive(
+            Version::HTTP_11,
+            &HeaderMap::from_iter([(http::header::CONNECTION, HeaderValue::from_static("x, Close"))])
+        ));
     }
 
     #[test]

@@ -348,11 +348,7 @@ fn request(head: RequestHead, shared: &Shared) -> Result<(Request<crate::body::R
     if version == Version::HTTP_11 && headers.get_all(HOST).iter().count() != 1 {
         return Err(Malformed("an HTTP/1.1 request needs exactly one host header"));
     }
-    let keep_alive = if version == Version::HTTP_11 {
-        !h1::connection_has(&headers, "close")
-    } else {
-        h1::connection_has(&headers, "keep-alive")
-    };
+    let keep_alive = h1::keep_alive(version, &headers);
     let body = if framing.is_done() {
         Inbound(None)
     } else {

@@ -16,7 +16,7 @@ use std::{
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{
-    HeaderMap, Method, Request, Response, StatusCode, Uri, Version,
+    HeaderMap, Method, Request, Response, StatusCode, Uri,
     header::{CONTENT_LENGTH, TRANSFER_ENCODING},
     uri::Scheme,
 };
@@ -237,13 +237,7 @@ impl Http1 {
             return Err(Malformed("the upstream switched protocols unasked").into());
         }
         let framing = response_framing(&parts.method, &head)?;
-        self.reusable = whole
-            && framing != Framing::UntilClose
-            && if head.version == Version::HTTP_11 {
-                !h1::connection_has(&head.headers, "close")
-            } else {
-                h1::connection_has(&head.headers, "keep-alive")
-            };
+        self.reusable = whole && framing != Framing::UntilClose && h1::keep_alive(head.version, &head.headers);
         Ok((head, framing))
     }
 
@@ -581,7 +575,7 @@ mod tests {
 
     fn head(status: u16, fields: &[(&str, &str)]) -> ResponseHead {
         let headers = fields.iter().map(|(n, v)| (n.parse().unwrap(), v.parse().unwrap())).collect();
-        ResponseHead { status: StatusCode::from_u16(status).unwrap(), version: Version::HTTP_11, headers }
+        ResponseHead { status: StatusCode::from_u16(status).unwrap(), version: http::Version::HTTP_11, headers }
     }
 
     #[test]
