@@ -210,6 +210,22 @@ pub fn write_header(out: &mut BytesMut, name: &str, value: impl FnOnce(&mut Byte
     out.extend_from_slice(b"\r\n");
 }
 
+/// Appends a `date` line for now (RFC 9110 §6.6.1), formatted once a second per thread.
+pub fn write_date(out: &mut BytesMut) {
+    thread_local! {
+        static NOW: std::cell::RefCell<(u64, String)> = const { std::cell::RefCell::new((u64::MAX, String::new())) };
+    }
+    let now = std::time::SystemTime::now();
+    let second = now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    NOW.with_borrow_mut(|(at, text)| {
+        if *at != second {
+            *at = second;
+            *text = httpdate::fmt_http_date(now);
+        }
+        write_header(out, "date", |out| out.extend_from_slice(text.as_bytes()));
+    });
+}
+
 /// Appends `n` in `radix` (10 for lengths, 16 for chunk sizes) without allocating.
 pub fn write_number(out: &mut BytesMut, mut n: u64, radix: u64) {
     let mut digits = [0u8; 20];
@@ -534,6 +550,20 @@ mod tests {
             Version::HTTP_11,
             &HeaderMap::from_iter([(http::header::CONNECTION, HeaderValue::from_static("x, Close"))])
         ));
+    }
+
+    #[test]
+    fn the_date_line_is_an_http_date() {
+        let mut out = BytesMut::new();
+        write_date(&mut out);
+        write_date(&mut out);
+        // The second comes from the cache.
+        let text = std::str::from_utf8(&out).unwrap();
+        let lines: Vec<&str> = text.split_terminator("\r\n").collect();
+        assert_eq!(lines.len(), 2, "{text:?}");
+        for line in lines {
+            assert!(line.strip_prefix("date: ").is_some_and(|d| httpdate::parse_http_date(d).is_ok()), "{text:?}");
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::{
 use bytes::{Bytes, BytesMut};
 use http::{
     HeaderMap, Method, Request, Response, StatusCode, Version,
-    header::{CONTENT_LENGTH, EXPECT, HOST, TRANSFER_ENCODING},
+    header::{CONTENT_LENGTH, DATE, EXPECT, HOST, TRANSFER_ENCODING},
 };
 use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt;
@@ -391,6 +391,10 @@ async fn write_response(
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
     h1::write_headers(out, &parts.headers);
+    // The sidecar's own answers have none, and an upstream may have left it out.
+    if !parts.headers.contains_key(DATE) {
+        h1::write_date(out);
+    }
     let mut framing = if bodiless {
         Framing::EMPTY
     } else if let Some(length) = declared_length(&parts.headers) {

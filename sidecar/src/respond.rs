@@ -83,17 +83,14 @@ pub fn head_timeout() -> Response<Body> {
     plain(StatusCode::REQUEST_TIMEOUT, "sluice: request head not received in time".to_owned())
 }
 
-/// A plain HTTP answer. It carries a `Date`, as an origin's answer must (RFC 9110 §6.6.1): here
-/// the sidecar is the origin.
+/// A plain HTTP answer. Its `Date` is added as it is written (`h1::write_date`, and hyper's
+/// HTTP/2 server).
 fn plain(status: StatusCode, mut message: String) -> Response<Body> {
     message.push('\n');
     let mut response = Response::new(Body::synthetic(message));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
-    if let Ok(date) = HeaderValue::try_from(httpdate::fmt_http_date(std::time::SystemTime::now())) {
-        headers.insert(header::DATE, date);
-    }
     response
 }
 
