@@ -304,13 +304,13 @@ impl Framing {
     }
 
     /// The peer closed the connection: the end of an until-close body, a truncation of others.
-    pub fn at_eof(&mut self) -> Result<Decoded, Malformed> {
+    pub fn at_eof(&mut self) -> Result<(), Malformed> {
         match self {
             Framing::UntilClose => {
                 *self = Framing::EMPTY;
-                Ok(Decoded::End)
+                Ok(())
             }
-            _ if self.is_done() => Ok(Decoded::End),
+            _ if self.is_done() => Ok(()),
             _ => Err(Malformed("connection closed before the end of the body")),
         }
     }
@@ -411,18 +411,14 @@ pub fn poll_body<R: AsyncRead + Unpin>(
     cx: &mut Context<'_>,
 ) -> Poll<Option<Result<Bytes, crate::body::BoxError>>> {
     loop {
-        let decoded = match framing.decode(buf) {
-            Ok(Decoded::More) => match ready!(poll_read_more(io, buf, cx)) {
-                Ok(0) => framing.at_eof(),
-                Ok(_) => continue,
-                Err(e) => return Poll::Ready(Some(Err(e.into()))),
-            },
-            decoded => decoded,
-        };
-        return Poll::Ready(match decoded {
+        return Poll::Ready(match framing.decode(buf) {
             Ok(Decoded::Data(data)) => Some(Ok(data)),
             Ok(Decoded::End) => None,
-            Ok(Decoded::More) => continue,
+            Ok(Decoded::More) => match ready!(poll_read_more(io, buf, cx)) {
+                Ok(0) => framing.at_eof().err().map(|e| Err(e.into())),
+                Ok(_) => continue,
+                Err(e) => Some(Err(e.into())),
+            },
             Err(e) => Some(Err(e.into())),
         });
     }
@@ -443,10 +439,7 @@ mod tests {
                 Decoded::End => return Ok(body),
                 Decoded::More => match pieces.next() {
                     Some(piece) => buf.extend_from_slice(piece),
-                    None => match framing.at_eof()? {
-                        Decoded::End => return Ok(body),
-                        other => panic!("{other:?} at the end"),
-                    },
+                    None => return framing.at_eof().map(|()| body),
                 },
             }
         }
