@@ -4,7 +4,9 @@
 //! sidecar's lease has caught up with the load). Reports throughput, latency under load, the
 //! latency of a single closed-loop connection (the added latency without queueing) and the
 //! sidecar's idle RSS, against the goals: ≥ 1.2× nginx's throughput, ≤ 100 µs added p50 over
-//! direct, ≤ 15 MB idle RSS.
+//! direct, ≤ 15 MB idle RSS. Also the CPU each proxy spends per request under load, in user space
+//! and in the kernel, which is what decides the throughput ratio when the proxy is the busiest of
+//! the three processes.
 
 use std::{
     fmt::Write as _,
@@ -32,6 +34,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 const WARM_UP_PASS_SECS: u64 = 2;
 /// 30 s: six refresh intervals of the benchmark's lease.
 const WARM_UP_PASSES: u32 = 15;
+/// Clock ticks per second of the CPU times in /proc/PID/stat: Linux's USER_HZ, fixed at 100 in
+/// its user-space ABI whatever the kernel's own tick rate.
+const USER_HZ: f64 = 100.0;
 
 /// A lease far above any load wrk can offer, granted at once.
 const SERVER_CONFIG: &str = r#"resources:
@@ -92,6 +97,7 @@ impl Target {
 /// What wrk reports for one pass; latencies in µs.
 #[derive(Debug, PartialEq)]
 struct Pass {
+    requests: u64,
     requests_per_sec: f64,
     p50_us: f64,
     p99_us: f64,
@@ -103,6 +109,21 @@ struct Measurement {
     target: Target,
     load: Pass,
     single: Pass,
+    /// The proxy's CPU per request during the load pass (none for a direct connection).
+    cpu: Option<Cpu>,
+}
+
+/// CPU time per request, µs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Cpu {
+    user: f64,
+    system: f64,
+}
+
+impl Cpu {
+    fn total(self) -> f64 {
+        self.user + self.system
+    }
 }
 
 pub fn run(args: Args) -> Result<(), String> {
@@ -116,10 +137,13 @@ pub fn run(args: Args) -> Result<(), String> {
 
     // Each guard stops its process when dropped, on every way out of this function.
     let mut addrs = Vec::new();
+    // The proxy process of each target, whose CPU time is read around its load passes.
+    let mut proxies = Vec::new();
     let mut sidecar_rss = None;
     let _nginx = if uses(Target::Nginx) {
         let nginx = Nginx::start(&args.nginx, upstream.addr())?;
         addrs.push((Target::Nginx, nginx.addr));
+        proxies.push((Target::Nginx, nginx.process.child.id()));
         Some(nginx)
     } else {
         None
@@ -132,6 +156,7 @@ pub fn run(args: Args) -> Result<(), String> {
         let sidecar = Sidecar::start(&sidecar_binary, server.grpc, upstream.addr())?;
         sidecar_rss = Some(rss_mb(sidecar.process.child.id())?);
         addrs.push((Target::Sidecar, sidecar.listener));
+        proxies.push((Target::Sidecar, sidecar.process.child.id()));
         Some((server, sidecar))
     } else {
         None
@@ -153,9 +178,15 @@ pub fn run(args: Args) -> Result<(), String> {
                 secs.div_ceil(2)
             );
             let addr = addr_of(&addrs, target);
+            let proxy = proxies.iter().find(|(t, _)| *t == target).map(|&(_, pid)| pid);
+            let before = proxy.map(cpu_seconds).transpose()?;
             let load = wrk(&args.wrk, addr, args.connections, secs)?;
+            let cpu = match (proxy, before) {
+                (Some(pid), Some(before)) => Some(per_request(before, cpu_seconds(pid)?, load.requests)),
+                _ => None,
+            };
             let single = wrk(&args.wrk, addr, 1, secs.div_ceil(2))?;
-            results.push(Measurement { round, target, load, single });
+            results.push(Measurement { round, target, load, single, cpu });
         }
     }
     print!("{}", report(&results, args.rounds, sidecar_rss));
@@ -224,7 +255,9 @@ fn wrk(wrk: &Path, addr: SocketAddr, connections: u32, secs: u64) -> Result<Pass
 fn parse_wrk(report: &str) -> Option<Pass> {
     let value =
         |prefix: &str| report.lines().find_map(|line| line.trim_start().strip_prefix(prefix)).map(|rest| rest.trim());
+    let requests = report.lines().find_map(|line| line.trim_start().split_once(" requests in "))?.0;
     Some(Pass {
+        requests: requests.parse().ok()?,
         requests_per_sec: value("Requests/sec:")?.parse().ok()?,
         p50_us: micros(value("50%")?)?,
         p99_us: micros(value("99%")?)?,
@@ -255,25 +288,46 @@ fn rss_mb(pid: u32) -> Result<f64, String> {
     Ok(kib * 1024.0 / 1e6)
 }
 
+/// User and system CPU time a process has used so far, in seconds, from /proc/PID/stat.
+fn cpu_seconds(pid: u32) -> Result<(f64, f64), String> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| format!("cannot read CPU time: {e}"))?;
+    parse_cpu(&stat).ok_or_else(|| format!("no CPU times in /proc/{pid}/stat"))
+}
+
+/// utime and stime, the 14th and 15th fields; the command name before them is in parentheses
+/// and may hold spaces, so fields are counted from its closing parenthesis.
+fn parse_cpu(stat: &str) -> Option<(f64, f64)> {
+    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().skip(11);
+    let mut ticks = || fields.next()?.parse::<u64>().ok();
+    Some((ticks()? as f64 / USER_HZ, ticks()? as f64 / USER_HZ))
+}
+
+fn per_request(before: (f64, f64), after: (f64, f64), requests: u64) -> Cpu {
+    let per = |seconds: f64| seconds * 1e6 / requests.max(1) as f64;
+    Cpu { user: per(after.0 - before.0), system: per(after.1 - before.1) }
+}
+
 /// Every pass, then the goals judged on the median over the rounds of each round's figure.
 fn report(results: &[Measurement], rounds: u32, sidecar_rss: Option<f64>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\n{:<6} {:<8} {:>10} {:>14} {:>14} {:>16} {:>8}",
-        "round", "target", "req/s", "p50 load µs", "p99 load µs", "p50 1 conn µs", "non-2xx"
+        "\n{:<6} {:<8} {:>10} {:>14} {:>14} {:>16} {:>8} {:>17}",
+        "round", "target", "req/s", "p50 load µs", "p99 load µs", "p50 1 conn µs", "non-2xx", "CPU/req user+sys"
     );
     for m in results {
+        let cpu = m.cpu.map_or_else(|| "-".to_owned(), |c| format!("{:.2}+{:.2} µs", c.user, c.system));
         let _ = writeln!(
             out,
-            "{:<6} {:<8} {:>10.0} {:>14.0} {:>14.0} {:>16.1} {:>8}",
+            "{:<6} {:<8} {:>10.0} {:>14.0} {:>14.0} {:>16.1} {:>8} {:>17}",
             m.round,
             m.target.name(),
             m.load.requests_per_sec,
             m.load.p50_us,
             m.load.p99_us,
             m.single.p50_us,
-            m.load.non_2xx + m.single.non_2xx
+            m.load.non_2xx + m.single.non_2xx,
+            cpu
         );
     }
     // One figure per round, from that round's passes; `None` if a target was not measured.
@@ -305,6 +359,11 @@ fn report(results: &[Measurement], rounds: u32, sidecar_rss: Option<f64>) -> Str
             let goal = (target == Target::Sidecar)
                 .then(|| (median(&added) <= GOAL_ADDED_P50_US, format!("≤ {GOAL_ADDED_P50_US} µs")));
             line(&mut out, &format!("added p50 {}, 1 conn", target.name()), " µs", &added, goal);
+        }
+    }
+    for target in [Target::Sidecar, Target::Nginx] {
+        if let Some(cpu) = per_round(&|r| r.get(target)?.cpu.map(Cpu::total)) {
+            line(&mut out, &format!("CPU per request, {}", target.name()), " µs", &cpu, None);
         }
     }
     if let Some(rss) = sidecar_rss {
@@ -391,7 +450,7 @@ fn serves_ok(addr: SocketAddr) -> bool {
 }
 
 struct Nginx {
-    _process: Process,
+    process: Process,
     addr: SocketAddr,
     _dir: TempDir,
 }
@@ -439,7 +498,7 @@ http {{
         command.arg("-p").arg(dir.path()).arg("-c").arg(&config_path).args(["-e", "stderr"]);
         let mut process = Process::spawn("nginx", &mut command, dir.path().join("nginx.log"))?;
         process.wait_ready(|| serves_ok(addr))?;
-        Ok(Nginx { _process: process, addr, _dir: dir })
+        Ok(Nginx { process, addr, _dir: dir })
     }
 }
 
@@ -511,17 +570,26 @@ mod tests {
 Requests/sec:  69999.50
 Transfer/sec:      5.00MB
 ";
-        let pass = Pass { requests_per_sec: 69999.5, p50_us: 410.0, p99_us: 1200.0, non_2xx: 3 };
+        let pass = Pass { requests: 70000, requests_per_sec: 69999.5, p50_us: 410.0, p99_us: 1200.0, non_2xx: 3 };
         assert_eq!(parse_wrk(report), Some(pass));
         assert_eq!(micros("2.00s"), Some(2e6));
         assert_eq!(micros("3.00m"), None);
     }
 
     #[test]
+    fn reads_cpu_times_after_a_command_name_with_spaces() {
+        let stat = "4242 (nginx: worker (1)) R 1 4242 4242 0 -1 4194560 120 0 0 0 1234 567 0 0 20 0 1 0 99 0 0";
+        assert_eq!(parse_cpu(stat), Some((12.34, 5.67)));
+        assert_eq!(parse_cpu("4242 (x) R 1"), None);
+        let cpu = per_request((1.0, 2.0), (1.5, 3.0), 250_000);
+        assert_eq!(cpu, Cpu { user: 2.0, system: 4.0 });
+    }
+
+    #[test]
     fn goals_are_judged_on_the_median_round() {
         let pass = |rps, p50| {
-            let load = Pass { requests_per_sec: rps, p50_us: 0.0, p99_us: 0.0, non_2xx: 0 };
-            (load, Pass { requests_per_sec: 0.0, p50_us: p50, p99_us: 0.0, non_2xx: 0 })
+            let load = Pass { requests: 0, requests_per_sec: rps, p50_us: 0.0, p99_us: 0.0, non_2xx: 0 };
+            (load, Pass { requests: 0, requests_per_sec: 0.0, p50_us: p50, p99_us: 0.0, non_2xx: 0 })
         };
         let mut results = Vec::new();
         for (round, nginx, sidecar) in [(1, 50_000.0, 65_000.0), (2, 50_000.0, 52_000.0), (3, 40_000.0, 50_000.0)] {
@@ -529,10 +597,13 @@ Transfer/sec:      5.00MB
                 [(Target::Direct, 100_000.0, 100.0), (Target::Nginx, nginx, 130.0), (Target::Sidecar, sidecar, 120.0)]
             {
                 let (load, single) = pass(rps, p50);
-                results.push(Measurement { round, target, load, single });
+                let cpu = (target != Target::Direct).then_some(Cpu { user: 4.0, system: 8.0 + f64::from(round) });
+                results.push(Measurement { round, target, load, single, cpu });
             }
         }
         let text = report(&results, 3, Some(8.5));
+        assert!(text.contains("4.00+9.00 µs"), "{text}");
+        assert!(text.contains("CPU per request, nginx       median   14.00 µs  (rounds: 13.00, 14.00, 15.00)"), "{text}");
         // Rounds: 1.30, 1.04, 1.25 → median 1.25.
         assert!(text.contains("median    1.25×  (rounds: 1.30, 1.04, 1.25)  goal ≥ 1.2×  PASS"), "{text}");
         assert!(text.contains("sidecar idle RSS                        8.5 MB   goal ≤ 15 MB   PASS"), "{text}");
