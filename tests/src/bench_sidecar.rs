@@ -603,7 +603,10 @@ Transfer/sec:      5.00MB
         }
         let text = report(&results, 3, Some(8.5));
         assert!(text.contains("4.00+9.00 µs"), "{text}");
-        assert!(text.contains("CPU per request, nginx       median   14.00 µs  (rounds: 13.00, 14.00, 15.00)"), "{text}");
+        assert!(
+            text.contains("CPU per request, nginx       median   14.00 µs  (rounds: 13.00, 14.00, 15.00)"),
+            "{text}"
+        );
         // Rounds: 1.30, 1.04, 1.25 → median 1.25.
         assert!(text.contains("median    1.25×  (rounds: 1.30, 1.04, 1.25)  goal ≥ 1.2×  PASS"), "{text}");
         assert!(text.contains("sidecar idle RSS                        8.5 MB   goal ≤ 15 MB   PASS"), "{text}");

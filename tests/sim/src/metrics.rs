@@ -18,8 +18,10 @@
 //!   and its end), which a subtree cut off for longer than a lease cannot reconverge from before
 //!   it is reachable again;
 //! - fairness: Jain's index of the clients' `has` against the exact max-min fair split of the
-//!   capacity over their true demands, averaged over the converged samples after the first
-//!   learning mode (the steady state). A true demand is the offered load with the sidecar's
+//!   capacity over their true demands, averaged over the steady samples after the first
+//!   learning mode: converged, with every client holding a lease. A client cut off from its
+//!   servers enforces its fallback (the safe capacity, SPEC §3.5), which by design knows
+//!   nothing of its demand; such samples measure the outage, not the sharing. A true demand is the offered load with the sidecar's
 //!   [`HEADROOM`], what a sidecar that knew its load exactly would ask for: without it, clients
 //!   below the fair level would count as favoured by the headroom alone. Beside it, the same
 //!   index for the split a tree would make with perfect knowledge ([`fairness::tree_split`]):
@@ -46,6 +48,8 @@ pub struct Sample {
     pub has: f64,
     /// Σ unexpired grants the clients hold (leases, not fallbacks).
     pub granted: f64,
+    /// Clients enforcing a fallback instead of a lease.
+    pub fallbacks: usize,
     /// Σ unexpired leases in the root's ledger: what it has reserved for its clients.
     pub reserved: f64,
     /// Cost admitted per second since the previous sample.
@@ -69,6 +73,11 @@ impl Sample {
     /// refresh, above the capacity it is overshoot, measured on its own.
     pub fn converged(&self) -> bool {
         self.has >= (1.0 - TOLERANCE) * self.target()
+    }
+
+    /// Converged, and every client leased: the samples fairness is judged on.
+    pub fn steady(&self) -> bool {
+        self.converged() && self.fallbacks == 0
     }
 }
 
@@ -173,9 +182,9 @@ impl Summary {
             has_peak: samples.iter().map(|s| s.has / s.capacity).fold(0.0, f64::max),
             reserved_peak: samples.iter().map(|s| s.reserved / s.capacity).fold(0.0, f64::max),
             shifts: reconvergence(samples, shifts, learning_end, refresh, horizon),
-            jain: mean(after.iter().filter(|s| s.converged()).filter_map(|s| s.jain)),
-            tree_jain: mean(after.iter().filter(|s| s.converged() && s.jain.is_some()).filter_map(|s| s.tree_jain)),
-            jain_vs_tree: mean(after.iter().filter(|s| s.converged()).filter_map(|s| s.jain_vs_tree)),
+            jain: mean(after.iter().filter(|s| s.steady()).filter_map(|s| s.jain)),
+            tree_jain: mean(after.iter().filter(|s| s.steady() && s.jain.is_some()).filter_map(|s| s.tree_jain)),
+            jain_vs_tree: mean(after.iter().filter(|s| s.steady()).filter_map(|s| s.jain_vs_tree)),
             rpcs_per_second: rpcs as f64 / duration.max(f64::MIN_POSITIVE),
             root_rpcs_per_second: root_rpcs as f64 / duration.max(f64::MIN_POSITIVE),
         }
@@ -293,6 +302,7 @@ mod tests {
             demand: wants,
             has,
             granted,
+            fallbacks: 0,
             reserved: granted,
             admitted: 0.0,
             jain: Some(1.0),
@@ -331,6 +341,20 @@ mod tests {
         assert_eq!(summary.reconvergence_max(Cause::Demand), None);
         assert_eq!((summary.rpcs_per_second, summary.root_rpcs_per_second), (2.0, 1.0));
         assert!((summary.reserved_peak - 1.03).abs() < 1e-12);
+    }
+
+    #[test]
+    fn fairness_is_judged_on_steady_samples_only() {
+        let mut samples: Vec<Sample> = (0..4).map(|t| sample(t as f64, 200.0, 100.0, 100.0)).collect();
+        samples[1].jain = Some(0.5);
+        // A client on its fallback: the sum is fine, the split is the outage's.
+        samples[2].fallbacks = 1;
+        samples[2].jain = Some(0.7);
+        // Short of the target.
+        samples[3].has = 90.0;
+        samples[3].jain = Some(0.9);
+        let summary = Summary::compute(&samples, Vec::new(), 0.0, 2.0, 60.0, 0, 0);
+        assert_eq!(summary.jain, Some(0.75));
     }
 
     #[test]

@@ -409,12 +409,15 @@ impl Simulation {
     fn sample(&mut self) {
         let now = self.now();
         let mut states = Vec::with_capacity(self.clients.len());
-        let (mut wants, mut admitted, mut granted) = (0.0, 0.0, 0.0);
+        let (mut wants, mut admitted, mut granted, mut fallbacks) = (0.0, 0.0, 0.0, 0);
         for client in self.clients.iter_mut().filter(|c| c.phase == Phase::Active) {
             wants += client.wants(now);
             admitted += client.take_admitted();
             states.push(ClientState { server: client.server, demand: client.demand(), has: client.has(now) });
-            granted += client.leased(now).unwrap_or(0.0);
+            match client.leased(now) {
+                Some(lease) => granted += lease,
+                None => fallbacks += 1,
+            }
         }
         let elapsed = self.samples.last().map_or(0.0, |s| now - s.t);
         let (jain, tree_jain, jain_vs_tree) = if now >= self.learning_end {
@@ -430,6 +433,7 @@ impl Simulation {
             demand: states.iter().map(|s| s.demand).sum(),
             has: states.iter().map(|s| s.has).sum(),
             granted,
+            fallbacks,
             reserved: self.servers[0].granted(&self.resource, now),
             admitted: if elapsed > 0.0 { admitted / elapsed } else { 0.0 },
             jain,

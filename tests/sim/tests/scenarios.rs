@@ -143,11 +143,14 @@ fn scenario_5_the_tree_hands_out_the_capacity() {
 }
 
 /// Scenario 7's overshoot target: what the clients hold from the servers' ledgers never goes
-/// above 102% of the root's capacity, crashes, elections and cut-off subtrees included.
+/// above 102% of the root's capacity, crashes, elections and cut-off subtrees included. And
+/// in steady state it is as fair as aggregated claims allow, as scenario 5: within 1% of the
+/// ideal tree split (0.995 here, 0.990 over the hour).
 #[test]
-fn scenario_7_overshoot_stays_within_two_percent() {
+fn scenario_7_overshoot_stays_within_two_percent_and_the_split_follows_the_tree() {
     let s = scenario_7_short().summary;
     assert!(s.granted_peak <= 1.02, "peak granted {}", s.granted_peak);
+    assert!(s.jain_vs_tree.unwrap() >= 0.99, "Jain against the ideal tree split {:?}", s.jain_vs_tree);
 }
 
 /// Scenario 7's utilization target, over the whole hour as the target is set: ≥ 98% of the
@@ -163,15 +166,17 @@ fn scenario_7_utilization_target() {
 
 /// Scenario 7's reconvergence target: three refresh intervals of the clients' servers (3 s),
 /// after each shift in demand (as Doorman's "within 2 minutes after a shift in demand"). Missed
-/// over the hour: 14 s at most with this seed (7, 6, 0, 46 and 7 s with seeds 1–4 and 11; the
-/// 46 s is a one-second dip 45 s after its spike). Capacity moving between regions crosses three
-/// levels twice, down to the clients that give it up and back up, and Σ has dips by 2–4% for
-/// a few seconds meanwhile; a server never hands out capacity its other clients still hold, so
-/// the dip is not covered by overshoot. Failures are reported apart and have no such target: a
-/// failover holds a subtree's grants for the new master's learning mode and a cut-off subtree
-/// lives on safe capacity until its outage ends (README, "Simulation").
+/// over the hour: 14 s at most with this seed (7, 6, 0, 46 and 7 s with seeds 1–4 and 11). Both
+/// misses are dips the metric charges to a spike because it is the last shift before them, but
+/// that traces show are not the spike's doing: with this seed the regions were still taking
+/// capacity back from each other after a subtree's outage ended 30 s before (a region's holders
+/// give it back at their own refresh, up to 15 s at the root and 7 s below), and the spiking
+/// client's region was over its share already, so the spike moved nothing between regions;
+/// with seed 4 it is a single 2.1% dip 45 s after the spike. Failures are reported apart and
+/// have no such target: a failover holds a subtree's grants for the new master's learning mode
+/// and a cut-off subtree lives on safe capacity until its outage ends (README, "Simulation").
 #[test]
-#[ignore = "missed: capacity moving between regions leaves Σ has 2–4% short for up to 14 s (README, Simulation)"]
+#[ignore = "missed: dips after failures are charged to later spikes, up to 14 s (README, Simulation)"]
 fn scenario_7_reconvergence_target() {
     let s = run(&scenario("7-tree-mishaps.yaml", 3600.0)).unwrap().summary;
     let max = s.reconvergence_max(Cause::Demand).unwrap();
@@ -180,9 +185,9 @@ fn scenario_7_reconvergence_target() {
 }
 
 /// Scenario 7's fairness target, against the exact max-min fair split. Missed (0.986 here,
-/// 0.955 over the hour): a server passes up only its children's Σ wants and count per band, so
-/// even the ideal split of such a tree is below 0.99 when demands differ within a subtree
-/// (`tree_jain`), and failovers freeze a subtree's grants while its demands move.
+/// 0.977 over the hour): a server passes up only one Σ wants and client count per priority
+/// (SPEC §3.6), so even the ideal split of such a tree is below 0.99 when demands differ within
+/// a subtree (`tree_jain`: 0.988 here, 0.983 over the hour).
 #[test]
 #[ignore = "structural: aggregated claims cannot reach the global max-min split (README, Simulation)"]
 fn scenario_7_fairness_target() {
