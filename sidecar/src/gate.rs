@@ -18,6 +18,7 @@ use crate::{
     core::{Limiter, Offer, Seconds, Ticket},
     defaults,
     metrics::GateMetrics,
+    sync,
 };
 
 /// The lease a gate currently enforces, for status and metrics.
@@ -91,8 +92,7 @@ impl Gate {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic elsewhere cannot leave the limiter half-updated: every method is one call.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        sync::lock(&self.state)
     }
 
     /// Asks to pass `cost`, waiting in FIFO order up to `max_wait`. `Ok` carries the time

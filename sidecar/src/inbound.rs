@@ -36,6 +36,7 @@ use crate::{
     listener::stopped,
     respond,
     stack::Stack,
+    sync,
 };
 
 /// What every HTTP/2 prior-knowledge connection starts with (RFC 9113 §3.4).
@@ -71,7 +72,7 @@ enum Expect {
 type Shared = Arc<Mutex<Reader>>;
 
 fn lock(shared: &Shared) -> MutexGuard<'_, Reader> {
-    shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    sync::lock(shared)
 }
 
 /// A request body on an HTTP/1.1 connection of the application; `None` for a request without one.

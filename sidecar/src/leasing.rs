@@ -21,6 +21,7 @@ use crate::{
     listener::stopped,
     metrics,
     plan::Plan,
+    sync,
 };
 
 pub struct Leasing {
@@ -36,7 +37,7 @@ impl Leasing {
     }
 
     fn lock(&self) -> MutexGuard<'_, LeaseClient> {
-        self.client.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.client)
     }
 
     pub fn client_id(&self) -> String {

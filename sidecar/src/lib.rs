@@ -29,3 +29,4 @@ pub mod respond;
 pub mod route;
 pub mod stack;
 pub mod status;
+pub mod sync;

@@ -24,6 +24,7 @@ use crate::{
     gate::Applied,
     plan::ListenerPlan,
     stack::Exchange,
+    sync,
 };
 
 const REQUESTS: &str = "sluice_sidecar_requests_total";
@@ -131,7 +132,7 @@ impl UpstreamTiming {
     }
 
     fn record(&self, status: u16, seconds: f64) {
-        let mut known = self.by_status.lock().unwrap_or_else(|p| p.into_inner());
+        let mut known = sync::lock(&self.by_status);
         let histogram = match known.iter().find(|(s, _)| *s == status) {
             Some((_, h)) => h,
             None => {

@@ -37,6 +37,7 @@ use crate::{
     body::{BoxError, RequestBody, RequestBodyFailed},
     defaults,
     h1::{self, Framing, Malformed, ResponseHead},
+    sync,
 };
 
 /// Opens connections to the upstream: TCP, then TLS for `https://` upstreams.
@@ -403,7 +404,7 @@ impl Http1Pool {
     }
 
     fn lock(&self) -> MutexGuard<'_, VecDeque<Idle>> {
-        self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        sync::lock(&self.idle)
     }
 
     /// Sends `req` on an idle connection or a new one. A request the upstream never saw (its idle
@@ -519,7 +520,7 @@ impl Http2Pool {
     }
 
     fn shared(&self) -> Option<http2::SendRequest<RequestBody>> {
-        let shared = self.shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let shared = sync::lock(&self.shared);
         shared.as_ref().filter(|s| !s.is_closed()).cloned()
     }
 
@@ -551,7 +552,7 @@ impl Http2Pool {
                 tracing::debug!(error = %e, "upstream HTTP/2 connection failed");
             }
         });
-        *self.shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(sender.clone());
+        *sync::lock(&self.shared) = Some(sender.clone());
         Ok(sender)
     }
 }
