@@ -202,6 +202,26 @@ pub fn write_headers(out: &mut BytesMut, headers: &HeaderMap) {
     }
 }
 
+/// Appends the header lines of a message whose body has `length` bytes, or an unknown length:
+/// `headers` without their Content-Length, then one of the sidecar's own for a known length.
+/// Rewritten rather than passed on, the length leaves as one number even when it came as a list
+/// of repeats ("5, 5", which RFC 9110 §8.6 lets a recipient reduce to one). Returns the body's
+/// framing; `None` for an unknown length, for the caller to write chunked or close after it.
+pub fn write_framed_headers(out: &mut BytesMut, headers: &HeaderMap, length: Option<u64>) -> Option<Framing> {
+    for (name, value) in headers.iter().filter(|(name, _)| *name != CONTENT_LENGTH) {
+        write_header(out, name.as_str(), |out| out.extend_from_slice(value.as_bytes()));
+    }
+    let length = length?;
+    write_header(out, CONTENT_LENGTH.as_str(), |out| write_number(out, length, 10));
+    Some(Framing::Length(length))
+}
+
+/// Appends `transfer-encoding: chunked`; returns the framing it starts.
+pub fn write_chunked(out: &mut BytesMut) -> Framing {
+    write_header(out, TRANSFER_ENCODING.as_str(), |out| out.extend_from_slice(b"chunked"));
+    Framing::chunked()
+}
+
 /// Appends one `name: value` line, the value written by `value`.
 pub fn write_header(out: &mut BytesMut, name: &str, value: impl FnOnce(&mut BytesMut)) {
     out.extend_from_slice(name.as_bytes());
@@ -504,6 +524,19 @@ mod tests {
     #[test]
     fn until_close_bodies_end_with_the_connection() {
         assert_eq!(decode_in_steps(Framing::UntilClose, b"all of it", 4).unwrap(), b"all of it");
+    }
+
+    #[test]
+    fn framed_headers_carry_one_length_of_the_sidecars_own() {
+        let given = headers(&[("content-length", "5, 5"), ("x-a", "1"), ("content-length", "5")]);
+        let mut out = BytesMut::new();
+        assert_eq!(write_framed_headers(&mut out, &given, Some(5)), Some(Framing::Length(5)));
+        assert_eq!(&out[..], b"x-a: 1\r\ncontent-length: 5\r\n");
+        out.clear();
+        assert_eq!(write_framed_headers(&mut out, &given, None), None);
+        assert_eq!(&out[..], b"x-a: 1\r\n");
+        assert_eq!(write_chunked(&mut out), Framing::chunked());
+        assert_eq!(&out[..], b"x-a: 1\r\ntransfer-encoding: chunked\r\n");
     }
 
     #[test]

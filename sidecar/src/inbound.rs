@@ -14,8 +14,8 @@ use std::{
 
 use bytes::{Bytes, BytesMut};
 use http::{
-    HeaderMap, Method, Request, Response, StatusCode, Version,
-    header::{CONTENT_LENGTH, DATE, EXPECT, HOST, TRANSFER_ENCODING},
+    Method, Request, Response, StatusCode, Version,
+    header::{DATE, EXPECT, HOST},
 };
 use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt;
@@ -391,24 +391,25 @@ async fn write_response(
     out.extend_from_slice(b" ");
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
-    h1::write_headers(out, &parts.headers);
     // The sidecar's own answers have none, and an upstream may have left it out.
     if !parts.headers.contains_key(DATE) {
         h1::write_date(out);
     }
-    let mut framing = if bodiless {
-        Framing::EMPTY
-    } else if let Some(length) = declared_length(&parts.headers) {
-        Framing::Length(length)
-    } else if let Some(length) = body.size_hint().exact() {
-        h1::write_header(out, CONTENT_LENGTH.as_str(), |out| h1::write_number(out, length, 10));
-        Framing::Length(length)
-    } else if version == Version::HTTP_11 {
-        h1::write_header(out, TRANSFER_ENCODING.as_str(), |out| out.extend_from_slice(b"chunked"));
-        Framing::chunked()
+    // A bodiless answer's Content-Length describes the body a GET would have had: it goes as is.
+    // Otherwise the body's own length: an upstream's declared length, which its body is held to.
+    let framing = if bodiless {
+        h1::write_headers(out, &parts.headers);
+        Some(Framing::EMPTY)
     } else {
-        close = true;
-        Framing::UntilClose
+        h1::write_framed_headers(out, &parts.headers, body.size_hint().exact())
+    };
+    let mut framing = match framing {
+        Some(framing) => framing,
+        None if version == Version::HTTP_11 => h1::write_chunked(out),
+        None => {
+            close = true;
+            Framing::UntilClose
+        }
     };
     if close {
         out.extend_from_slice(b"connection: close\r\n");
@@ -494,9 +495,4 @@ async fn append(write: &mut OwnedWriteHalf, out: &mut BytesMut, data: &Bytes) ->
         out.clear();
     }
     if large { write.write_all(data).await } else { Ok(()) }
-}
-
-/// A response's own Content-Length, which its body is held to.
-fn declared_length(headers: &HeaderMap) -> Option<u64> {
-    h1::content_length(headers).ok().flatten()
 }

@@ -15,11 +15,7 @@ use std::{
 };
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{
-    HeaderMap, Method, Request, Response, StatusCode, Uri,
-    header::{CONTENT_LENGTH, TRANSFER_ENCODING},
-    uri::Scheme,
-};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, uri::Scheme};
 use http_body::{Body as _, Frame, SizeHint};
 use hyper::{
     body::Incoming,
@@ -187,7 +183,7 @@ impl Http1 {
     /// body goes out, and ends the sending.
     async fn exchange(&mut self, req: Request<RequestBody>) -> Result<(ResponseHead, Framing), Failure> {
         let (parts, mut body) = req.into_parts();
-        let framing = self.write_head(&parts.method, &parts.uri, &parts.headers, &body)?;
+        let framing = self.write_head(&parts.method, &parts.uri, &parts.headers, &body);
         let untouched = body.is_end_stream();
         if let Err(e) = self.io.write_all(&self.output).await {
             tracing::debug!(error = %e, "upstream connection failed before the request was written");
@@ -258,37 +254,28 @@ impl Http1 {
     }
 
     /// Puts the request head into `output`; returns how the body is framed.
-    fn write_head(
-        &mut self,
-        method: &Method,
-        uri: &Uri,
-        headers: &HeaderMap,
-        body: &RequestBody,
-    ) -> Result<Framing, Malformed> {
+    fn write_head(&mut self, method: &Method, uri: &Uri, headers: &HeaderMap, body: &RequestBody) -> Framing {
         let out = &mut self.output;
         out.clear();
         out.extend_from_slice(method.as_str().as_bytes());
         out.extend_from_slice(b" ");
         out.extend_from_slice(uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes());
         out.extend_from_slice(b" HTTP/1.1\r\n");
-        h1::write_headers(out, headers);
-        let framing = if let Some(length) = h1::content_length(headers)? {
-            Framing::Length(length)
-        } else if body.is_end_stream() {
+        // The body's length is what the application's request declared (the inbound side checked
+        // it), or what an HTTP/2 request's frames add up to.
+        let length = if body.is_end_stream() {
             // An upstream may refuse a POST that says nothing of its length (411).
-            if [Method::POST, Method::PUT, Method::PATCH].contains(method) {
-                out.extend_from_slice(b"content-length: 0\r\n");
-            }
-            Framing::EMPTY
-        } else if let Some(length) = body.size_hint().exact() {
-            h1::write_header(out, CONTENT_LENGTH.as_str(), |out| h1::write_number(out, length, 10));
-            Framing::Length(length)
+            [Method::POST, Method::PUT, Method::PATCH].contains(method).then_some(0)
         } else {
-            h1::write_header(out, TRANSFER_ENCODING.as_str(), |out| out.extend_from_slice(b"chunked"));
-            Framing::chunked()
+            body.size_hint().exact()
+        };
+        let framing = match h1::write_framed_headers(out, headers, length) {
+            Some(framing) => framing,
+            None if body.is_end_stream() => Framing::EMPTY,
+            None => h1::write_chunked(out),
         };
         out.extend_from_slice(b"\r\n");
-        Ok(framing)
+        framing
     }
 
     /// Streams the request body as `framing` says (its trailers are dropped) while watching the

@@ -183,6 +183,21 @@ fn ambiguous_request_framing_is_refused() {
 }
 
 #[test]
+fn a_content_length_given_as_repeats_is_forwarded_as_one_number() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(upstream.addr(), "");
+    let mut stream = connect(listen);
+    let request = "POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 5, 5\r\ncontent-length: 5\r\n\
+                   connection: close\r\n\r\nhello";
+    stream.write_all(request.as_bytes()).unwrap();
+    let answer = read_all(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains(r#"["content-length","5"]"#), "{answer}");
+    assert_eq!(answer.matches("content-length").count(), 2, "one in the echo, one on the answer: {answer}");
+    assert!(answer.contains(r#""body":"hello""#), "{answer}");
+}
+
+#[test]
 fn pipelined_requests_are_answered_in_order() {
     let upstream = UpstreamProcess::start(None);
     let (_sidecar, listen) = sidecar(upstream.addr(), "");
