@@ -17,6 +17,8 @@ pub struct Schedule {
     woken: bool,
     /// Consecutive failed attempts (errors and redirects).
     failures: u32,
+    /// The last answer was a redirect.
+    redirected: bool,
     /// When the last request was answered with leases.
     answered: f64,
     rng: fastrand::Rng,
@@ -30,6 +32,7 @@ impl Schedule {
             in_flight: false,
             woken: false,
             failures: 0,
+            redirected: false,
             answered: f64::NEG_INFINITY,
             rng: fastrand::Rng::with_seed(seed),
         }
@@ -75,6 +78,7 @@ impl Schedule {
     pub fn succeeded(&mut self, now: f64, refresh: f64) {
         self.end();
         self.failures = 0;
+        self.redirected = false;
         self.answered = now;
         self.due = if std::mem::take(&mut self.woken) { f64::NEG_INFINITY } else { now + refresh.max(MIN_REFRESH) };
     }
@@ -86,6 +90,7 @@ impl Schedule {
     pub fn failed(&mut self, now: f64, earliest_expiry: Option<f64>) {
         self.end();
         self.woken = false;
+        self.redirected = false;
         self.failures = self.failures.saturating_add(1);
         let ceiling = (BACKOFF_BASE * 2f64.powi(self.failures.min(32) as i32 - 1)).min(BACKOFF_CAP);
         let mut due = now + ceiling * (0.5 + 0.5 * self.rng.f64());
@@ -95,12 +100,15 @@ impl Schedule {
         self.due = due;
     }
 
-    /// The server was not the master. A named master after a success is asked at once; an
-    /// unknown one, or redirects in a row, back off like a failure. Returns whether the
-    /// request is due at once.
+    /// The server was not the master. A named master is asked at once, failures before or not:
+    /// after an outage or a failover, the replica that answered is alive and knows who leads,
+    /// and a backoff would only keep the caller away from a new master's learning mode. An
+    /// unknown master, or a second redirect in a row (replicas naming each other), backs off
+    /// like a failure. Returns whether the request is due at once.
     pub fn redirected(&mut self, now: f64, master_named: bool, earliest_expiry: Option<f64>) -> bool {
-        let at_once = master_named && self.failures == 0;
+        let at_once = master_named && !self.redirected;
         self.failed(now, earliest_expiry);
+        self.redirected = true;
         if at_once {
             self.due = f64::NEG_INFINITY;
         }
@@ -177,7 +185,7 @@ mod tests {
     }
 
     #[test]
-    fn a_named_master_is_asked_at_once_only_after_a_success() {
+    fn a_named_master_is_asked_at_once_unless_the_last_answer_was_a_redirect_too() {
         let mut s = Schedule::new(3);
         s.begin();
         assert!(s.redirected(0.0, true, None));
@@ -189,5 +197,13 @@ mod tests {
         s.succeeded(1.0, 5.0);
         s.begin();
         assert!(!s.redirected(2.0, false, None), "an unknown master backs off");
+        // An outage: errors back off; the first answer after it names the master.
+        for _ in 0..5 {
+            s.begin();
+            s.failed(3.0, None);
+        }
+        s.begin();
+        assert!(s.redirected(40.0, true, None), "failures before do not keep the caller from the master");
+        assert_eq!(s.due(), Some(f64::NEG_INFINITY));
     }
 }
