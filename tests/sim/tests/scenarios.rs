@@ -142,10 +142,12 @@ fn scenario_5_the_tree_hands_out_the_capacity() {
     assert!(s.jain_vs_tree.unwrap() >= 0.99, "Jain against the ideal tree split {:?}", s.jain_vs_tree);
 }
 
-/// Scenario 7's overshoot target: what the clients hold from the servers' ledgers never goes
-/// above 102% of the root's capacity, crashes, elections and cut-off subtrees included. And
-/// in steady state it is as fair as aggregated claims allow, as scenario 5: within 1% of the
-/// ideal tree split (0.995 here, 0.990 over the hour).
+/// Scenario 7's overshoot target with its seed: what the clients hold from the servers' ledgers
+/// stays within 102% of the root's capacity through crashes, elections and cut-off subtrees.
+/// Not with every seed: 6 of seeds 1–25 go above over the hour, when a server fails over while
+/// a child is cut off (README, "Simulation"). And in steady state it is as fair as aggregated
+/// claims allow, as scenario 5: within 1% of the ideal tree split (0.995 here, 0.990 over the
+/// hour, 0.982–0.992 over seeds 1–25).
 #[test]
 fn scenario_7_overshoot_stays_within_two_percent_and_the_split_follows_the_tree() {
     let s = scenario_7_short().summary;
@@ -154,7 +156,8 @@ fn scenario_7_overshoot_stays_within_two_percent_and_the_split_follows_the_tree(
 }
 
 /// Scenario 7's utilization target, over the whole hour as the target is set: ≥ 98% of the
-/// capacity handed out on average (98.4% with this seed; 98.4–99.0% over seeds 1–4 and 11). The
+/// capacity handed out on average (98.4% with this seed; 97.8–99.0% over seeds 1–25, two of them
+/// below 98%). The
 /// first minutes alone run lower (97.4% over 600 s): they hold a crash and an outage in every
 /// three minutes without the calmer stretches that follow.
 #[test]
