@@ -192,23 +192,15 @@ fn connection_has(headers: &HeaderMap, option: &str) -> bool {
         .any(|o| o.trim_ascii().eq_ignore_ascii_case(option.as_bytes()))
 }
 
-/// Appends `name: value` lines for every header.
-pub fn write_headers(out: &mut BytesMut, headers: &HeaderMap) {
-    for (name, value) in headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-}
-
 /// Appends the header lines of a message whose body has `length` bytes, or an unknown length:
-/// `headers` without their Content-Length, then one of the sidecar's own for a known length.
-/// Rewritten rather than passed on, the length leaves as one number even when it came as a list
-/// of repeats ("5, 5", which RFC 9110 §8.6 lets a recipient reduce to one). Returns the body's
-/// framing; `None` for an unknown length, for the caller to write chunked or close after it.
+/// `headers` without their framing (Content-Length, Transfer-Encoding), then a Content-Length
+/// of the sidecar's own for a known length. Rewritten rather than passed on, the length leaves
+/// as one number even when it came as a list of repeats ("5, 5", which RFC 9110 §8.6 lets a
+/// recipient reduce to one). Returns the body's framing; `None` for an unknown length, for the
+/// caller to write chunked or close after it.
 pub fn write_framed_headers(out: &mut BytesMut, headers: &HeaderMap, length: Option<u64>) -> Option<Framing> {
-    for (name, value) in headers.iter().filter(|(name, _)| *name != CONTENT_LENGTH) {
+    let framing = |name: &HeaderName| name == CONTENT_LENGTH || name == TRANSFER_ENCODING;
+    for (name, value) in headers.iter().filter(|(name, _)| !framing(name)) {
         write_header(out, name.as_str(), |out| out.extend_from_slice(value.as_bytes()));
     }
     let length = length?;
@@ -528,7 +520,12 @@ mod tests {
 
     #[test]
     fn framed_headers_carry_one_length_of_the_sidecars_own() {
-        let given = headers(&[("content-length", "5, 5"), ("x-a", "1"), ("content-length", "5")]);
+        let given = headers(&[
+            ("content-length", "5, 5"),
+            ("x-a", "1"),
+            ("content-length", "5"),
+            ("transfer-encoding", "chunked"),
+        ]);
         let mut out = BytesMut::new();
         assert_eq!(write_framed_headers(&mut out, &given, Some(5)), Some(Framing::Length(5)));
         assert_eq!(&out[..], b"x-a: 1\r\ncontent-length: 5\r\n");

@@ -395,10 +395,11 @@ async fn write_response(
     if !parts.headers.contains_key(DATE) {
         h1::write_date(out);
     }
-    // A bodiless answer's Content-Length describes the body a GET would have had: it goes as is.
-    // Otherwise the body's own length: an upstream's declared length, which its body is held to.
+    // A bodiless answer's Content-Length describes the body a GET would have had: it goes on, as
+    // one number. Otherwise the body's own length: an upstream's declared length, which its body
+    // is held to.
     let framing = if bodiless {
-        h1::write_headers(out, &parts.headers);
+        h1::write_framed_headers(out, &parts.headers, h1::content_length(&parts.headers).ok().flatten());
         Some(Framing::EMPTY)
     } else {
         h1::write_framed_headers(out, &parts.headers, body.size_hint().exact())

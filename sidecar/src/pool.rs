@@ -15,7 +15,7 @@ use std::{
 };
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, uri::Scheme};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, header::CONTENT_LENGTH, uri::Scheme};
 use http_body::{Body as _, Frame, SizeHint};
 use hyper::{
     body::Incoming,
@@ -262,10 +262,11 @@ impl Http1 {
         out.extend_from_slice(uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes());
         out.extend_from_slice(b" HTTP/1.1\r\n");
         // The body's length is what the application's request declared (the inbound side checked
-        // it), or what an HTTP/2 request's frames add up to.
+        // it). An empty body keeps a declared 0, and a POST, PUT or PATCH gets one: an upstream may
+        // refuse those when they say nothing of their length (411).
         let length = if body.is_end_stream() {
-            // An upstream may refuse a POST that says nothing of its length (411).
-            [Method::POST, Method::PUT, Method::PATCH].contains(method).then_some(0)
+            let declared = headers.contains_key(CONTENT_LENGTH);
+            (declared || [Method::POST, Method::PUT, Method::PATCH].contains(method)).then_some(0)
         } else {
             body.size_hint().exact()
         };

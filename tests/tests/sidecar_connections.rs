@@ -183,7 +183,7 @@ fn ambiguous_request_framing_is_refused() {
 }
 
 #[test]
-fn a_content_length_given_as_repeats_is_forwarded_as_one_number() {
+fn a_declared_content_length_is_forwarded_as_one_number() {
     let upstream = UpstreamProcess::start(None);
     let (_sidecar, listen) = sidecar(upstream.addr(), "");
     let mut stream = connect(listen);
@@ -195,6 +195,13 @@ fn a_content_length_given_as_repeats_is_forwarded_as_one_number() {
     assert!(answer.contains(r#"["content-length","5"]"#), "{answer}");
     assert_eq!(answer.matches("content-length").count(), 2, "one in the echo, one on the answer: {answer}");
     assert!(answer.contains(r#""body":"hello""#), "{answer}");
+
+    // A declared empty body keeps its length, whatever the method.
+    let mut stream = connect(listen);
+    let request = "DELETE /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+    stream.write_all(request.as_bytes()).unwrap();
+    let answer = read_all(&mut stream);
+    assert!(answer.contains(r#"["content-length","0"]"#), "{answer}");
 }
 
 #[test]

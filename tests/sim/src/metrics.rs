@@ -19,10 +19,11 @@
 //!   it is reachable again;
 //! - fairness: Jain's index of the clients' `has` against the exact max-min fair split of the
 //!   capacity over their true demands, averaged over the steady samples after the first
-//!   learning mode: converged, with every client holding a lease. A client cut off from its
-//!   servers enforces its fallback (the safe capacity, SPEC §3.5), which by design knows
-//!   nothing of its demand; such samples measure the outage, not the sharing. A true demand is the offered load with the sidecar's
-//!   [`HEADROOM`], what a sidecar that knew its load exactly would ask for: without it, clients
+//!   learning mode: converged, with every client holding a lease. A client without one — cut
+//!   off from its servers, or still waiting for its first answer — enforces its fallback (the
+//!   safe capacity, SPEC §3.5), which by design knows nothing of its demand; such samples
+//!   measure the outage or the join, not the sharing. A true demand is the offered load with
+//!   the sidecar's [`HEADROOM`], what a sidecar that knew its load exactly would ask for: without it, clients
 //!   below the fair level would count as favoured by the headroom alone. Beside it, the same
 //!   index for the split a tree would make with perfect knowledge ([`fairness::tree_split`]):
 //!   how fair a tree can be at all when each server sees only its children's Σ wants;
@@ -48,8 +49,9 @@ pub struct Sample {
     pub has: f64,
     /// Σ unexpired grants the clients hold (leases, not fallbacks).
     pub granted: f64,
-    /// Clients enforcing a fallback instead of a lease.
-    pub fallbacks: usize,
+    /// Clients without a lease (cut off, or waiting for their first answer): they enforce a
+    /// fallback.
+    pub unleased: usize,
     /// Σ unexpired leases in the root's ledger: what it has reserved for its clients.
     pub reserved: f64,
     /// Cost admitted per second since the previous sample.
@@ -77,7 +79,7 @@ impl Sample {
 
     /// Converged, and every client leased: the samples fairness is judged on.
     pub fn steady(&self) -> bool {
-        self.converged() && self.fallbacks == 0
+        self.converged() && self.unleased == 0
     }
 }
 
@@ -302,7 +304,7 @@ mod tests {
             demand: wants,
             has,
             granted,
-            fallbacks: 0,
+            unleased: 0,
             reserved: granted,
             admitted: 0.0,
             jain: Some(1.0),
@@ -348,7 +350,7 @@ mod tests {
         let mut samples: Vec<Sample> = (0..4).map(|t| sample(t as f64, 200.0, 100.0, 100.0)).collect();
         samples[1].jain = Some(0.5);
         // A client on its fallback: the sum is fine, the split is the outage's.
-        samples[2].fallbacks = 1;
+        samples[2].unleased = 1;
         samples[2].jain = Some(0.7);
         // Short of the target.
         samples[3].has = 90.0;

@@ -131,14 +131,14 @@ pub fn summary_csv(outcomes: &[Outcome]) -> String {
 
 /// Every sample: the sums over clients and servers at that instant.
 pub fn series_csv(outcome: &Outcome) -> String {
-    let mut out = String::from("t,capacity,wants,demand,has,granted,fallbacks,reserved,admitted,jain,tree_jain\n");
+    let mut out = String::from("t,capacity,wants,demand,has,granted,unleased,reserved,admitted,jain,tree_jain\n");
     for s in &outcome.samples {
         let jain = s.jain.map_or_else(String::new, |j| format!("{j:.6}"));
         let tree_jain = s.tree_jain.map_or_else(String::new, |j| format!("{j:.6}"));
         let _ = writeln!(
             out,
             "{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.3},{:.3},{jain},{tree_jain}",
-            s.t, s.capacity, s.wants, s.demand, s.has, s.granted, s.fallbacks, s.reserved, s.admitted
+            s.t, s.capacity, s.wants, s.demand, s.has, s.granted, s.unleased, s.reserved, s.admitted
         );
     }
     out

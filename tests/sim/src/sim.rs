@@ -409,14 +409,14 @@ impl Simulation {
     fn sample(&mut self) {
         let now = self.now();
         let mut states = Vec::with_capacity(self.clients.len());
-        let (mut wants, mut admitted, mut granted, mut fallbacks) = (0.0, 0.0, 0.0, 0);
+        let (mut wants, mut admitted, mut granted, mut unleased) = (0.0, 0.0, 0.0, 0);
         for client in self.clients.iter_mut().filter(|c| c.phase == Phase::Active) {
             wants += client.wants(now);
             admitted += client.take_admitted();
             states.push(ClientState { server: client.server, demand: client.demand(), has: client.has(now) });
             match client.leased(now) {
                 Some(lease) => granted += lease,
-                None => fallbacks += 1,
+                None => unleased += 1,
             }
         }
         let elapsed = self.samples.last().map_or(0.0, |s| now - s.t);
@@ -433,7 +433,7 @@ impl Simulation {
             demand: states.iter().map(|s| s.demand).sum(),
             has: states.iter().map(|s| s.has).sum(),
             granted,
-            fallbacks,
+            unleased,
             reserved: self.servers[0].granted(&self.resource, now),
             admitted: if elapsed > 0.0 { admitted / elapsed } else { 0.0 },
             jain,
