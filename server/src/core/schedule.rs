@@ -205,5 +205,15 @@ mod tests {
         s.begin();
         assert!(s.redirected(40.0, true, None), "failures before do not keep the caller from the master");
         assert_eq!(s.due(), Some(f64::NEG_INFINITY));
+        // A replica naming a master that then fails: each redirect is followed at once, each
+        // error backs off, so the pair costs one backoff and never loops.
+        for round in 0..4 {
+            s.begin();
+            s.failed(50.0, None);
+            let backoff = s.due().unwrap();
+            assert!(backoff > 50.0, "round {round}: the error backs off");
+            s.begin();
+            assert!(s.redirected(backoff, true, None), "round {round}: the redirect after it is followed");
+        }
     }
 }
