@@ -7,7 +7,7 @@
 use std::{
     future::poll_fn,
     pin::{Pin, pin},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
     task::{Context, Poll},
     time::{Duration, Instant},
 };
@@ -202,7 +202,7 @@ pub async fn serve(
                 let Reader { read, input, .. } = Arc::into_inner(shared)
                     .ok_or("no body outlives its head")?
                     .into_inner()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    .unwrap_or_else(PoisonError::into_inner);
                 return Ok(Some((read.reunite(write)?, input.freeze())));
             }
             Next::Refuse(response) => {
@@ -229,10 +229,14 @@ pub async fn serve(
             if let Poll::Ready(Ok(response)) = call.as_mut().poll(cx) {
                 return Poll::Ready(Ok(Some(response)));
             }
-            if gone(&shared, limits.max_header_bytes, cx) {
-                return Poll::Ready(Ok(None));
-            }
-            if lock(&shared).expect == Expect::Asked {
+            let asked = {
+                let reader = &mut *lock(&shared);
+                if gone(reader, limits.max_header_bytes, cx) {
+                    return Poll::Ready(Ok(None));
+                }
+                reader.expect == Expect::Asked
+            };
+            if asked {
                 while continued < CONTINUE.len() {
                     match Pin::new(&mut write).poll_write(cx, &CONTINUE[continued..]) {
                         Poll::Ready(Ok(n)) => continued += n,
@@ -278,8 +282,8 @@ fn skip_buffered_body(shared: &Shared) -> bool {
 /// (queued by a limit, or at the upstream): the caller then drops the request, which leaves the
 /// queue or abandons the upstream exchange, as nginx and Envoy do. Only once the request body
 /// is read; what arrives meanwhile (a pipelined request) is kept, up to `max_header_bytes`.
-fn gone(shared: &Shared, max_header_bytes: usize, cx: &mut Context<'_>) -> bool {
-    let Reader { read, input, framing, .. } = &mut *lock(shared);
+fn gone(reader: &mut Reader, max_header_bytes: usize, cx: &mut Context<'_>) -> bool {
+    let Reader { read, input, framing, .. } = reader;
     while framing.is_done() && input.len() <= max_header_bytes {
         match h1::poll_read_more(read, input, cx) {
             Poll::Ready(Ok(0) | Err(_)) => return true,

@@ -89,8 +89,7 @@ fn plain(status: StatusCode, mut message: String) -> Response<Body> {
     message.push('\n');
     let mut response = Response::new(Body::synthetic(message));
     *response.status_mut() = status;
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     response
 }
 

@@ -136,14 +136,13 @@ pub fn run(args: Args) -> Result<(), String> {
     let upstream = UpstreamProcess::launch(&upstream_binary, &["--worker-threads", "1"])?;
 
     // Each guard stops its process when dropped, on every way out of this function.
+    // Where each target listens, and its proxy process, whose CPU time is read around its load
+    // passes (none for the direct connection).
     let mut addrs = Vec::new();
-    // The proxy process of each target, whose CPU time is read around its load passes.
-    let mut proxies = Vec::new();
     let mut sidecar_rss = None;
     let _nginx = if uses(Target::Nginx) {
         let nginx = Nginx::start(&args.nginx, upstream.addr())?;
-        addrs.push((Target::Nginx, nginx.addr));
-        proxies.push((Target::Nginx, nginx.process.child.id()));
+        addrs.push((Target::Nginx, nginx.addr, Some(nginx.process.child.id())));
         Some(nginx)
     } else {
         None
@@ -155,18 +154,17 @@ pub fn run(args: Args) -> Result<(), String> {
         let sidecar_binary = args.sidecar.clone().unwrap_or_else(|| binary("sluice-sidecar"));
         let sidecar = Sidecar::start(&sidecar_binary, server.grpc, upstream.addr())?;
         sidecar_rss = Some(rss_mb(sidecar.process.child.id())?);
-        addrs.push((Target::Sidecar, sidecar.listener));
-        proxies.push((Target::Sidecar, sidecar.process.child.id()));
+        addrs.push((Target::Sidecar, sidecar.listener, Some(sidecar.process.child.id())));
         Some((server, sidecar))
     } else {
         None
     };
-    addrs.push((Target::Direct, upstream.addr()));
+    addrs.push((Target::Direct, upstream.addr(), None));
 
     let secs = args.duration.as_secs().max(1);
     for &target in &args.targets {
         eprintln!("warming up {}", target.name());
-        warm_up(&args.wrk, target, addr_of(&addrs, target), args.connections)?;
+        warm_up(&args.wrk, target, addr_of(&addrs, target).0, args.connections)?;
     }
     let mut results = Vec::new();
     for round in 1..=args.rounds {
@@ -177,8 +175,7 @@ pub fn run(args: Args) -> Result<(), String> {
                 args.connections,
                 secs.div_ceil(2)
             );
-            let addr = addr_of(&addrs, target);
-            let proxy = proxies.iter().find(|(t, _)| *t == target).map(|&(_, pid)| pid);
+            let (addr, proxy) = addr_of(&addrs, target);
             let before = proxy.map(cpu_seconds).transpose()?;
             let load = wrk(&args.wrk, addr, args.connections, secs)?;
             let cpu = match (proxy, before) {
@@ -191,13 +188,14 @@ pub fn run(args: Args) -> Result<(), String> {
     }
     print!("{}", report(&results, args.rounds, sidecar_rss));
     match results.iter().find(|m| m.target == Target::Sidecar && m.load.non_2xx + m.single.non_2xx > 0) {
-        Some(m) => Err(refused(m.target, m.load.non_2xx + m.single.non_2xx, addr_of(&addrs, Target::Sidecar))),
+        Some(m) => Err(refused(m.target, m.load.non_2xx + m.single.non_2xx, addr_of(&addrs, Target::Sidecar).0)),
         None => Ok(()),
     }
 }
 
-fn addr_of(addrs: &[(Target, SocketAddr)], target: Target) -> SocketAddr {
-    addrs.iter().find(|(t, _)| *t == target).expect("every target was started").1
+/// A target's address and proxy process.
+fn addr_of(addrs: &[(Target, SocketAddr, Option<u32>)], target: Target) -> (SocketAddr, Option<u32>) {
+    addrs.iter().find(|(t, ..)| *t == target).map(|&(_, addr, pid)| (addr, pid)).expect("every target was started")
 }
 
 /// Full load until a pass gets only 2xx: the sidecar asks for the load it was recently offered,

@@ -10,8 +10,7 @@ use sluice_proto::{
 
 use super::{
     algorithm::{Algorithm, Kind, Parameter},
-    band::Sums,
-    resource::{ParentLease, Resource},
+    resource::{ParentLease, Reported, Resource},
     schedule::Schedule,
     store::UnixSeconds,
 };
@@ -100,7 +99,7 @@ impl Parent {
             });
             let wants = aggregates(r);
             let total = wants.iter().map(|w| w.wants).sum();
-            r.set_reported(Some(Sums { wants: total, has: has.as_ref().map_or(0.0, |h| h.capacity), subclients: 0.0 }));
+            r.set_reported(Some(Reported { wants: total, has: has.as_ref().map_or(0.0, |h| h.capacity) }));
             resource.push(ServerCapacityResourceRequest { resource_id: id.to_owned(), has, wants });
         }
         if resource.is_empty() {

@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 
 use super::{
     algorithm::{Algorithm, Kind},
-    band::{Demand, Sums},
+    band::Demand,
     priority::{self, Bands, PriorityMode, Wants},
     store::{Holds, LeaseStore, UnixSeconds},
     template::Template,
@@ -80,9 +80,18 @@ pub struct Resource {
     template: Arc<Template>,
     leases: LeaseStore,
     supply: Supply,
-    /// Σ wants and the `has` this intermediate server last reported to its parent for the
-    /// resource, while it has clients: what a claim's change is measured against.
-    reported: Option<Sums>,
+    /// What this intermediate server last reported to its parent for the resource, while it
+    /// has clients: what a claim's change is measured against.
+    reported: Option<Reported>,
+}
+
+/// What an intermediate server told its parent of one resource.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Reported {
+    /// Σ wants over its bands.
+    pub wants: f64,
+    /// The capacity it said it holds (0 while learning, when it says nothing).
+    pub has: f64,
 }
 
 impl Resource {
@@ -118,11 +127,11 @@ impl Resource {
         self.supply = Supply::Parent(Some(lease));
     }
 
-    pub fn reported(&self) -> Option<Sums> {
+    pub fn reported(&self) -> Option<Reported> {
         self.reported
     }
 
-    pub fn set_reported(&mut self, reported: Option<Sums>) {
+    pub fn set_reported(&mut self, reported: Option<Reported>) {
         self.reported = reported;
     }
 

@@ -11,22 +11,23 @@
 //!   until Σ has is again no more than [`TOLERANCE`] short of min(capacity, Σ wants), and stays
 //!   so for one refresh interval of the clients' servers, after the shortfall the shift caused:
 //!   the next one that begins within a lease length (so that a consequence that waits for
-//!   leases to run out counts) and before the next shift, or else one under way that no earlier
-//!   shift caused. Reported apart for shifts in demand
-//!   (clients joining, leaving, spiking, calming down: what Doorman's "reconverged within 2
-//!   minutes after a shift in demand" measured) and failures (crashes, elections, network loss
-//!   and its end), which a subtree cut off for longer than a lease cannot reconverge from before
-//!   it is reachable again;
+//!   leases to run out counts) and before the next shift, or else one under way that no
+//!   earlier shift caused. Reported apart for shifts in demand (clients joining, leaving,
+//!   spiking, calming down: what Doorman's "reconverged within 2 minutes after a shift in
+//!   demand" measured) and failures (crashes, elections, network loss and its end), which a
+//!   subtree cut off for longer than a lease cannot reconverge from before it is reachable
+//!   again;
 //! - fairness: Jain's index of the clients' `has` against the exact max-min fair split of the
 //!   capacity over their true demands, averaged over the steady samples after the first
 //!   learning mode: converged, with every client holding a lease. A client without one — cut
 //!   off from its servers, or still waiting for its first answer — enforces its fallback (the
 //!   safe capacity, SPEC §3.5), which by design knows nothing of its demand; such samples
 //!   measure the outage or the join, not the sharing. A true demand is the offered load with
-//!   the sidecar's [`HEADROOM`], what a sidecar that knew its load exactly would ask for: without it, clients
-//!   below the fair level would count as favoured by the headroom alone. Beside it, the same
-//!   index for the split a tree would make with perfect knowledge ([`fairness::tree_split`]):
-//!   how fair a tree can be at all when each server sees only its children's Σ wants;
+//!   the sidecar's [`HEADROOM`], what a sidecar that knew its load exactly would ask for:
+//!   without it, clients below the fair level would count as favoured by the headroom alone.
+//!   Beside it, the same index for the split a tree would make with perfect knowledge
+//!   ([`fairness::tree_split`]): how fair a tree can be at all when each server sees only its
+//!   children's Σ wants;
 //! - server RPCs per second: all servers, and the root alone.
 
 use sluice_sidecar::core::HEADROOM;
