@@ -59,7 +59,9 @@ pub const STATUS_LEASES_SHOWN: usize = 1_000;
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Each level further from the root hands out this fraction of the refresh interval it got
-/// from its parent (Doorman's decay factor), so lower levels see fresh demand when they ask.
+/// from its parent (Doorman's decay factor: Doorman counts levels from the root, so its
+/// "halves with every level up the tree" means towards the clients), so a server's wants are
+/// fresh when it asks its parent.
 pub const REFRESH_DECAY: f64 = 0.5;
 
 /// Shortest refresh interval a server hands out, in seconds: the protocol's unit.
@@ -70,7 +72,7 @@ pub const MIN_REFRESH_INTERVAL: i64 = 1;
 /// back at [`MIN_REFRESH_INTERVAL`].
 pub const TRANSIT_SHARE: f64 = 0.02;
 
-/// A lower-level server's lease that ran out without a release stays reserved as its subtree's
+/// A child server's lease that ran out without a release stays reserved as its subtree's
 /// safe capacity for this many lease lengths more (see `LeaseStore::expire`): long enough to
 /// cover an outage and the backoff after it; a server gone for good gives its share back then.
 pub const LAPSED_LEASE_LENGTHS: i64 = 3;

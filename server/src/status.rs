@@ -112,7 +112,7 @@ pub struct LeaseStatus {
     pub wants: f64,
     pub subclients: f64,
     pub expiry_time: UnixSeconds,
-    /// A lower-level server's lease that ran out without a release: what it holds is kept as
+    /// A child server's lease that ran out without a release: what it holds is kept as
     /// its cut-off subtree's safe capacity until `expiry_time`.
     pub lapsed: bool,
 }

@@ -29,7 +29,7 @@ pub fn get_capacity(req: &GetCapacityRequest) -> Result<Vec<ResourceClaim<'_>>, 
     )
 }
 
-/// A lower-level server claims for all its clients, one entry per priority band. A resource
+/// A child server (an intermediate server below this one) claims for all its clients, one entry per priority band. A resource
 /// without bands counts as one subclient wanting nothing.
 pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<ResourceClaim<'_>>, Status> {
     id("server_id", &req.server_id)?;

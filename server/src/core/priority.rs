@@ -3,7 +3,7 @@
 //!
 //! Sharing is always strict over the bands present; `priority_mode: ignore` (Doorman's
 //! behaviour) simply files every demand in one band, so one code path serves both modes. A
-//! lower-level server's claim may span several bands, one per priority of its clients.
+//! child server's claim may span several bands, one per priority of its clients.
 
 use std::{collections::BTreeMap, ops::Bound};
 

@@ -17,7 +17,7 @@ use crate::defaults::{LAPSED_LEASE_LENGTHS, MIN_REFRESH_INTERVAL, REFRESH_DECAY,
 /// A client's request for one resource, already validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Claim {
-    /// One entry per priority band: an end client has one, a lower-level server one per
+    /// One entry per priority band: an end client has one, a child server one per
     /// priority among its clients. Never empty.
     pub wants: SmallVec<[Wants; 1]>,
     /// What the client says it holds; used in learning mode.
@@ -187,8 +187,8 @@ impl Resource {
                 mode,
                 // A client's lease never outlives this server's own.
                 expiry: own_expiry.min(lease.expiry),
-                // One level further from the root, clients refresh more often, so that each
-                // level's picture is fresh when it asks the level below.
+                // One level further from the root, clients refresh twice as often, so that the
+                // wants this server passes to its parent are fresh when it asks.
                 refresh_interval: ((lease.refresh_interval as f64 * REFRESH_DECAY) as i64).max(MIN_REFRESH_INTERVAL),
             }),
         }
@@ -249,7 +249,7 @@ impl Resource {
         self.leases.remove(client)
     }
 
-    /// Takes up to `budget` expired leases; returns how many. A lower-level server's lease
+    /// Takes up to `budget` expired leases; returns how many. A child server's lease
     /// that ran out without a release stays reserved for [`LAPSED_LEASE_LENGTHS`] more lease
     /// lengths as the safe capacity its cut-off subtree hands out meanwhile (its subclients' worth), so that
     /// giving its share to others does not overshoot the capacity.

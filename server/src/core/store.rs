@@ -23,7 +23,7 @@ type Slot = u32;
 const NONE: Slot = Slot::MAX;
 
 /// Where one of a lease's demands sits: its priority band and its node there. An end client has
-/// one; a lower-level server one per priority among its clients.
+/// one; a child server one per priority among its clients.
 type Place = (i64, NodeId);
 
 /// What a claimant says its own clients hold: how long a smaller grant takes to be obeyed, and
@@ -33,10 +33,10 @@ pub enum Holds {
     /// An end client: it obeys a smaller grant at once, and once its lease is gone the lease is
     /// forgotten (SPEC §3.2).
     Own,
-    /// A lower-level server whose clients still hold this much from earlier grants (its
+    /// A child server whose clients still hold this much from earlier grants (its
     /// reported `has`): that stays reserved until they have refreshed onto smaller shares.
     Reported(f64),
-    /// A lower-level server that does not say: a new master still learning what its clients
+    /// A child server that does not say: a new master still learning what its clients
     /// hold keeps at least the lease its id last held while it did say, until that lease's
     /// expiry, and is granted that much. (Doorman's servers never say; they are granted what
     /// the algorithm decides, as by Doorman.)
@@ -56,7 +56,7 @@ struct Entry {
     /// Most important first.
     places: SmallVec<[Place; 1]>,
     expiry: UnixSeconds,
-    /// A lower-level server's lease (see [`Holds`]).
+    /// A child server's lease (see [`Holds`]).
     server: bool,
     /// The expiry of the last lease granted while the server reported what its clients hold:
     /// until then they may hold up to that lease.
@@ -123,7 +123,7 @@ impl LeaseStore {
     /// the client's demands by band, and what the other leases hold — and stores the lease
     /// until `expiry`. Returns the grant.
     ///
-    /// A lower-level server's lease holds more than the grant while its own clients still hold
+    /// A child server's lease holds more than the grant while its own clients still hold
     /// more (`holds`): capacity taken back from a server is only free once its clients have
     /// refreshed onto their smaller shares. It never holds more than before, except that a
     /// server which does not say what its clients hold keeps its lease, and is granted it,
@@ -207,7 +207,7 @@ impl LeaseStore {
     }
 
     /// Takes up to `budget` leases that expired at or before `now`; returns how many. An end
-    /// client's lease is forgotten. A lower-level server's lease that ran out without a release
+    /// client's lease is forgotten. A child server's lease that ran out without a release
     /// lapses instead: its subtree is presumably cut off and handing out safe capacity, so the
     /// store keeps `fallback(demand)` of it (at most what it held) reserved for `grace` more
     /// seconds, after which it is forgotten too.
