@@ -73,12 +73,15 @@ pub struct ResponseHead {
 /// and the values then point into them instead of being copied.
 type Fields = [[usize; 4]; MAX_HEADERS];
 
-/// Takes a whole request head off the front of `buf`; `None` until all of it is there.
-pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, Malformed> {
+/// Takes a whole request head off the front of `buf`; `None` until all of it is there, or for
+/// good if it does not end within `max` bytes (the caller sees `buf` is longer than `max`): a
+/// head's size does not depend on how many reads brought it.
+pub fn parse_request(buf: &mut BytesMut, max: usize) -> Result<Option<RequestHead>, Malformed> {
     let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut []);
+    let window = &buf[..buf.len().min(max)];
     let end =
-        match httparse::ParserConfig::default().parse_request_with_uninit_headers(&mut request, buf, &mut slots)? {
+        match httparse::ParserConfig::default().parse_request_with_uninit_headers(&mut request, window, &mut slots)? {
             httparse::Status::Complete(end) => end,
             httparse::Status::Partial => return Ok(None),
         };
@@ -95,12 +98,14 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, Malforme
     Ok(Some(RequestHead { method, uri, version, headers }))
 }
 
-/// Takes a whole response head off the front of `buf`; `None` until all of it is there.
-pub fn parse_response(buf: &mut BytesMut) -> Result<Option<ResponseHead>, Malformed> {
+/// Takes a whole response head off the front of `buf`; `None` until all of it is there, or
+/// for good if it does not end within `max` bytes (as for [`parse_request`]).
+pub fn parse_response(buf: &mut BytesMut, max: usize) -> Result<Option<ResponseHead>, Malformed> {
     let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut []);
+    let window = &buf[..buf.len().min(max)];
     let end =
-        match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut response, buf, &mut slots)? {
+        match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut response, window, &mut slots)? {
             httparse::Status::Complete(end) => end,
             httparse::Status::Partial => return Ok(None),
         };
@@ -170,11 +175,37 @@ fn decimal(digits: &[u8]) -> Option<u64> {
     digits.iter().try_fold(0u64, |n, d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
 }
 
-/// Whether the message's transfer codings end in chunked: `None` without Transfer-Encoding.
-pub fn chunked(headers: &HeaderMap) -> Option<bool> {
-    let last = headers.get_all(TRANSFER_ENCODING).iter().next_back()?;
-    let coding = last.as_bytes().rsplit(|&b| b == b',').next().unwrap_or_default();
-    Some(coding.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+/// What a message's Transfer-Encoding says (RFC 9112 §6.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Coding {
+    /// `chunked` alone: the one coding the sidecar decodes, and applies again on the way out.
+    Chunked,
+    /// Other codings under a final `chunked` (`gzip, chunked`): the sidecar would have to undo
+    /// them or pass them on, and does neither.
+    Layered,
+    /// Not ending in `chunked`, or `chunked` twice: the framing does not say where the body ends.
+    Unchunked,
+}
+
+/// The message's transfer codings, all its Transfer-Encoding fields read as one list; `None`
+/// without any.
+pub fn transfer_coding(headers: &HeaderMap) -> Option<Coding> {
+    let mut fields = headers.get_all(TRANSFER_ENCODING).iter().peekable();
+    fields.peek()?;
+    let (mut codings, mut chunked, mut last_chunked) = (0, 0, false);
+    for coding in fields.flat_map(|v| v.as_bytes().split(|&b| b == b',')).map(<[u8]>::trim_ascii) {
+        if coding.is_empty() {
+            continue;
+        }
+        codings += 1;
+        last_chunked = coding.eq_ignore_ascii_case(b"chunked");
+        chunked += usize::from(last_chunked);
+    }
+    Some(match (last_chunked, chunked, codings) {
+        (true, 1, 1) => Coding::Chunked,
+        (true, 1, _) => Coding::Layered,
+        _ => Coding::Unchunked,
+    })
 }
 
 /// Whether a message of `version` with `headers` lets its connection carry another one:
@@ -548,25 +579,38 @@ mod tests {
             content_length(&headers(&[("content-length", "5"), ("content-length", "6")])),
             Err(Malformed("conflicting content-length values"))
         );
-        assert_eq!(chunked(&headers(&[("transfer-encoding", "gzip, Chunked")])), Some(true));
-        assert_eq!(chunked(&headers(&[("transfer-encoding", "chunked, gzip")])), Some(false));
-        assert_eq!(chunked(&headers(&[])), None);
+        let coding = |values: &[&str]| {
+            transfer_coding(&headers(&values.iter().map(|v| ("transfer-encoding", *v)).collect::<Vec<_>>()))
+        };
+        assert_eq!(coding(&[]), None);
+        assert_eq!(coding(&["Chunked"]), Some(Coding::Chunked));
+        assert_eq!(coding(&["chunked,"]), Some(Coding::Chunked));
+        for layered in [&["gzip, Chunked"][..], &["gzip", "chunked"], &["identity, chunked"]] {
+            assert_eq!(coding(layered), Some(Coding::Layered), "{layered:?}");
+        }
+        for unchunked in [&["chunked, gzip"][..], &["chunked", "identity"], &["chunked, chunked"], &["gzip"], &[""]] {
+            assert_eq!(coding(unchunked), Some(Coding::Unchunked), "{unchunked:?}");
+        }
     }
 
     #[test]
     fn heads_parse_when_complete() {
         let mut buf = BytesMut::from(&b"POST /a?b=1 HTTP/1.1\r\nHost: app\r\nX-Two: 1\r\nx-two: 2\r\n"[..]);
-        assert!(parse_request(&mut buf).unwrap().is_none());
+        assert!(parse_request(&mut buf, 1024).unwrap().is_none());
         buf.extend_from_slice(b"\r\nbody");
-        let head = parse_request(&mut buf).unwrap().unwrap();
+        let head = parse_request(&mut buf, 1024).unwrap().unwrap();
         assert_eq!((head.method, head.version), (Method::POST, Version::HTTP_11));
         assert_eq!(head.uri, "/a?b=1");
         assert_eq!(head.headers["host"], "app");
         assert_eq!(head.headers.get_all("x-two").iter().collect::<Vec<_>>(), ["1", "2"]);
         assert_eq!(&buf[..], b"body");
+        // A head that does not end within the limit is never taken, whatever follows it.
+        let mut buf = BytesMut::from(&b"GET / HTTP/1.1\r\nHost: app\r\nX-Long: 0123456789\r\n\r\n"[..]);
+        assert!(parse_request(&mut buf, 40).unwrap().is_none());
+        assert!(parse_request(&mut buf, 60).unwrap().is_some());
 
         let mut buf = BytesMut::from(&b"HTTP/1.0 204 No Content\r\nConnection: keep-alive\r\n\r\n"[..]);
-        let head = parse_response(&mut buf).unwrap().unwrap();
+        let head = parse_response(&mut buf, 1024).unwrap().unwrap();
         assert_eq!((head.status, head.version), (StatusCode::NO_CONTENT, Version::HTTP_10));
         assert!(keep_alive(head.version, &head.headers), "HTTP/1.0 with Connection: Keep-Alive");
         assert!(!keep_alive(
@@ -597,9 +641,9 @@ mod tests {
             b"GET / HTTP/1.1\r\nx: a\x01b\r\n\r\n",
             b"G@T / HTTP/1.1\r\n\r\n",
         ] {
-            assert!(parse_request(&mut BytesMut::from(wire)).is_err(), "{:?}", String::from_utf8_lossy(wire));
+            assert!(parse_request(&mut BytesMut::from(wire), 1024).is_err(), "{:?}", String::from_utf8_lossy(wire));
         }
-        assert!(parse_response(&mut BytesMut::from(&b"HTTP/1.1 2000 OK\r\n\r\n"[..])).is_err());
+        assert!(parse_response(&mut BytesMut::from(&b"HTTP/1.1 2000 OK\r\n\r\n"[..]), 1024).is_err());
     }
 
     #[test]

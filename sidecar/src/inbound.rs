@@ -5,7 +5,8 @@
 //! HTTP/2 preface is handed back, for hyper's HTTP/2 server.
 
 use std::{
-    future::poll_fn,
+    convert::Infallible,
+    future::{Future, poll_fn},
     pin::{Pin, pin},
     sync::{Arc, Mutex, MutexGuard, PoisonError},
     task::{Context, Poll},
@@ -32,7 +33,7 @@ use tower::Service;
 use crate::{
     body::{Body, BoxError},
     config, defaults,
-    h1::{self, Framing, Malformed, RequestHead},
+    h1::{self, Coding, Framing, Malformed, RequestHead},
     listener::stopped,
     respond,
     stack::Stack,
@@ -56,6 +57,8 @@ struct Reader {
     /// The current request's body.
     framing: Framing,
     expect: Expect,
+    /// Since when the stack has been waiting for body bytes that have not come.
+    starved: Option<Instant>,
 }
 
 /// Where a request that asked for `100 Continue` stands: the interim response goes out when the
@@ -93,8 +96,14 @@ impl http_body::Body for Inbound {
             }
             Expect::Asked => return Poll::Pending,
         }
-        let Reader { read, input, framing, .. } = &mut *reader;
-        h1::poll_body(read, input, framing, cx).map(|data| data.map(|data| data.map(Frame::data)))
+        let Reader { read, input, framing, starved, .. } = &mut *reader;
+        let polled = h1::poll_body(read, input, framing, cx);
+        if polled.is_pending() {
+            starved.get_or_insert_with(Instant::now);
+        } else {
+            *starved = None;
+        }
+        polled.map(|data| data.map(|data| data.map(Frame::data)))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -149,6 +158,7 @@ pub async fn serve(
         input: BytesMut::with_capacity(8 * 1024),
         framing: Framing::EMPTY,
         expect: Expect::Nothing,
+        starved: None,
     }));
     let mut output = BytesMut::with_capacity(8 * 1024);
     let mut stop_wait = stop.clone();
@@ -214,8 +224,7 @@ pub async fn serve(
         let version = head.version;
         let (request, keep_alive) = match request(head, &shared) {
             Ok(request) => request,
-            Err(malformed) => {
-                let response = respond::malformed(&malformed.to_string());
+            Err(response) => {
                 write_response(&mut write, &mut output, response, false, version, true).await?;
                 linger(&shared, &mut write).await;
                 return Ok(None);
@@ -223,39 +232,22 @@ pub async fn serve(
         };
         let head_only = request.method() == Method::HEAD;
         let _ = poll_fn(|cx| stack.poll_ready(cx)).await;
-        let mut call = pin!(stack.call(request));
-        let mut continued = 0;
-        let response = poll_fn(|cx| {
-            if let Poll::Ready(Ok(response)) = call.as_mut().poll(cx) {
-                return Poll::Ready(Ok(Some(response)));
+        let waited = wait(stack.call(request), &shared, &mut write, &limits).await?;
+        let response = match waited {
+            Waited::Answered(response) => response,
+            Waited::Gone => {
+                tracing::debug!("the application closed its connection before the answer; request dropped");
+                return Ok(None);
             }
-            let asked = {
-                let reader = &mut *lock(&shared);
-                if gone(reader, limits.max_header_bytes, cx) {
-                    return Poll::Ready(Ok(None));
-                }
-                reader.expect == Expect::Asked
-            };
-            if asked {
-                while continued < CONTINUE.len() {
-                    match Pin::new(&mut write).poll_write(cx, &CONTINUE[continued..]) {
-                        Poll::Ready(Ok(n)) => continued += n,
-                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                        Poll::Pending => return Poll::Pending,
-                    }
-                }
-                lock(&shared).expect = Expect::Nothing;
-                cx.waker().wake_by_ref();
+            Waited::Stalled => {
+                tracing::debug!("the request body stopped arriving for the idle timeout; request dropped");
+                write_response(&mut write, &mut output, respond::body_timeout(), false, version, true).await?;
+                linger(&shared, &mut write).await;
+                return Ok(None);
             }
-            Poll::Pending
-        })
-        .await?;
-        let Some(response) = response else {
-            tracing::debug!("the application closed its connection before the answer; request dropped");
-            return Ok(None);
         };
         // A body left unread (a refused request) would be taken for the next head.
-        let unread = !skip_buffered_body(&shared);
+        let unread = !finish_body(&shared);
         let close = !keep_alive || unread || *stop.borrow();
         if write_response(&mut write, &mut output, response, head_only, version, close).await? {
             if unread {
@@ -267,11 +259,73 @@ pub async fn serve(
     }
 }
 
-/// Skips what of the current request's body has already arrived, which a refused request's
-/// small body usually has, so the connection can serve the next one; not a body that waits
-/// for `100 Continue`, which the application may never send. Whether the body is all read.
-fn skip_buffered_body(shared: &Shared) -> bool {
-    let Reader { input, framing, expect, .. } = &mut *lock(shared);
+/// Waits for the stack's answer to a request, while it writes `100 Continue` when the stack
+/// reads a body that asked for it, and watches for the application closing its connection and
+/// for a body that stops arriving; the stack's call is dropped, and with it any upstream
+/// exchange, as soon as the wait ends.
+async fn wait(
+    call: impl Future<Output = Result<Response<Body>, Infallible>>,
+    shared: &Shared,
+    write: &mut OwnedWriteHalf,
+    limits: &Limits,
+) -> std::io::Result<Waited> {
+    let mut call = pin!(call);
+    let mut continued = 0;
+    // Armed once the request's body is awaited and does not come.
+    let mut stall = None::<Pin<Box<tokio::time::Sleep>>>;
+    poll_fn(|cx| {
+        if let Poll::Ready(Ok(response)) = call.as_mut().poll(cx) {
+            return Poll::Ready(Ok(Waited::Answered(response)));
+        }
+        let asked = {
+            let reader = &mut *lock(shared);
+            if gone(reader, limits.max_header_bytes, cx) {
+                return Poll::Ready(Ok(Waited::Gone));
+            }
+            if let Some(since) = reader.starved {
+                let deadline = (since + limits.idle_timeout).into();
+                let timer = stall.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if timer.deadline() != deadline {
+                    timer.as_mut().reset(deadline);
+                }
+                if timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Ok(Waited::Stalled));
+                }
+            }
+            reader.expect == Expect::Asked
+        };
+        if asked {
+            while continued < CONTINUE.len() {
+                match Pin::new(&mut *write).poll_write(cx, &CONTINUE[continued..]) {
+                    Poll::Ready(Ok(n)) => continued += n,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            lock(shared).expect = Expect::Nothing;
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// How the wait for a response ended.
+enum Waited {
+    Answered(Response<Body>),
+    /// The application closed its connection.
+    Gone,
+    /// The request body the stack was reading stopped arriving for the idle timeout.
+    Stalled,
+}
+
+/// Ends the current request's body once its answer is in: skips what of it has already arrived,
+/// which a refused request's small body usually has, so the connection can serve the next one;
+/// not a body that waits for `100 Continue`, which the application may never send. Whether the
+/// body is all read.
+fn finish_body(shared: &Shared) -> bool {
+    let Reader { input, framing, expect, starved, .. } = &mut *lock(shared);
+    *starved = None;
     if *expect != Expect::Continue {
         while let Ok(h1::Decoded::Data(_)) = framing.decode(input) {}
     }
@@ -329,7 +383,7 @@ fn read_head(input: &mut BytesMut, http1: &mut bool, max_header_bytes: usize) ->
         }
         *http1 = true;
     }
-    match h1::parse_request(input) {
+    match h1::parse_request(input, max_header_bytes) {
         Ok(Some(head)) => Some(Next::Request(head)),
         Ok(None) if input.len() > max_header_bytes => Some(Next::Refuse(respond::head_too_large())),
         Ok(None) => None,
@@ -337,21 +391,31 @@ fn read_head(input: &mut BytesMut, http1: &mut bool, max_header_bytes: usize) ->
     }
 }
 
-/// The request for the stack, and whether the connection may carry another one after it. Its
-/// framing is checked against request smuggling (RFC 9112 §6.3): a message with both
-/// Transfer-Encoding and Content-Length, a Transfer-Encoding not ending in chunked, or unclear
-/// Content-Length is refused.
-fn request(head: RequestHead, shared: &Shared) -> Result<(Request<crate::body::RequestBody>, bool), Malformed> {
+/// The request for the stack, and whether the connection may carry another one after it; else
+/// the refusal to answer with before closing. Its framing is checked against request smuggling
+/// (RFC 9112 §6.3): a message with both Transfer-Encoding and Content-Length, a
+/// Transfer-Encoding not ending in chunked once, or unclear Content-Length is refused (400); a
+/// transfer coding other than chunked is not implemented (501, §6.1).
+fn request(head: RequestHead, shared: &Shared) -> Result<(Request<crate::body::RequestBody>, bool), Response<Body>> {
     let RequestHead { method, uri, version, headers } = head;
-    let framing = match (h1::chunked(&headers), h1::content_length(&headers)?) {
-        (Some(_), Some(_)) => return Err(Malformed("both transfer-encoding and content-length")),
-        (Some(_), None) if version == Version::HTTP_10 => return Err(Malformed("transfer-encoding in HTTP/1.0")),
-        (Some(true), None) => Framing::chunked(),
-        (Some(false), None) => return Err(Malformed("transfer-encoding does not end in chunked")),
+    let malformed = |why: Malformed| respond::malformed(&why.to_string());
+    let content_length = h1::content_length(&headers).map_err(malformed)?;
+    let framing = match (h1::transfer_coding(&headers), content_length) {
+        (Some(_), Some(_)) => return Err(malformed(Malformed("both transfer-encoding and content-length"))),
+        (Some(_), None) if version == Version::HTTP_10 => {
+            return Err(malformed(Malformed("transfer-encoding in HTTP/1.0")));
+        }
+        (Some(Coding::Chunked), None) => Framing::chunked(),
+        (Some(Coding::Layered), None) => {
+            return Err(respond::not_implemented("transfer codings other than chunked"));
+        }
+        (Some(Coding::Unchunked), None) => {
+            return Err(malformed(Malformed("transfer-encoding does not end in chunked, once")));
+        }
         (None, length) => Framing::Length(length.unwrap_or(0)),
     };
     if version == Version::HTTP_11 && headers.get_all(HOST).iter().count() != 1 {
-        return Err(Malformed("an HTTP/1.1 request needs exactly one host header"));
+        return Err(malformed(Malformed("an HTTP/1.1 request needs exactly one host header")));
     }
     let keep_alive = h1::keep_alive(version, &headers);
     let body = if framing.is_done() {

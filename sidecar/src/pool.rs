@@ -32,7 +32,7 @@ use tokio_rustls::{TlsConnector, client::TlsStream};
 use crate::{
     body::{BoxError, RequestBody, RequestBodyFailed},
     defaults,
-    h1::{self, Framing, Malformed, ResponseHead},
+    h1::{self, Coding, Framing, Malformed, ResponseHead},
     sync,
 };
 
@@ -242,7 +242,7 @@ impl Http1 {
     /// responses before it (100 Continue and the like).
     fn final_head(&mut self) -> Result<Option<ResponseHead>, Malformed> {
         loop {
-            match h1::parse_response(&mut self.input)? {
+            match h1::parse_response(&mut self.input, defaults::UPSTREAM_MAX_HEADER_BYTES)? {
                 Some(head) if head.status.is_informational() && head.status != StatusCode::SWITCHING_PROTOCOLS => {}
                 Some(head) => return Ok(Some(head)),
                 None if self.input.len() > defaults::UPSTREAM_MAX_HEADER_BYTES => {
@@ -373,15 +373,20 @@ fn idempotent(method: &Method) -> bool {
 }
 
 /// How the response body is delimited (RFC 9112 §6.3). A response with both Transfer-Encoding and
-/// Content-Length is refused rather than guessed at: it is how response splitting looks.
+/// Content-Length is refused rather than guessed at: it is how response splitting looks. So is
+/// one with a transfer coding other than chunked: the sidecar never offers one (it sends no
+/// `TE` but `trailers`), and would pass the body on without it.
 fn response_framing(method: &Method, head: &ResponseHead) -> Result<Framing, Malformed> {
     if method == Method::HEAD || head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED {
         return Ok(Framing::EMPTY);
     }
-    match (h1::chunked(&head.headers), h1::content_length(&head.headers)?) {
+    match (h1::transfer_coding(&head.headers), h1::content_length(&head.headers)?) {
         (Some(_), Some(_)) => Err(Malformed("response has both transfer-encoding and content-length")),
-        (Some(true), None) => Ok(Framing::chunked()),
-        (Some(false), None) | (None, None) => Ok(Framing::UntilClose),
+        (Some(Coding::Chunked), None) => Ok(Framing::chunked()),
+        (Some(Coding::Layered | Coding::Unchunked), None) => {
+            Err(Malformed("response has a transfer coding other than chunked"))
+        }
+        (None, None) => Ok(Framing::UntilClose),
         (None, Some(length)) => Ok(Framing::Length(length)),
     }
 }
@@ -578,10 +583,10 @@ mod tests {
             response_framing(&Method::GET, &head(200, &[("transfer-encoding", "chunked")])),
             Ok(Framing::chunked())
         );
-        assert_eq!(
-            response_framing(&Method::GET, &head(200, &[("transfer-encoding", "gzip")])),
-            Ok(Framing::UntilClose)
-        );
+        // The sidecar asks for no other coding, and would pass the body on without it.
+        for coding in ["gzip", "gzip, chunked"] {
+            assert!(response_framing(&Method::GET, &head(200, &[("transfer-encoding", coding)])).is_err());
+        }
         assert_eq!(response_framing(&Method::GET, &head(200, &[])), Ok(Framing::UntilClose));
         let both = [("transfer-encoding", "chunked"), ("content-length", "3")];
         assert!(response_framing(&Method::GET, &head(200, &both)).is_err());

@@ -73,6 +73,11 @@ pub fn malformed(why: &str) -> Response<Body> {
     plain(StatusCode::BAD_REQUEST, format!("sluice: malformed request: {why}"))
 }
 
+/// A request that needs what the sidecar does not do (`what`: a method, a transfer coding).
+pub fn not_implemented(what: &str) -> Response<Body> {
+    plain(StatusCode::NOT_IMPLEMENTED, format!("sluice: not implemented: {what}"))
+}
+
 /// A request head larger than the listener's `max_header_bytes`.
 pub fn head_too_large() -> Response<Body> {
     plain(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "sluice: request head too large".to_owned())
@@ -81,6 +86,11 @@ pub fn head_too_large() -> Response<Body> {
 /// A request head that did not arrive within the listener's `header_read_timeout`.
 pub fn head_timeout() -> Response<Body> {
     plain(StatusCode::REQUEST_TIMEOUT, "sluice: request head not received in time".to_owned())
+}
+
+/// A request body that stopped arriving for the listener's `idle_timeout` while it was read.
+pub fn body_timeout() -> Response<Body> {
+    plain(StatusCode::REQUEST_TIMEOUT, "sluice: request body not received in time".to_owned())
 }
 
 /// A plain HTTP answer. Its `Date` is added as it is written (`h1::write_date`, and hyper's

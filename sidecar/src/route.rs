@@ -1,6 +1,7 @@
 //! Routing: which configured upstream a request goes to — the listener's own, or the one whose
 //! `hosts` list the request's Host/`:authority`. Anything else is answered here and never
-//! forwarded: the sidecar is not an open proxy.
+//! forwarded: the sidecar is not an open proxy. Nor does it open tunnels: CONNECT is answered
+//! 501 (Envoy too refuses it unless configured for it).
 
 use std::{
     convert::Infallible,
@@ -11,7 +12,7 @@ use std::{
 
 use arc_swap::ArcSwap;
 use futures_util::future::Either;
-use http::{Request, Response};
+use http::{Method, Request, Response};
 use tower::Service;
 
 use crate::{
@@ -51,6 +52,9 @@ where
     }
 
     fn call(&mut self, request: Request<RequestBody>) -> Self::Future {
+        if request.method() == Method::CONNECT {
+            return Either::Left(ready(Ok(respond::not_implemented("CONNECT"))));
+        }
         let listener = self.live.load().listeners[self.listener].clone();
         let upstream = match &listener.target {
             Target::Fixed(upstream) => Some(upstream.clone()),

@@ -130,8 +130,36 @@ fn an_oversized_request_head_is_refused() {
     stream.write_all(big.as_bytes()).expect("the sidecar takes the whole head");
     let answer = read_all(&mut stream);
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    // A head over the limit that arrives whole, in one read, is refused too.
+    let mut stream = connect(listen);
+    let over = format!("GET /echo HTTP/1.1\r\nhost: app\r\nx-big: {}\r\n\r\n", "a".repeat(6000));
+    stream.write_all(over.as_bytes()).unwrap();
+    let answer = read_all(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
     // A head within the limit on a new connection still passes.
     assert_eq!(get(&mut connect(listen)), 200);
+}
+
+#[test]
+fn a_request_body_that_stops_arriving_is_answered_and_closed() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(upstream.addr(), "idle_timeout: 1s");
+    let mut stream = connect(listen);
+    // Two of ten bytes, then nothing: the upstream exchange waits for the rest.
+    stream.write_all(b"POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 10\r\n\r\nab").unwrap();
+    let start = Instant::now();
+    let answer = read_all(&mut stream);
+    let after = start.elapsed();
+    assert!(after >= Duration::from_millis(500) && after < Duration::from_secs(10), "closed after {after:?}");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    // A body that keeps coming, however slowly, is not cut.
+    let mut stream = connect(listen);
+    stream.write_all(b"POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 3\r\n\r\n").unwrap();
+    for byte in [b"a", b"b", b"c"] {
+        thread::sleep(Duration::from_millis(700));
+        stream.write_all(byte).unwrap();
+    }
+    assert_eq!(response(&mut stream), 200);
 }
 
 #[test]
@@ -172,6 +200,7 @@ fn ambiguous_request_framing_is_refused() {
         "POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nabcd",
         "POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: -3\r\n\r\nabc",
         "POST /echo HTTP/1.1\r\nhost: app\r\ntransfer-encoding: gzip\r\n\r\nabc",
+        "POST /echo HTTP/1.1\r\nhost: app\r\ntransfer-encoding: chunked, chunked\r\n\r\n0\r\n\r\n",
         "GET /echo HTTP/1.1\r\n\r\n",
     ] {
         let mut stream = connect(listen);
@@ -300,8 +329,9 @@ fn read_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
 
 /// An upstream that refuses uploads the way many do: it reads a request's head and answers 413
 /// at once, reading none of the body, then closes (`/refuse`: the unread body makes that a
-/// reset) or holds the connection open without reading (`/refuse-and-hold`). Any other request
-/// is answered 200. Each response closes its connection.
+/// reset) or holds the connection open without reading (`/refuse-and-hold`). `/gzip` is
+/// answered with a gzip transfer coding under chunked, which nothing asked for; any other
+/// request 200. Each response closes its connection.
 fn refusing_upstream() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").expect("listen");
     let addr = listener.local_addr().unwrap();
@@ -317,6 +347,10 @@ fn refusing_upstream() -> SocketAddr {
                 if head.starts_with(b"POST /refuse-and-hold") {
                     held.push(stream);
                 }
+            } else if head.starts_with(b"GET /gzip") {
+                let coded = "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\nconnection: close\r\n\r\n\
+                             3\r\nabc\r\n0\r\n\r\n";
+                let _ = stream.write_all(coded.as_bytes());
             } else {
                 let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\nok\n");
             }
@@ -436,6 +470,26 @@ fn counting_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
         }
     });
     (addr, count)
+}
+
+#[test]
+fn transfer_codings_other_than_chunked_and_connect_are_not_implemented() {
+    let (upstream, count) = counting_upstream();
+    let (_sidecar, listen) = sidecar(upstream, "");
+    for request in [
+        "POST /echo HTTP/1.1\r\nhost: app\r\ntransfer-encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        "CONNECT elsewhere.example:443 HTTP/1.1\r\nhost: elsewhere.example:443\r\n\r\n",
+    ] {
+        let mut stream = connect(listen);
+        stream.write_all(request.as_bytes()).unwrap();
+        assert_eq!(response(&mut stream), 501, "{request:?}");
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 0, "nothing reached the upstream");
+    // An upstream's answer in a coding the sidecar would drop is not passed on as if plain.
+    let (_sidecar, listen) = sidecar(refusing_upstream(), "");
+    let mut stream = connect(listen);
+    stream.write_all(b"GET /gzip HTTP/1.1\r\nhost: app\r\n\r\n").unwrap();
+    assert_eq!(response(&mut stream), 502);
 }
 
 /// A request waiting in a limit's queue is dropped when the application closes its connection:
