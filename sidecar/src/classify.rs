@@ -3,6 +3,7 @@
 //! admission with the request.
 
 use std::{
+    borrow::Cow,
     convert::Infallible,
     sync::Arc,
     task::{Context, Poll},
@@ -49,7 +50,8 @@ impl Rules {
 
     /// The first rule matching `req`, if any.
     pub fn classify<B>(&self, req: &Request<B>) -> Option<Charged> {
-        let (_, charge) = self.rules.iter().find(|(m, _)| matches(m, req))?;
+        let path = normalized(req.uri().path());
+        let (_, charge) = self.rules.iter().find(|(m, _)| matches(m, req, &path))?;
         let cost = match &charge.cost {
             Cost::Constant(c) => *c,
             Cost::Header { name, default } => header_cost(req.headers(), name).unwrap_or(*default),
@@ -58,9 +60,9 @@ impl Rules {
     }
 }
 
-/// Reads only what the rule tests: most rules test neither the host nor gRPC.
-fn matches<B>(m: &Match, req: &Request<B>) -> bool {
-    let path = req.uri().path();
+/// Reads only what the rule tests: most rules test neither the host nor gRPC. `path` is the
+/// request's, [`normalized`].
+fn matches<B>(m: &Match, req: &Request<B>, path: &str) -> bool {
     (m.methods.is_empty() || m.methods.contains(req.method()))
         && m.path.as_ref().is_none_or(|p| match p {
             PathMatch::Exact(e) => path == e,
@@ -73,6 +75,61 @@ fn matches<B>(m: &Match, req: &Request<B>) -> bool {
         && m.headers
             .iter()
             .all(|(name, value)| req.headers().get(name).is_some_and(|v| v.as_bytes() == value.as_bytes()))
+}
+
+/// The path rules are matched against: RFC 3986 §6.2.2 normalization — percent-encoded
+/// unreserved characters decoded, dot segments removed — with repeated slashes merged, so
+/// that `//api/./x`, `/y/../api/x` or `/%61pi/x` are charged as `/api/x` is, whatever the
+/// upstream makes of them (Envoy's `normalize_path` and `merge_slashes`). The request itself
+/// goes upstream unchanged. Other escapes, such as `%2F`, stay as they are.
+fn normalized(path: &str) -> Cow<'_, str> {
+    if !path.starts_with('/') || !(path.contains("//") || path.contains("/.") || path.contains('%')) {
+        return Cow::Borrowed(path);
+    }
+    let decoded = decode_unreserved(path);
+    let mut out: Vec<&str> = Vec::new();
+    let segments: Vec<&str> = decoded.split('/').skip(1).collect();
+    for (i, segment) in segments.iter().enumerate() {
+        let last = i + 1 == segments.len();
+        match *segment {
+            "." | "" if !last => {}
+            ".." => {
+                out.pop();
+                if last {
+                    out.push("");
+                }
+            }
+            "." => out.push(""),
+            s => out.push(s),
+        }
+    }
+    Cow::Owned(format!("/{}", out.join("/")))
+}
+
+/// `path` with `%XX` escapes of unreserved characters (RFC 3986 §2.3) decoded.
+fn decode_unreserved(path: &str) -> String {
+    let bytes = path.as_bytes();
+    let mut out = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| path.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+            .filter(|b| b.is_ascii_alphanumeric() || b"-._~".contains(b));
+        match escaped {
+            Some(b) => {
+                out.push(char::from(b));
+                i += 3;
+            }
+            None => {
+                let c = path[i..].chars().next().expect("within the path");
+                out.push(c);
+                i += c.len_utf8();
+            }
+        }
+    }
+    out
 }
 
 /// gRPC paths are `/package.Service/Method`.
@@ -148,6 +205,30 @@ mod tests {
 
     fn classify(plan: &Plan, req: Request<()>) -> Option<(String, f64)> {
         plan.listeners[0].rules.classify(&req).map(|c| (c.charge.rule.clone(), c.cost))
+    }
+
+    #[test]
+    fn paths_are_matched_normalized() {
+        for (path, expected) in [
+            ("/a/b", "/a/b"),
+            ("/a/./b/../c", "/a/c"),
+            ("//a///b", "/a/b"),
+            ("/a/b/..", "/a/"),
+            ("/a/.", "/a/"),
+            ("/a/", "/a/"),
+            ("/../../a", "/a"),
+            ("/%61%2D%7e/%2e%2E/b", "/b"),
+            ("/a%2Fb/%zz/%", "/a%2Fb/%zz/%"),
+            ("/.well-known/x", "/.well-known/x"),
+            ("*", "*"),
+        ] {
+            assert_eq!(normalized(path), expected, "{path}");
+        }
+        let plan = rules();
+        let post = |path: &str| Request::post(path).body(()).unwrap();
+        assert_eq!(classify(&plan, post("//v1/./orders")), Some(("w".into(), 2.0)));
+        assert_eq!(classify(&plan, post("/x/../%76%31/orders")), Some(("w".into(), 2.0)));
+        assert_eq!(classify(&plan, Request::get("/static/../static//a.css").body(()).unwrap()), Some(("r".into(), 1.0)));
     }
 
     #[test]
