@@ -36,10 +36,15 @@ pub fn limited(grpc: bool, resource: &str, kind: Kind, capacity: f64, retry_afte
     let headers = response.headers_mut();
     headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     let name = sf_string(resource);
-    let quota = if capacity.is_finite() { capacity.floor() as u64 } else { u64::MAX };
+    let quota = |window: f64| if capacity.is_finite() { (capacity * window).floor() as u64 } else { u64::MAX };
     let policy = match kind {
-        Kind::Rate => format!("{name};q={quota};w=1"),
-        Kind::Concurrency => format!("{name};q={quota}"),
+        // A rate below one a second is given over the window that holds one unit (0.1/s:
+        // q=1;w=10), not as a quota of 0.
+        Kind::Rate => {
+            let window = if capacity > 0.0 && capacity < 1.0 { (1.0 / capacity).ceil() } else { 1.0 };
+            format!("{name};q={};w={window}", quota(window))
+        }
+        Kind::Concurrency => format!("{name};q={}", quota(1.0)),
     };
     if let Ok(v) = HeaderValue::try_from(policy) {
         headers.insert("ratelimit-policy", v);
@@ -141,4 +146,22 @@ fn sf_string(text: &str) -> String {
     }
     out.push('"');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ratelimit_policy_states_the_rate_over_a_window_that_holds_a_unit() {
+        let policy = |kind, capacity| {
+            let response = limited(false, "r", kind, capacity, Duration::from_secs(1));
+            response.headers()["ratelimit-policy"].to_str().unwrap().to_owned()
+        };
+        assert_eq!(policy(Kind::Rate, 2.5), "\"r\";q=2;w=1");
+        assert_eq!(policy(Kind::Rate, 0.1), "\"r\";q=1;w=10");
+        assert_eq!(policy(Kind::Rate, 0.3), "\"r\";q=1;w=4");
+        assert_eq!(policy(Kind::Rate, 0.0), "\"r\";q=0;w=1");
+        assert_eq!(policy(Kind::Concurrency, 3.0), "\"r\";q=3");
+    }
 }
