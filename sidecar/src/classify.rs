@@ -228,7 +228,10 @@ mod tests {
         let post = |path: &str| Request::post(path).body(()).unwrap();
         assert_eq!(classify(&plan, post("//v1/./orders")), Some(("w".into(), 2.0)));
         assert_eq!(classify(&plan, post("/x/../%76%31/orders")), Some(("w".into(), 2.0)));
-        assert_eq!(classify(&plan, Request::get("/static/../static//a.css").body(()).unwrap()), Some(("r".into(), 1.0)));
+        assert_eq!(
+            classify(&plan, Request::get("/static/../static//a.css").body(()).unwrap()),
+            Some(("r".into(), 1.0))
+        );
     }
 
     #[test]

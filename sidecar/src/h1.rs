@@ -104,11 +104,14 @@ pub fn parse_response(buf: &mut BytesMut, max: usize) -> Result<Option<ResponseH
     let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut []);
     let window = &buf[..buf.len().min(max)];
-    let end =
-        match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut response, window, &mut slots)? {
-            httparse::Status::Complete(end) => end,
-            httparse::Status::Partial => return Ok(None),
-        };
+    let end = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut response,
+        window,
+        &mut slots,
+    )? {
+        httparse::Status::Complete(end) => end,
+        httparse::Status::Partial => return Ok(None),
+    };
     let status = StatusCode::from_u16(response.code.unwrap_or_default()).map_err(|_| Malformed("invalid status"))?;
     let version = version(response.version)?;
     let mut fields = [[0; 4]; MAX_HEADERS];

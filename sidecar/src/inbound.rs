@@ -464,10 +464,12 @@ async fn write_response(
         h1::write_date(out);
     }
     // A bodiless answer's Content-Length describes the body a GET would have had: it goes on, as
-    // one number. Otherwise the body's own length: an upstream's declared length, which its body
-    // is held to.
+    // one number — except on a 1xx or 204, which must not carry one (RFC 9110 §8.6). Otherwise
+    // the body's own length: an upstream's declared length, which its body is held to.
     let framing = if bodiless {
-        h1::write_framed_headers(out, &parts.headers, h1::content_length(&parts.headers).ok().flatten());
+        let never = status.is_informational() || status == StatusCode::NO_CONTENT;
+        let length = if never { None } else { h1::content_length(&parts.headers).ok().flatten() };
+        h1::write_framed_headers(out, &parts.headers, length);
         Some(Framing::EMPTY)
     } else {
         h1::write_framed_headers(out, &parts.headers, body.size_hint().exact())

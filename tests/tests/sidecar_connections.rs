@@ -330,8 +330,9 @@ fn read_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
 /// An upstream that refuses uploads the way many do: it reads a request's head and answers 413
 /// at once, reading none of the body, then closes (`/refuse`: the unread body makes that a
 /// reset) or holds the connection open without reading (`/refuse-and-hold`). `/gzip` is
-/// answered with a gzip transfer coding under chunked, which nothing asked for; any other
-/// request 200. Each response closes its connection.
+/// answered with a gzip transfer coding under chunked, which nothing asked for, `/204` with a
+/// 204 that carries a Content-Length; any other request 200. Each response closes its
+/// connection.
 fn refusing_upstream() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").expect("listen");
     let addr = listener.local_addr().unwrap();
@@ -347,6 +348,8 @@ fn refusing_upstream() -> SocketAddr {
                 if head.starts_with(b"POST /refuse-and-hold") {
                     held.push(stream);
                 }
+            } else if head.starts_with(b"GET /204") {
+                let _ = stream.write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
             } else if head.starts_with(b"GET /gzip") {
                 let coded = "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\nconnection: close\r\n\r\n\
                              3\r\nabc\r\n0\r\n\r\n";
@@ -490,6 +493,16 @@ fn transfer_codings_other_than_chunked_and_connect_are_not_implemented() {
     let mut stream = connect(listen);
     stream.write_all(b"GET /gzip HTTP/1.1\r\nhost: app\r\n\r\n").unwrap();
     assert_eq!(response(&mut stream), 502);
+}
+
+#[test]
+fn a_204_goes_on_without_a_content_length() {
+    let (_sidecar, listen) = sidecar(refusing_upstream(), "");
+    let mut stream = connect(listen);
+    stream.write_all(b"GET /204 HTTP/1.1\r\nhost: app\r\nconnection: close\r\n\r\n").unwrap();
+    let answer = read_all(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
+    assert!(!answer.to_ascii_lowercase().contains("content-length"), "RFC 9110 §8.6: {answer}");
 }
 
 /// A request waiting in a limit's queue is dropped when the application closes its connection:
