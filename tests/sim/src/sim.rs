@@ -115,7 +115,7 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, String> {
         Server::new(spec.name.clone(), replicas, parent, repository.clone(), 0.0, seeds.u64(..))
     });
     let mut sim = Simulation {
-        clock: Clock::default(),
+        clock: Clock::new(LEASE_CHECK_INTERVAL.as_secs_f64()),
         network,
         servers: servers.collect(),
         clients: Vec::with_capacity(scenario.client_count()),
@@ -239,7 +239,7 @@ impl Simulation {
                 if let Some(every) = self.clients[c].load().step_every() {
                     self.clock.after(every, Event::Step(c));
                 }
-                self.clock.after(LEASE_CHECK_INTERVAL.as_secs_f64(), Event::Check(c));
+                self.clock.after_period(Event::Check(c));
                 self.shifts.push((now, Cause::Demand, format!("{} joins", self.clients[c].id())));
                 self.wake(Node::Client(c));
             }
@@ -255,7 +255,7 @@ impl Simulation {
                 if self.clients[c].phase == Phase::Active {
                     self.clients[c].check_demand(now);
                     self.wake(Node::Client(c));
-                    self.clock.after(LEASE_CHECK_INTERVAL.as_secs_f64(), Event::Check(c));
+                    self.clock.after_period(Event::Check(c));
                 }
             }
             Event::Step(c) => {
