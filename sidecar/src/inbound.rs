@@ -225,7 +225,7 @@ pub async fn serve(
         let (request, keep_alive) = match request(head, &shared) {
             Ok(request) => request,
             Err(response) => {
-                write_response(&mut write, &mut output, response, false, version, true).await?;
+                write_response(&mut write, &mut output, *response, false, version, true).await?;
                 linger(&shared, &mut write).await;
                 return Ok(None);
             }
@@ -396,9 +396,12 @@ fn read_head(input: &mut BytesMut, http1: &mut bool, max_header_bytes: usize) ->
 /// (RFC 9112 §6.3): a message with both Transfer-Encoding and Content-Length, a
 /// Transfer-Encoding not ending in chunked once, or unclear Content-Length is refused (400); a
 /// transfer coding other than chunked is not implemented (501, §6.1).
-fn request(head: RequestHead, shared: &Shared) -> Result<(Request<crate::body::RequestBody>, bool), Response<Body>> {
+fn request(
+    head: RequestHead,
+    shared: &Shared,
+) -> Result<(Request<crate::body::RequestBody>, bool), Box<Response<Body>>> {
     let RequestHead { method, uri, version, headers } = head;
-    let malformed = |why: Malformed| respond::malformed(&why.to_string());
+    let malformed = |why: Malformed| Box::new(respond::malformed(&why.to_string()));
     let content_length = h1::content_length(&headers).map_err(malformed)?;
     let framing = match (h1::transfer_coding(&headers), content_length) {
         (Some(_), Some(_)) => return Err(malformed(Malformed("both transfer-encoding and content-length"))),
@@ -407,7 +410,7 @@ fn request(head: RequestHead, shared: &Shared) -> Result<(Request<crate::body::R
         }
         (Some(Coding::Chunked), None) => Framing::chunked(),
         (Some(Coding::Layered), None) => {
-            return Err(respond::not_implemented("transfer codings other than chunked"));
+            return Err(Box::new(respond::not_implemented("transfer codings other than chunked")));
         }
         (Some(Coding::Unchunked), None) => {
             return Err(malformed(Malformed("transfer-encoding does not end in chunked, once")));
