@@ -35,19 +35,19 @@ pub struct Args {
 
     /// Address clients are told to use for this server (Discovery); defaults to the gRPC
     /// listen address. With --etcd-endpoints, the master publishes it as its election value.
-    #[arg(long, env = "SLUICE_ADVERTISE_ADDRESS")]
+    #[arg(long, env = "SLUICE_ADVERTISE_ADDRESS", value_parser = host_port)]
     pub advertise_address: Option<String>,
 
     /// Makes this an intermediate server: it gets its capacity from the parent node at these
     /// addresses (comma-separated host:port of its replicas, or one balanced name) instead of
     /// from its configuration (SPEC §3.6).
-    #[arg(long, env = "SLUICE_PARENT", value_delimiter = ',')]
+    #[arg(long, env = "SLUICE_PARENT", value_delimiter = ',', value_parser = host_port)]
     pub parent: Vec<String>,
 
     /// This server's id in its requests to the parent. Replicas of one node should share it,
     /// so that a new master takes over the lease of the old one. Defaults to the advertise
     /// address.
-    #[arg(long, env = "SLUICE_SERVER_ID", requires = "parent")]
+    #[arg(long, env = "SLUICE_SERVER_ID", requires = "parent", value_parser = id)]
     pub server_id: Option<String>,
 
     /// PEM CA bundle that signs the parent's certificate: talk to the parent over TLS.
@@ -75,17 +75,19 @@ pub struct Args {
     /// TTL in seconds of the etcd lease behind the campaign: about how long a dead master keeps
     /// its replicas waiting, and the longest a master cut off from etcd keeps serving.
     #[arg(long, env = "SLUICE_ETCD_LEASE_TTL", default_value_t = defaults::ETCD_LEASE_TTL,
-          value_parser = clap::value_parser!(i64).range(1..=86_400), requires = "etcd_endpoints")]
+          value_parser = clap::value_parser!(i64).range(1..=86_400), allow_negative_numbers = true,
+          requires = "etcd_endpoints")]
     pub etcd_lease_ttl: i64,
 
     /// How often to check the configuration file for changes, e.g. "2s" or "500ms".
-    #[arg(long, env = "SLUICE_CONFIG_POLL_INTERVAL", value_parser = positive_duration,
+    #[arg(long, env = "SLUICE_CONFIG_POLL_INTERVAL", value_parser = poll_interval, allow_hyphen_values = true,
           default_value = defaults::CONFIG_POLL_INTERVAL)]
     pub config_poll_interval: Duration,
 
     /// Most resources this server keeps at once; a request that would add more gets
     /// RESOURCE_EXHAUSTED. Bounds memory and the per-resource metric series.
-    #[arg(long, env = "SLUICE_MAX_RESOURCES", default_value_t = defaults::MAX_RESOURCES)]
+    #[arg(long, env = "SLUICE_MAX_RESOURCES", default_value_t = defaults::MAX_RESOURCES,
+          value_parser = at_least_one, allow_hyphen_values = true)]
     pub max_resources: usize,
 
     /// PEM certificate chain for TLS on the gRPC listener.
@@ -145,7 +147,25 @@ pub fn positive_duration(text: &str) -> Result<Duration, String> {
     match humantime::parse_duration(text) {
         Ok(d) if d.is_zero() => Err("must be greater than 0".into()),
         Ok(d) => Ok(d),
+        Err(_) if text.trim_start().starts_with('-') => Err("must be greater than 0".into()),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// How often a configuration file is polled: at least [`MIN_POLL_INTERVAL`](defaults::MIN_POLL_INTERVAL).
+pub fn poll_interval(text: &str) -> Result<Duration, String> {
+    let interval = positive_duration(text)?;
+    if interval < defaults::MIN_POLL_INTERVAL {
+        return Err(format!("must be at least {}", humantime::format_duration(defaults::MIN_POLL_INTERVAL)));
+    }
+    Ok(interval)
+}
+
+/// A count that must be at least 1.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("must be a whole number ≥ 1".into()),
     }
 }
 
@@ -159,6 +179,27 @@ fn etcd_endpoint(text: &str) -> Result<String, String> {
     }
 }
 
+/// A `host:port` address to dial or to be dialled at.
+pub fn host_port(text: &str) -> Result<String, String> {
+    let uri: Result<hyper::Uri, _> = format!("http://{text}").parse();
+    match uri {
+        Ok(uri) if uri.host().is_some_and(|h| !h.is_empty()) && uri.port().is_some() && uri.path() == "/" => {
+            Ok(text.to_owned())
+        }
+        _ => Err(format!("{text:?} is not host:port")),
+    }
+}
+
+/// An id towards a capacity server: what the server accepts (non-empty, at most
+/// [`MAX_ID_BYTES`](defaults::MAX_ID_BYTES)).
+pub fn id(text: &str) -> Result<String, String> {
+    match text.len() {
+        0 => Err("must not be empty".into()),
+        n if n > defaults::MAX_ID_BYTES => Err(format!("at most {} bytes, got {n}", defaults::MAX_ID_BYTES)),
+        _ => Ok(text.to_owned()),
+    }
+}
+
 fn election_key(text: &str) -> Result<String, String> {
     if text.is_empty() { Err("must not be empty".into()) } else { Ok(text.to_owned()) }
 }
@@ -168,9 +209,11 @@ pub fn parse() -> Result<Args, clap::Error> {
     Args::try_parse()
 }
 
-/// The first line of a clap error, without its "error: " prefix.
+/// A clap error's first paragraph on one line, without its "error: " prefix: the missing
+/// arguments clap lists under its first line stay in it.
 pub fn usage_line(error: &clap::Error) -> String {
     let text = error.to_string();
-    let line = text.lines().next().unwrap_or_default();
-    line.strip_prefix("error: ").unwrap_or(line).to_owned()
+    let paragraph: Vec<&str> = text.lines().map(str::trim).take_while(|l| !l.is_empty()).collect();
+    let line = paragraph.join(" ");
+    line.strip_prefix("error: ").unwrap_or(&line).to_owned()
 }

@@ -12,6 +12,9 @@ pub const ADMIN_ADDR: &str = "127.0.0.1:7778";
 /// also catches Kubernetes' ConfigMap symlink swaps.
 pub const CONFIG_POLL_INTERVAL: &str = "2s";
 
+/// The shortest poll interval accepted: each poll reads the whole file.
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
 /// The configuration used when no `--config` is given: one catch-all resource, enough to run the
 /// demo and a single-pod setup.
 pub const EMBEDDED_CONFIG: &str = include_str!("default_config.yaml");

@@ -3,7 +3,7 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Parser;
-use sluice_server::cli::{LogFormat, positive_duration};
+use sluice_server::cli::{LogFormat, id, poll_interval, positive_duration};
 
 use crate::defaults;
 
@@ -23,21 +23,21 @@ pub struct Args {
 
     /// Client id toward the capacity servers; default: $POD_NAME or the host name, plus the
     /// first listener's port.
-    #[arg(long, env = "SLUICE_SIDECAR_CLIENT_ID")]
+    #[arg(long, env = "SLUICE_SIDECAR_CLIENT_ID", value_parser = id)]
     pub client_id: Option<String>,
 
     /// Threads serving the data path.
     #[arg(long, env = "SLUICE_SIDECAR_WORKER_THREADS", default_value_t = defaults::WORKER_THREADS,
-          value_parser = clap::value_parser!(u16).range(1..))]
+          value_parser = clap::value_parser!(u16).range(1..), allow_negative_numbers = true)]
     pub worker_threads: u16,
 
     /// How often to check the configuration file for changes, e.g. "2s" or "500ms".
-    #[arg(long, env = "SLUICE_SIDECAR_CONFIG_POLL_INTERVAL", value_parser = positive_duration,
+    #[arg(long, env = "SLUICE_SIDECAR_CONFIG_POLL_INTERVAL", value_parser = poll_interval, allow_hyphen_values = true,
           default_value = defaults::CONFIG_POLL_INTERVAL)]
     pub config_poll_interval: Duration,
 
     /// On SIGTERM, how long in-flight requests may finish before connections close.
-    #[arg(long, env = "SLUICE_SIDECAR_SHUTDOWN_GRACE", value_parser = positive_duration,
+    #[arg(long, env = "SLUICE_SIDECAR_SHUTDOWN_GRACE", value_parser = positive_duration, allow_hyphen_values = true,
           default_value = defaults::SHUTDOWN_GRACE)]
     pub shutdown_grace: Duration,
 

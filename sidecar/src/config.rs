@@ -337,11 +337,7 @@ fn server(doc: ServerDoc) -> Result<ServerConfig, String> {
         return Err("server.addresses: at least one address is required (omit `server` for standalone mode)".into());
     }
     for a in &doc.addresses {
-        let uri: Uri =
-            format!("http://{a}").parse().map_err(|_| format!("server.addresses: {a:?} is not host:port"))?;
-        if uri.port().is_none() || uri.path() != "/" {
-            return Err(format!("server.addresses: {a:?} is not host:port"));
-        }
+        sluice_server::cli::host_port(a).map_err(|why| format!("server.addresses: {why}"))?;
     }
     let tls = doc.tls.map(|t| {
         if t.cert.is_some() != t.key.is_some() {

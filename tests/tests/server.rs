@@ -390,10 +390,15 @@ fn bad_flags_and_configs_exit_64_with_one_line() {
     let broken = dir.path().join("broken.yaml");
     std::fs::write(&broken, fair_share(-5.0, 30, 0)).unwrap();
     let broken = broken.to_str().unwrap();
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 12] = [
         (&["--grpc-addr", "nowhere"], "invalid value 'nowhere' for '--grpc-addr"),
         (&["--no-such-flag"], "unexpected argument '--no-such-flag'"),
         (&["--config-poll-interval", "0s"], "must be greater than 0"),
+        (&["--config-poll-interval", "-1s"], "must be greater than 0"),
+        (&["--config-poll-interval", "1ns"], "must be at least 100ms"),
+        (&["--tls-cert", broken], "required arguments were not provided: --tls-key"),
+        (&["--parent", "127.0.0.1:1,nowhere"], "\"nowhere\" is not host:port"),
+        (&["--advertise-address", ""], "\"\" is not host:port"),
         (&["--max-resources", "many"], "invalid value 'many' for '--max-resources"),
         (&["--config", broken], "capacity: must be finite and ≥ 0, got -5"),
         (&["--config", "/nonexistent/sluice.yaml"], "--config /nonexistent/sluice.yaml"),

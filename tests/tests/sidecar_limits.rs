@@ -324,7 +324,13 @@ async fn sigterm_drains_and_releases_leases() {
 
 #[test]
 fn bad_flags_and_configs_exit_64_with_one_line() {
-    for args in [&["--worker-threads", "0"][..], &["--no-such-flag"], &["--config", "/nonexistent/sidecar.yaml"]] {
+    for args in [
+        &["--worker-threads", "0"][..],
+        &["--no-such-flag"],
+        &["--config", "/nonexistent/sidecar.yaml"],
+        &["--client-id", ""],
+        &["--shutdown-grace", "-1s"],
+    ] {
         let out = run("sluice-sidecar", args);
         assert_eq!(out.status.code(), Some(64), "{args:?}");
         assert_eq!(String::from_utf8_lossy(&out.stderr).trim().lines().count(), 1, "{args:?}: {out:?}");

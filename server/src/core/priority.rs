@@ -32,7 +32,8 @@ impl PriorityMode {
         match value {
             Some("strict") => Ok(PriorityMode::Strict),
             Some("ignore") => Ok(PriorityMode::Ignore),
-            other => Err(format!("must be \"strict\" or \"ignore\", got {other:?}")),
+            Some(other) => Err(format!("must be \"strict\" or \"ignore\", got {other:?}")),
+            None => Err("must be \"strict\" or \"ignore\", got no value".to_owned()),
         }
     }
 

@@ -90,13 +90,17 @@ impl Repository {
                     format!("must be at most {MAX_TEMPLATE_SECONDS} s (a year), got {value}"),
                 ));
             }
-            if let Some(p) = a.parameters.iter().find(|p| p.name.is_empty()) {
-                return Err(fail("algorithm.parameters", format!("a parameter has no name (value {:?})", p.value)));
-            }
-            if let Some(p) = a.parameters.iter().find(|p| p.name == PRIORITY_MODE)
-                && let Err(why) = PriorityMode::parse(p.value.as_deref())
-            {
-                return Err(fail(&format!("algorithm.parameters.{PRIORITY_MODE}"), why));
+            // `priority_mode` is the one parameter: a misspelt or repeated one would silently
+            // leave the default in force.
+            for (j, p) in a.parameters.iter().enumerate() {
+                let field = format!("algorithm.parameters[{j}]");
+                if p.name != PRIORITY_MODE {
+                    return Err(fail(&field, format!("unknown parameter {:?} (known: {PRIORITY_MODE})", p.name)));
+                }
+                if a.parameters[..j].iter().any(|q| q.name == p.name) {
+                    return Err(fail(&field, format!("{PRIORITY_MODE} is given twice")));
+                }
+                PriorityMode::parse(p.value.as_deref()).map_err(|why| fail(&format!("{field}.value"), why))?;
             }
             let glob = GlobBuilder::new(&t.identifier_glob)
                 .literal_separator(false)
@@ -141,7 +145,7 @@ impl Repository {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::algorithm::Kind;
+    use crate::core::algorithm::{Kind, Parameter};
 
     fn template(glob: &str, capacity: f64) -> Template {
         Template {
@@ -218,5 +222,29 @@ mod tests {
         let mut t = template("*", 1.0);
         t.safe_capacity = Some(-2.0);
         assert!(error(vec![t]).starts_with("resources[0] (\"*\"): safe_capacity:"));
+        let parameters = |names_values: &[(&str, Option<&str>)]| {
+            let mut t = template("*", 1.0);
+            t.algorithm.parameters = names_values
+                .iter()
+                .map(|(name, value)| Parameter { name: (*name).into(), value: value.map(Into::into) })
+                .collect();
+            error(vec![t])
+        };
+        assert_eq!(
+            parameters(&[("priorty_mode", Some("ignore"))]),
+            "resources[0] (\"*\"): algorithm.parameters[0]: unknown parameter \"priorty_mode\" (known: priority_mode)"
+        );
+        assert_eq!(
+            parameters(&[("priority_mode", Some("ignore")), ("priority_mode", Some("strict"))]),
+            "resources[0] (\"*\"): algorithm.parameters[1]: priority_mode is given twice"
+        );
+        assert_eq!(
+            parameters(&[("priority_mode", Some("lax"))]),
+            "resources[0] (\"*\"): algorithm.parameters[0].value: must be \"strict\" or \"ignore\", got \"lax\""
+        );
+        assert_eq!(
+            parameters(&[("priority_mode", None)]),
+            "resources[0] (\"*\"): algorithm.parameters[0].value: must be \"strict\" or \"ignore\", got no value"
+        );
     }
 }
