@@ -106,7 +106,7 @@ pub struct Args {
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// Log filter, in tracing's EnvFilter syntax (e.g. "info" or "sluice_server=debug").
+    /// Log filter, in tracing's EnvFilter syntax (e.g. "info" or "info,sluice_server=debug").
     #[arg(long, env = "SLUICE_LOG", default_value = "info")]
     pub log: String,
 }

@@ -47,6 +47,10 @@ pub fn install() -> Result<PrometheusHandle, String> {
     describe_gauge!(LEARNING, "1 while a resource is in learning mode.");
     describe_gauge!(IS_MASTER, "1 when this server is the master.");
     describe_counter!(RELOADS, "Configuration reloads, by result (success or failure).");
+    // Shown from the start, so that an alert on failures has a series before the first reload.
+    for result in ["success", "failure"] {
+        counter!(RELOADS, "result" => result).absolute(0);
+    }
     describe_gauge!(
         PARENT_LEASE,
         "Capacity an intermediate server holds on a resource from its parent (valid leases only)."

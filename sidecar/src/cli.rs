@@ -45,7 +45,9 @@ pub struct Args {
     #[arg(long, env = "SLUICE_SIDECAR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// Log filter, in tracing's EnvFilter syntax (e.g. "info" or "sluice_sidecar=debug").
+    /// Log filter, in tracing's EnvFilter syntax (e.g. "info" or "info,sluice_sidecar=debug").
+    /// Configuration reloads log under `sluice_server::reload`, code the sidecar shares with the
+    /// server: a filter naming only `sluice_sidecar` hides a rejected file.
     #[arg(long, env = "SLUICE_SIDECAR_LOG", default_value = "info")]
     pub log: String,
 }

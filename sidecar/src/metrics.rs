@@ -70,6 +70,10 @@ pub fn install() -> Result<PrometheusHandle, String> {
     describe_counter!(RPCS, "RPCs to the capacity servers, by method and result.");
     describe_histogram!(UPSTREAM, Unit::Seconds, "Time until the upstream's response headers, by listener and status.");
     describe_counter!(RELOADS, "Configuration reloads, by result (success or failure).");
+    // Shown from the start, so that an alert on failures has a series before the first reload.
+    for result in ["success", "failure"] {
+        counter!(RELOADS, "result" => result).absolute(0);
+    }
     Ok(handle)
 }
 
