@@ -40,6 +40,14 @@ pub const EXPIRY_PER_CLAIM: usize = 1_000;
 /// Longest client, server or resource id, in bytes: ids are stored per lease.
 pub const MAX_ID_BYTES: usize = 1_024;
 
+/// Largest wants or has one request may state: far above any rate or concurrency, yet low
+/// enough that sums over any number of leases stay finite.
+pub const MAX_AMOUNT: f64 = 1e15;
+
+/// Most clients a server may say one priority band aggregates: subclient counts are summed as
+/// floating-point numbers, exact well beyond this.
+pub const MAX_SUBCLIENTS: i64 = 1_000_000_000;
+
 /// How often expired leases are swept (they never count once expired; sweeping frees memory
 /// and keeps the gauges current).
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);

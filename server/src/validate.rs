@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 
 use crate::{
     core::{Claim, Holds, Wants},
-    defaults::{MAX_ID_BYTES, MAX_RESOURCES_PER_REQUEST},
+    defaults::{MAX_AMOUNT, MAX_ID_BYTES, MAX_RESOURCES_PER_REQUEST, MAX_SUBCLIENTS},
 };
 
 /// A validated claim on one resource.
@@ -40,10 +40,16 @@ pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<Resourc
             let mut bands = SmallVec::with_capacity(r.wants.len());
             for (j, band) in r.wants.iter().enumerate() {
                 amount(&format!("resource[{i}].wants[{j}].wants"), band.wants)?;
-                if band.num_clients <= 0 {
+                if !(1..=MAX_SUBCLIENTS).contains(&band.num_clients) {
                     return Err(invalid(format!(
-                        "resource[{i}].wants[{j}].num_clients: must be > 0, got {}",
+                        "resource[{i}].wants[{j}].num_clients: must be 1 to {MAX_SUBCLIENTS}, got {}",
                         band.num_clients
+                    )));
+                }
+                if r.wants[..j].iter().any(|b| b.priority == band.priority) {
+                    return Err(invalid(format!(
+                        "resource[{i}].wants[{j}].priority: band {} appears twice",
+                        band.priority
                     )));
                 }
                 bands.push(Wants { priority: band.priority, wants: band.wants, subclients: band.num_clients as f64 });
@@ -67,17 +73,22 @@ fn claims<'a, R>(
     resource_id: impl Fn(&'a R) -> &'a str,
     claim: impl Fn(usize, &'a R) -> Result<Claim, Status>,
 ) -> Result<Vec<ResourceClaim<'a>>, Status> {
-    let ids = resource_ids(resources.iter().map(&resource_id), "resource")?;
+    let ids = resource_ids(resources.iter().map(&resource_id), "resource", |i| format!("resource[{i}].resource_id"))?;
     resources.iter().zip(ids).enumerate().map(|(i, (r, id))| Ok((id, claim(i, r)?))).collect()
 }
 
 pub fn release_capacity(req: &ReleaseCapacityRequest) -> Result<(), Status> {
     id("client_id", &req.client_id)?;
-    resource_ids(req.resource_id.iter().map(String::as_str), "resource_id").map(drop)
+    resource_ids(req.resource_id.iter().map(String::as_str), "resource_id", |i| format!("resource_id[{i}]")).map(drop)
 }
 
-/// The resource ids of a request: each a valid id, no repeats, not too many.
-fn resource_ids<'a>(ids: impl ExactSizeIterator<Item = &'a str>, field: &str) -> Result<Vec<&'a str>, Status> {
+/// The resource ids of a request (the list `field`, each id `name(i)`): each a valid id, no
+/// repeats, not too many.
+fn resource_ids<'a>(
+    ids: impl ExactSizeIterator<Item = &'a str>,
+    field: &str,
+    name: impl Fn(usize) -> String,
+) -> Result<Vec<&'a str>, Status> {
     if ids.len() > MAX_RESOURCES_PER_REQUEST {
         return Err(invalid(format!(
             "{field}: at most {MAX_RESOURCES_PER_REQUEST} resources per request, got {}",
@@ -87,7 +98,7 @@ fn resource_ids<'a>(ids: impl ExactSizeIterator<Item = &'a str>, field: &str) ->
     let mut seen = HashSet::with_capacity(ids.len());
     ids.enumerate()
         .map(|(i, resource_id)| {
-            let name = format!("{field}[{i}]");
+            let name = name(i);
             id(&name, resource_id)?;
             if !seen.insert(resource_id) {
                 return Err(invalid(format!("{name}: resource {resource_id:?} appears twice")));
@@ -104,14 +115,18 @@ fn id(field: &str, value: &str) -> Result<(), Status> {
     if value.len() > MAX_ID_BYTES {
         return Err(invalid(format!("{field}: at most {MAX_ID_BYTES} bytes, got {}", value.len())));
     }
+    // Ids end up in log lines, metric labels and the status page.
+    if value.chars().any(char::is_control) {
+        return Err(invalid(format!("{field}: must not contain control characters, got {value:?}")));
+    }
     Ok(())
 }
 
 fn amount(field: &str, value: f64) -> Result<(), Status> {
-    if value.is_finite() && value >= 0.0 {
+    if (0.0..=MAX_AMOUNT).contains(&value) {
         Ok(())
     } else {
-        Err(invalid(format!("{field}: must be finite and ≥ 0, got {value}")))
+        Err(invalid(format!("{field}: must be 0 to {MAX_AMOUNT:e}, got {value}")))
     }
 }
 
@@ -150,20 +165,25 @@ mod tests {
     fn rejects_bad_amounts_and_ids() {
         assert_eq!(
             message(get_capacity(&request(&[("a", f64::NAN)]))),
-            "resource[0].wants: must be finite and ≥ 0, got NaN"
+            "resource[0].wants: must be 0 to 1e15, got NaN"
         );
         assert_eq!(
             message(get_capacity(&request(&[("a", 1.0), ("b", f64::INFINITY)]))),
-            "resource[1].wants: must be finite and ≥ 0, got inf"
+            "resource[1].wants: must be 0 to 1e15, got inf"
         );
+        assert_eq!(message(get_capacity(&request(&[("a", -1.0)]))), "resource[0].wants: must be 0 to 1e15, got -1");
         assert_eq!(
-            message(get_capacity(&request(&[("a", -1.0)]))),
-            "resource[0].wants: must be finite and ≥ 0, got -1"
+            message(get_capacity(&request(&[("a", 2e15)]))),
+            "resource[0].wants: must be 0 to 1e15, got 2000000000000000"
         );
-        assert_eq!(message(get_capacity(&request(&[("", 1.0)]))), "resource[0]: must not be empty");
+        assert_eq!(message(get_capacity(&request(&[("", 1.0)]))), "resource[0].resource_id: must not be empty");
         assert_eq!(
             message(get_capacity(&request(&[("a", 1.0), ("a", 2.0)]))),
-            "resource[1]: resource \"a\" appears twice"
+            "resource[1].resource_id: resource \"a\" appears twice"
+        );
+        assert_eq!(
+            message(get_capacity(&request(&[("a\0b", 1.0)]))),
+            "resource[0].resource_id: must not contain control characters, got \"a\\0b\""
         );
         let mut r = request(&[("a", 1.0)]);
         r.client_id.clear();
@@ -201,6 +221,11 @@ mod tests {
         );
         req.resource[0].wants.push(band(2, 5.0));
         req.resource[0].wants.push(band(0, 1.0));
-        assert_eq!(message(get_server_capacity(&req)), "resource[0].wants[1].num_clients: must be > 0, got 0");
+        assert_eq!(
+            message(get_server_capacity(&req)),
+            "resource[0].wants[1].num_clients: must be 1 to 1000000000, got 0"
+        );
+        req.resource[0].wants[1] = PriorityBandAggregate { priority: 2, num_clients: 1, wants: 1.0 };
+        assert_eq!(message(get_server_capacity(&req)), "resource[0].wants[1].priority: band 2 appears twice");
     }
 }

@@ -329,6 +329,8 @@ pub fn parse(text: &str) -> Result<Config, String> {
         .enumerate()
         .map(|(i, r)| rule(i, r, &listeners, &resources))
         .collect::<Result<Vec<_>, _>>()?;
+    // A name is how an operator refers to a rule; two rules of one name are a mistake.
+    unique("rules", rules.iter().map(|r| r.name.as_str()))?;
     Ok(Config { server, listeners, upstreams, resources, rules })
 }
 
@@ -588,6 +590,10 @@ mod tests {
             (
                 "resources:\n  - id: r\n    capacity: 1\n  - id: r\n    capacity: 2\n",
                 "resources: \"r\" is defined twice",
+            ),
+            (
+                "resources:\n  - id: r\n    capacity: 1\nrules:\n  - {name: a, resource: r}\n  - {name: a, resource: r}\n",
+                "rules: \"a\" is defined twice",
             ),
         ];
         for (tail, expected) in cases {

@@ -14,7 +14,7 @@ use super::{
     schedule::Schedule,
     store::UnixSeconds,
 };
-use crate::defaults::{MAX_TEMPLATE_SECONDS, REFRESH_DECAY, REPORT_CHANGE};
+use crate::defaults::{MAX_AMOUNT, MAX_SUBCLIENTS, MAX_TEMPLATE_SECONDS, REFRESH_DECAY, REPORT_CHANGE};
 
 /// How a response was taken.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,9 +92,9 @@ impl Parent {
                     Some(lease) => proto::Lease {
                         expiry_time: lease.expiry,
                         refresh_interval: lease.refresh_interval,
-                        capacity: lease.capacity.max(held),
+                        capacity: lease.capacity.max(held).min(MAX_AMOUNT),
                     },
-                    None => proto::Lease { expiry_time: now, refresh_interval: 0, capacity: held },
+                    None => proto::Lease { expiry_time: now, refresh_interval: 0, capacity: held.min(MAX_AMOUNT) },
                 }
             });
             let wants = aggregates(r);
@@ -157,11 +157,12 @@ fn aggregates(r: &Resource) -> Vec<PriorityBandAggregate> {
         .iter()
         .map(|(priority, band)| {
             let sums = band.sums();
+            // Within what a parent accepts (`validate`), however many clients add up here.
             PriorityBandAggregate {
                 priority,
                 // Subclients are whole clients; rounding only undoes float sums.
-                num_clients: (sums.subclients.round() as i64).max(1),
-                wants: sums.wants,
+                num_clients: (sums.subclients.round() as i64).clamp(1, MAX_SUBCLIENTS),
+                wants: sums.wants.min(MAX_AMOUNT),
             }
         })
         .collect()

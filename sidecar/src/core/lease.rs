@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use sluice_proto::{GetCapacityRequest, GetCapacityResponse, Lease, ResourceRequest};
 pub use sluice_server::core::Answer;
-use sluice_server::core::Schedule;
+use sluice_server::{core::Schedule, defaults::MAX_AMOUNT};
 
 use crate::defaults::{DEMAND_CHANGE, EARLY_REFRESH};
 
@@ -161,8 +161,9 @@ impl LeaseClient {
                     resource_id: entry.spec.id.clone(),
                     priority: entry.spec.priority,
                     has: entry.valid_lease(now).cloned(),
-                    // A server refuses NaN and ∞ at the door; ask for nothing rather than fail.
-                    wants: if wants.is_finite() && wants > 0.0 { wants } else { 0.0 },
+                    // A server refuses NaN, ∞ and amounts above MAX_AMOUNT at the door: ask for
+                    // nothing, or the most it takes, rather than fail the whole request.
+                    wants: if wants.is_nan() { 0.0 } else { wants.clamp(0.0, MAX_AMOUNT) },
                 }
             })
             .collect();
