@@ -13,7 +13,7 @@ use std::{
 use bytes::{Buf, Bytes, BytesMut};
 use http::{
     HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version,
-    header::{CONTENT_LENGTH, TRANSFER_ENCODING},
+    header::{CONTENT_LENGTH, TRAILER, TRANSFER_ENCODING},
 };
 use tokio::io::{AsyncRead, AsyncReadExt};
 
@@ -227,13 +227,14 @@ fn connection_has(headers: &HeaderMap, option: &str) -> bool {
 }
 
 /// Appends the header lines of a message whose body has `length` bytes, or an unknown length:
-/// `headers` without their framing (Content-Length, Transfer-Encoding), then a Content-Length
-/// of the sidecar's own for a known length. Rewritten rather than passed on, the length leaves
+/// `headers` without their framing (Content-Length, Transfer-Encoding) and without `Trailer`,
+/// which would announce trailer fields this codec does not send, then a Content-Length of the
+/// sidecar's own for a known length. Rewritten rather than passed on, the length leaves
 /// as one number even when it came as a list of repeats ("5, 5", which RFC 9110 §8.6 lets a
 /// recipient reduce to one). Returns the body's framing; `None` for an unknown length, for the
 /// caller to write chunked or close after it.
 pub fn write_framed_headers(out: &mut BytesMut, headers: &HeaderMap, length: Option<u64>) -> Option<Framing> {
-    let framing = |name: &HeaderName| name == CONTENT_LENGTH || name == TRANSFER_ENCODING;
+    let framing = |name: &HeaderName| name == CONTENT_LENGTH || name == TRANSFER_ENCODING || name == TRAILER;
     for (name, value) in headers.iter().filter(|(name, _)| !framing(name)) {
         write_header(out, name.as_str(), |out| out.extend_from_slice(value.as_bytes()));
     }
@@ -559,6 +560,7 @@ mod tests {
             ("x-a", "1"),
             ("content-length", "5"),
             ("transfer-encoding", "chunked"),
+            ("trailer", "x-checksum"),
         ]);
         let mut out = BytesMut::new();
         assert_eq!(write_framed_headers(&mut out, &given, Some(5)), Some(Framing::Length(5)));
