@@ -95,17 +95,23 @@ fn closed_after(stream: &mut TcpStream) -> Duration {
     }
 }
 
+/// Reads until the sidecar closes `stream`, which must be after a 408 sent about a second (a
+/// 1 s timeout) from now.
+fn answered_408_about_a_second_later(stream: &mut TcpStream) {
+    let start = Instant::now();
+    let answer = read_all(stream);
+    let after = start.elapsed();
+    assert!(after >= Duration::from_millis(500) && after < Duration::from_secs(10), "closed after {after:?}");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+}
+
 #[test]
 fn a_request_head_that_does_not_arrive_in_time_closes_the_connection() {
     let upstream = UpstreamProcess::start(None);
     let (_sidecar, listen) = sidecar(upstream.addr(), "header_read_timeout: 1s");
     let mut stream = connect(listen);
     stream.write_all(b"GET /echo HTTP/1.1\r\nhost: app\r\n").unwrap();
-    let start = Instant::now();
-    let answer = read_all(&mut stream);
-    let after = start.elapsed();
-    assert!(after >= Duration::from_millis(500) && after < Duration::from_secs(10), "closed after {after:?}");
-    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    answered_408_about_a_second_later(&mut stream);
 }
 
 #[test]
@@ -147,11 +153,7 @@ fn a_request_body_that_stops_arriving_is_answered_and_closed() {
     let mut stream = connect(listen);
     // Two of ten bytes, then nothing: the upstream exchange waits for the rest.
     stream.write_all(b"POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 10\r\n\r\nab").unwrap();
-    let start = Instant::now();
-    let answer = read_all(&mut stream);
-    let after = start.elapsed();
-    assert!(after >= Duration::from_millis(500) && after < Duration::from_secs(10), "closed after {after:?}");
-    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    answered_408_about_a_second_later(&mut stream);
     // A body that keeps coming, however slowly, is not cut.
     let mut stream = connect(listen);
     stream.write_all(b"POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 3\r\n\r\n").unwrap();
