@@ -20,7 +20,7 @@ use crate::{
     discovery::Servers,
     election::Election,
     metrics, parent,
-    reload::Reloader,
+    reload::{ConfigStatus, Reloader},
     service::CapacityService,
     state::{self, ParentLink, State},
     telemetry,
@@ -79,7 +79,15 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     };
     let election = args.election();
     let election_key = election.as_ref().map(|e| e.key.clone());
-    let state = Arc::new(State::new(repository, args.advertise_address(), election_key, parent, state::now()));
+    let config_status = ConfigStatus::shared(args.config.as_deref());
+    let state = Arc::new(State::new(
+        repository,
+        args.advertise_address(),
+        election_key,
+        parent,
+        config_status.clone(),
+        state::now(),
+    ));
     tokio::spawn(parent::run(state.clone()));
     admin::spawn(admin, state.clone(), handle.clone()).map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
     let election = election.map(|settings| Election::spawn(settings, state.clone()));
@@ -95,7 +103,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
                 state.publish(repository);
                 Ok(summary)
             });
-            let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload);
+            let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload, config_status);
             tokio::spawn(reloader.run(args.config_poll_interval, hangup));
         }
         None => {

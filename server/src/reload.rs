@@ -3,9 +3,61 @@
 //! configuration in force stays. Shared by the server and the sidecar, which differ only in how
 //! a file's text is applied.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
+use serde::Serialize;
 use tokio::signal::unix::Signal;
+
+use crate::{state::now, status::escape};
+
+/// Where the configuration in force came from, and the last file rejected since: the status
+/// pages show it, so that a rejected file is seen without reading the logs.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConfigStatus {
+    /// The file watched; `null`: the embedded default.
+    pub path: Option<String>,
+    /// Unix time the configuration in force was applied.
+    pub applied_at: i64,
+    /// The last file rejected since then.
+    pub rejected: Option<Rejected>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Rejected {
+    /// Unix time.
+    pub at: i64,
+    pub error: String,
+}
+
+/// Written by the reloader, read by the status pages.
+pub type SharedConfigStatus = Arc<Mutex<ConfigStatus>>;
+
+impl ConfigStatus {
+    /// The configuration read from `path` (`None`: the embedded one), applied now.
+    pub fn shared(path: Option<&std::path::Path>) -> SharedConfigStatus {
+        let path = path.map(|p| p.display().to_string());
+        Arc::new(Mutex::new(ConfigStatus { path, applied_at: now(), rejected: None }))
+    }
+
+    /// A copy of what `shared` holds now.
+    pub fn now(shared: &SharedConfigStatus) -> ConfigStatus {
+        shared.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// One paragraph for a status page.
+    pub fn html(&self) -> String {
+        let source = self.path.as_deref().map_or_else(|| "embedded default".to_owned(), escape);
+        let rejected = self
+            .rejected
+            .as_ref()
+            .map_or_else(String::new, |r| format!(" · <b>last change rejected</b> at {}: {}", r.at, escape(&r.error)));
+        format!("<p>configuration: {source}, applied at {}{rejected}</p>", self.applied_at)
+    }
+}
 
 /// Parses and applies a configuration's text: `Ok` with a short summary for the log, or the
 /// reason it was rejected (nothing applied).
@@ -18,15 +70,16 @@ pub struct Reloader {
     path: PathBuf,
     apply: Apply,
     record: Record,
+    status: SharedConfigStatus,
     /// The file's content at the last attempt (`None`: it could not be read), so that an
     /// unchanged file is neither re-applied nor re-counted.
     last: Option<Vec<u8>>,
 }
 
 impl Reloader {
-    /// `loaded` is the content the process started with.
-    pub fn new(path: PathBuf, loaded: Vec<u8>, apply: Apply, record: Record) -> Reloader {
-        Reloader { path, apply, record, last: Some(loaded) }
+    /// `loaded` is the content the process started with; `status` what the status pages show.
+    pub fn new(path: PathBuf, loaded: Vec<u8>, apply: Apply, record: Record, status: SharedConfigStatus) -> Reloader {
+        Reloader { path, apply, record, status, last: Some(loaded) }
     }
 
     /// Checks the file every `interval` (> 0) and on every SIGHUP, until the process ends.
@@ -64,6 +117,13 @@ impl Reloader {
             .and_then(|bytes| String::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_owned()))
             .and_then(|text| (self.apply)(&text));
         (self.record)(outcome.is_ok());
+        {
+            let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+            match &outcome {
+                Ok(_) => (status.applied_at, status.rejected) = (now(), None),
+                Err(error) => status.rejected = Some(Rejected { at: now(), error: error.clone() }),
+            }
+        }
         match outcome {
             Ok(summary) => tracing::info!(path = %self.path.display(), %summary, "configuration reloaded"),
             Err(error) => {

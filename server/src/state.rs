@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 use crate::{
     core::{Ledger, Repository, UnixSeconds},
     discovery::Servers,
+    reload::SharedConfigStatus,
 };
 
 /// The wall clock, in the protocol's whole seconds. The core never reads a clock itself.
@@ -79,6 +80,8 @@ pub struct State {
     /// Tells the parent task that a request is due at once (a resource appeared).
     parent_wanted: Notify,
     ready: AtomicBool,
+    /// Where the configuration came from, and the last file rejected.
+    config_status: SharedConfigStatus,
 }
 
 impl State {
@@ -89,6 +92,7 @@ impl State {
         advertise_address: String,
         election_key: Option<String>,
         parent: Option<ParentLink>,
+        config_status: SharedConfigStatus,
         now: UnixSeconds,
     ) -> State {
         let repository = Arc::new(repository);
@@ -105,6 +109,7 @@ impl State {
             parent,
             parent_wanted: Notify::new(),
             ready: AtomicBool::new(false),
+            config_status,
         }
     }
 
@@ -160,6 +165,10 @@ impl State {
         self.parent.as_ref()
     }
 
+    pub fn config_status(&self) -> &SharedConfigStatus {
+        &self.config_status
+    }
+
     /// Called after claims: wakes the parent task if they made a request due at once.
     pub fn wake_parent_if_due(&self, ledger: &Ledger) {
         if ledger.parent_due() == Some(f64::NEG_INFINITY) {
@@ -196,11 +205,11 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config;
+    use crate::{config, reload::ConfigStatus};
 
     fn state(election_key: Option<&str>) -> State {
         let repository = config::parse(crate::defaults::EMBEDDED_CONFIG).expect("embedded config");
-        State::new(repository, "me:7777".into(), election_key.map(str::to_owned), None, 100)
+        State::new(repository, "me:7777".into(), election_key.map(str::to_owned), None, ConfigStatus::shared(None), 100)
     }
 
     #[test]

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::{
     core::{Ledger, PriorityMode, Resource, UnixSeconds},
+    reload::ConfigStatus,
     state::{Role, State},
 };
 
@@ -21,6 +22,7 @@ pub struct ServerStatus {
     /// For an intermediate server: its parent and how asking it goes.
     pub parent: Option<ParentStatus>,
     pub election: ElectionStatus,
+    pub config: ConfigStatus,
     pub templates: Vec<TemplateStatus>,
     pub resources: Vec<ResourceStatus>,
 }
@@ -156,6 +158,7 @@ pub fn server(ledger: &Ledger, now: UnixSeconds, state: &State) -> ServerStatus 
             role,
             since: standing.since,
         },
+        config: ConfigStatus::now(state.config_status()),
         templates,
         resources,
     }
@@ -236,6 +239,7 @@ pub fn server_html(s: &ServerStatus) -> String {
         s.serving_since,
         s.now
     );
+    html.push_str(&s.config.html());
     if let Some(p) = &s.parent {
         let _ = write!(
             html,

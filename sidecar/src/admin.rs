@@ -10,7 +10,10 @@ use arc_swap::ArcSwap;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode, body::Bytes, body::Incoming};
 use metrics_exporter_prometheus::PrometheusHandle;
-use sluice_server::admin::{json, reply, serve};
+use sluice_server::{
+    admin::{json, reply, serve},
+    reload::{ConfigStatus, SharedConfigStatus},
+};
 
 use crate::{plan::Plan, status};
 
@@ -19,6 +22,8 @@ pub struct Admin {
     pub live: Arc<ArcSwap<Plan>>,
     pub client_id: String,
     pub handle: PrometheusHandle,
+    /// Where the configuration came from, and the last file rejected.
+    pub config: SharedConfigStatus,
     /// Set once the listeners are bound and the first configuration is in force.
     pub started: AtomicBool,
 }
@@ -48,9 +53,11 @@ fn route(req: &Request<Incoming>, admin: &Admin) -> Response<Full<Bytes>> {
         "/debug/status" => reply(
             StatusCode::OK,
             "text/html; charset=utf-8",
-            status::html(&status::snapshot(&admin.live.load(), &admin.client_id)),
+            status::html(&status::snapshot(&admin.live.load(), &admin.client_id, ConfigStatus::now(&admin.config))),
         ),
-        "/debug/status.json" => json(&status::snapshot(&admin.live.load(), &admin.client_id)),
+        "/debug/status.json" => {
+            json(&status::snapshot(&admin.live.load(), &admin.client_id, ConfigStatus::now(&admin.config)))
+        }
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
 }

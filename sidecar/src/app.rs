@@ -6,7 +6,7 @@ use std::sync::{Arc, atomic::Ordering};
 use arc_swap::ArcSwap;
 use sluice_server::{
     app::{Failure, read_config, termination},
-    reload::Reloader,
+    reload::{ConfigStatus, Reloader},
     telemetry,
 };
 use tokio::{
@@ -54,7 +54,14 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         leasing.apply(&plan);
     }
     let live = Arc::new(ArcSwap::from_pointee(plan));
-    let admin = Arc::new(Admin { live: live.clone(), client_id: client_id.clone(), handle, started: false.into() });
+    let config_status = ConfigStatus::shared(args.config.as_deref());
+    let admin = Arc::new(Admin {
+        live: live.clone(),
+        client_id: client_id.clone(),
+        handle,
+        config: config_status.clone(),
+        started: false.into(),
+    });
     admin::spawn(admin_listener, admin.clone()).map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
 
     // Installed before serving: SIGHUP's default action would end the process.
@@ -62,7 +69,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     match args.config.clone() {
         Some(path) => {
             let apply = reload(live.clone(), leasing.clone(), first_use.clone());
-            let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload);
+            let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload, config_status);
             tokio::spawn(reloader.run(args.config_poll_interval, hangup));
         }
         None => {

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use serde::Serialize;
-use sluice_server::status::escape;
+use sluice_server::{reload::ConfigStatus, status::escape};
 
 use crate::{
     core::Kind,
@@ -16,6 +16,7 @@ pub struct SidecarStatus {
     pub client_id: String,
     /// The capacity servers; empty in standalone mode.
     pub servers: Vec<String>,
+    pub config: ConfigStatus,
     pub listeners: Vec<ListenerStatus>,
     pub resources: Vec<ResourceStatus>,
 }
@@ -43,7 +44,7 @@ pub struct ResourceStatus {
     pub used: bool,
 }
 
-pub fn snapshot(plan: &Plan, client_id: &str) -> SidecarStatus {
+pub fn snapshot(plan: &Plan, client_id: &str, config_status: ConfigStatus) -> SidecarStatus {
     let config = &plan.config;
     let listeners = config
         .listeners
@@ -89,6 +90,7 @@ pub fn snapshot(plan: &Plan, client_id: &str) -> SidecarStatus {
     SidecarStatus {
         client_id: client_id.to_owned(),
         servers: config.server.as_ref().map_or_else(Vec::new, |s| s.addresses.clone()),
+        config: config_status,
         listeners,
         resources,
     }
@@ -103,6 +105,7 @@ pub fn html(status: &SidecarStatus) -> String {
     let servers = if status.servers.is_empty() { "standalone".to_owned() } else { status.servers.join(", ") };
     let _ =
         write!(page, "<p>client id <b>{}</b>; capacity servers: {}</p>", escape(&status.client_id), escape(&servers));
+    page.push_str(&status.config.html());
     page.push_str("<h2>Listeners</h2><table><tr><th>name</th><th>address</th><th>routes</th><th>rules</th></tr>");
     for l in &status.listeners {
         let _ = write!(

@@ -177,6 +177,9 @@ async fn a_broken_config_is_rejected_and_the_old_one_keeps_serving() {
     server.write_config(&fair_share(5.0, 30, 0).replace("\"*\"", "db"));
     eventually("the first rejection", Duration::from_secs(10), || failures() == Some(1.0));
     assert_eq!(ask(&mut client, "a", "db", 500.0).await, 100.0, "the old configuration stays in force");
+    let rejection =
+        status_json(&server, "").pointer("/config/rejected/error").and_then(Value::as_str).map(str::to_owned);
+    assert!(rejection.as_deref().is_some_and(|e| e.contains("\"*\"")), "shown on the status page: {rejection:?}");
     // Not YAML at all.
     server.write_config("resources: [");
     eventually("the second rejection", Duration::from_secs(10), || failures() == Some(2.0));
@@ -194,6 +197,7 @@ async fn a_broken_config_is_rejected_and_the_old_one_keeps_serving() {
         server.metric("sluice_server_config_reloads_total{result=\"success\"}") == Some(1.0)
     });
     assert_eq!(ask(&mut client, "a", "db", 500.0).await, 70.0);
+    assert_eq!(status_json(&server, "").pointer("/config/rejected"), Some(&Value::Null), "cleared by the fix");
 }
 
 #[tokio::test]

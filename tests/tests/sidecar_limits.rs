@@ -290,6 +290,15 @@ async fn reload_changes_rules_without_dropping_connections() {
     .await;
     assert_eq!(get(&client, &url).await.status, 200, "the previous configuration stays in force");
     assert!(sidecar.logs().contains("configuration rejected"), "{}", sidecar.logs());
+    // The status page says so too, until a good file is applied.
+    let rejected = || {
+        let status: serde_json::Value = serde_json::from_str(&sidecar.get("/debug/status.json").1).unwrap();
+        status["config"]["rejected"]["error"].as_str().map(str::to_owned)
+    };
+    assert!(rejected().is_some_and(|e| e.contains("listeners")), "{:?}", rejected());
+    assert!(sidecar.get("/debug/status").1.contains("last change rejected"));
+    sidecar.write_config(&strict);
+    eventually(Duration::from_secs(5), "reloaded again", || rejected().is_none()).await;
 }
 
 #[tokio::test]
