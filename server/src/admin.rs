@@ -53,10 +53,15 @@ where
                 let route = route.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req| {
-                        let response = if req.method() == Method::GET {
+                        // hyper leaves out the body of an answer to HEAD.
+                        let response = if req.method() == Method::GET || req.method() == Method::HEAD {
                             route(&req)
                         } else {
-                            reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "only GET\n".into())
+                            let mut refused = reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "only GET\n".into());
+                            refused
+                                .headers_mut()
+                                .insert(hyper::header::ALLOW, "GET, HEAD".parse().expect("a header value"));
+                            refused
                         };
                         async move { Ok::<_, Infallible>(response) }
                     });

@@ -2,6 +2,7 @@
 //! generated tonic stubs.
 
 use std::{
+    io::{Read, Write},
     thread,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -364,6 +365,18 @@ async fn health_reflection_metrics_and_debug_pages() {
         assert!(metrics.contains(name), "/metrics lacks {name}:\n{metrics}");
     }
     assert_eq!(server.get("/nope").0, 404);
+    // HEAD answers like GET without the body; other methods are refused, naming the allowed ones.
+    let raw = |method: &str| {
+        let mut stream = std::net::TcpStream::connect(server.admin).unwrap();
+        write!(stream, "{method} /healthz HTTP/1.0\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer.to_ascii_lowercase()
+    };
+    let head = raw("HEAD");
+    assert!(head.starts_with("http/1.0 200") && head.ends_with("\r\n\r\n"), "{head:?}");
+    let post = raw("POST");
+    assert!(post.starts_with("http/1.0 405") && post.contains("allow: get, head"), "{post:?}");
 }
 
 fn tokio_stream_once<T: Send + 'static>(item: T) -> impl tonic::IntoStreamingRequest<Message = T> {
