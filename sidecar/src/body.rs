@@ -1,6 +1,7 @@
 //! The bodies on the data path. The response body the sidecar hands back is an upstream's body
 //! streamed through (for HTTP/1.1, read off its pooled connection), holding the request's
-//! concurrency permits until it ends, or a small synthetic one.
+//! concurrency permits and its place among the open streams of its HTTP/2 connections until it
+//! ends, or a small synthetic one.
 
 use std::{
     fmt,
@@ -14,7 +15,7 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
-use crate::{gate::Permits, inbound::Inbound, pool::Http1Body};
+use crate::{gate::Permits, inbound::Inbound, pool::Http1Body, sync::Open};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -39,11 +40,14 @@ pin_project! {
     #[project = Projection]
     pub enum Body {
         // An upstream's body holds the request's concurrency permits until it is dropped: for
-        // a stream, the request is in flight until its last frame.
+        // a stream, the request is in flight until its last frame. So is the stream open on
+        // the upstream's HTTP/2 connection, and on the application's.
         Upstream {
             #[pin]
             inner: Either<Http1Body, Incoming>,
             permits: Option<Permits>,
+            upstream_stream: Option<Open>,
+            app_stream: Option<Open>,
         },
         Synthetic {
             #[pin]
@@ -54,11 +58,12 @@ pin_project! {
 
 impl Body {
     pub fn http1(inner: Http1Body) -> Body {
-        Body::Upstream { inner: Either::Left(inner), permits: None }
+        Body::Upstream { inner: Either::Left(inner), permits: None, upstream_stream: None, app_stream: None }
     }
 
-    pub fn http2(inner: Incoming) -> Body {
-        Body::Upstream { inner: Either::Right(inner), permits: None }
+    /// The body of a response on `stream` of an upstream's HTTP/2 connection.
+    pub fn http2(inner: Incoming, stream: Open) -> Body {
+        Body::Upstream { inner: Either::Right(inner), permits: None, upstream_stream: Some(stream), app_stream: None }
     }
 
     pub fn synthetic(bytes: impl Into<Bytes>) -> Body {
@@ -73,6 +78,14 @@ impl Body {
     pub fn hold(&mut self, held: Permits) {
         if let Body::Upstream { permits, .. } = self {
             *permits = Some(held);
+        }
+    }
+
+    /// Keeps `stream` of the application's HTTP/2 connection open until this body ends; a
+    /// synthetic body is sent at once.
+    pub fn hold_stream(&mut self, stream: Open) {
+        if let Body::Upstream { app_stream, .. } = self {
+            *app_stream = Some(stream);
         }
     }
 }

@@ -47,8 +47,12 @@ pub const LINGER_BYTES: usize = 16 << 20;
 pub const UPSTREAM_POOL_IDLE: usize = 256;
 pub const UPSTREAM_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// Largest response head accepted from an upstream.
+/// Largest response head accepted from an upstream, over HTTP/1.1 or HTTP/2.
 pub const UPSTREAM_MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Streams the sidecar opens on one upstream HTTP/2 connection before it opens another: what
+/// RFC 9113 §6.5.2 asks every peer to allow at least.
+pub const STREAMS_PER_HTTP2_CONNECTION: usize = 100;
 
 /// Time to establish a TCP connection to an upstream.
 pub const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

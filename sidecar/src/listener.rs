@@ -35,6 +35,7 @@ use crate::{
     inbound::{self, Limits},
     plan::Plan,
     stack::{self, Stack},
+    sync::{Open, OpenCount},
 };
 
 /// Serves the `index`-th configured listener until `stop` turns true, then lets open
@@ -102,7 +103,8 @@ async fn serve_http2(
     builder.timer(TokioTimer::new()).max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
     let activity = Activity::default();
     let io = TokioIo::new(Tracked { stream, preface, activity: activity.clone() });
-    let connection = builder.serve_connection(io, Http2Service(stack));
+    let streams = OpenCount::default();
+    let connection = builder.serve_connection(io, Http2Service { stack, streams: streams.clone() });
     let tick = limits.idle_timeout / 2;
     let mut stop_wait = stop.clone();
     Serving {
@@ -112,6 +114,7 @@ async fn serve_http2(
         tick_period: tick,
         idle_timeout: limits.idle_timeout,
         activity,
+        streams,
         seen: 0,
         quiet_since: Instant::now(),
         stop: async move { stopped(&mut stop_wait).await },
@@ -122,23 +125,53 @@ async fn serve_http2(
     .await
 }
 
-/// The listener's stack as hyper's HTTP/2 server calls it.
+/// The listener's stack as hyper's HTTP/2 server calls it, counting the connection's open
+/// streams: a request is open from its call until its response body ends.
 #[derive(Clone)]
-struct Http2Service(Stack);
+struct Http2Service {
+    stack: Stack,
+    streams: OpenCount,
+}
 
 impl hyper::service::Service<Request<Incoming>> for Http2Service {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = Oneshot<Stack, Request<RequestBody>>;
+    type Future = Counted;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        self.0.clone().oneshot(request.map(RequestBody::Right))
+        let call = self.stack.clone().oneshot(request.map(RequestBody::Right));
+        Counted { call, stream: Some(self.streams.open()) }
     }
 }
 
 pin_project! {
-    /// One connection until it ends: closed once it moved no byte for `idle_timeout`, asked to
-    /// finish its requests and close once the listener stops. A periodic tick and the stop signal
+    /// A call of the stack that counts as an open stream, and hands that count to the response
+    /// body.
+    struct Counted {
+        #[pin]
+        call: Oneshot<Stack, Request<RequestBody>>,
+        stream: Option<Open>,
+    }
+}
+
+impl Future for Counted {
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut response = std::task::ready!(this.call.poll(cx))?;
+        if let Some(stream) = this.stream.take() {
+            response.body_mut().hold_stream(stream);
+        }
+        Poll::Ready(Ok(response))
+    }
+}
+
+pin_project! {
+    /// One connection until it ends: once it has had no stream open and moved no byte for
+    /// `idle_timeout` it is sent a GOAWAY and closes (as Envoy's `idle_timeout`: a long call or
+    /// a quiet stream is not idle), and it is asked to finish its requests and close once the
+    /// listener stops. A periodic tick and the stop signal
     /// wake the task themselves; between those wake-ups a poll costs only the connection's own
     /// work and two flag reads.
     struct Serving<C, S> {
@@ -150,7 +183,9 @@ pin_project! {
         tick_period: Duration,
         idle_timeout: Duration,
         activity: Activity,
-        // The activity count at the last tick that saw traffic, and that tick's time.
+        streams: OpenCount,
+        // The activity count at the last tick that saw traffic or an open stream, and that
+        // tick's time.
         seen: u64,
         quiet_since: Instant,
         #[pin]
@@ -181,18 +216,25 @@ impl<S: Future<Output = ()>> Future for Serving<Connection, S> {
             let _ = this.tick.as_mut().poll(cx);
             *this.armed = true;
         }
-        if let Poll::Ready(done) = this.connection.poll(cx) {
+        if let Poll::Ready(done) = this.connection.as_mut().poll(cx) {
             return Poll::Ready(done.map_err(Into::into));
         }
         if this.tick.is_elapsed() {
             let now = Instant::now();
             let count = this.activity.count();
-            if count != *this.seen {
+            if count != *this.seen || this.streams.get() > 0 {
                 *this.seen = count;
                 *this.quiet_since = now;
             } else if now.duration_since(*this.quiet_since) >= *this.idle_timeout {
+                if *this.draining {
+                    // Told to go away a tick ago, or at the listener's stop, and still here.
+                    return Poll::Ready(Ok(()));
+                }
                 tracing::debug!(peer = %this.peer, "closing an idle connection");
-                return Poll::Ready(Ok(()));
+                *this.draining = true;
+                this.connection.as_mut().graceful_shutdown();
+                // The GOAWAY goes out as the connection is polled again.
+                cx.waker().wake_by_ref();
             }
             this.tick.as_mut().reset((now + *this.tick_period).into());
             // The next tick registers on the next poll, with a fresh budget.

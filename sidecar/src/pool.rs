@@ -33,7 +33,7 @@ use crate::{
     body::{BoxError, RequestBody, RequestBodyFailed},
     defaults,
     h1::{self, Coding, Framing, Malformed, ResponseHead},
-    sync,
+    sync::{self, Open, OpenCount},
 };
 
 /// Opens connections to the upstream: TCP, then TLS for `https://` upstreams.
@@ -501,32 +501,54 @@ impl http_body::Body for Http1Body {
     }
 }
 
-/// The HTTP/2 connection every request shares, opened on first use and again once it closes.
+/// The HTTP/2 connections requests share: the first that has fewer than
+/// [`STREAMS_PER_HTTP2_CONNECTION`](defaults::STREAMS_PER_HTTP2_CONNECTION) streams open takes
+/// the next request, and a new one opens when all are that busy — so that long streams (gRPC
+/// watches) cannot take up every stream an upstream allows one connection and keep the other
+/// requests waiting. A spare connection left with no stream open is let go.
 pub struct Http2Pool {
     dialer: Dialer,
-    shared: Mutex<Option<http2::SendRequest<RequestBody>>>,
+    connections: Mutex<Vec<Http2Connection>>,
+}
+
+#[derive(Clone)]
+struct Http2Connection {
+    sender: http2::SendRequest<RequestBody>,
+    streams: OpenCount,
 }
 
 impl Http2Pool {
     fn new(dialer: Dialer) -> Http2Pool {
-        Http2Pool { dialer, shared: Mutex::new(None) }
+        Http2Pool { dialer, connections: Mutex::new(Vec::new()) }
     }
 
-    fn shared(&self) -> Option<http2::SendRequest<RequestBody>> {
-        let shared = sync::lock(&self.shared);
-        shared.as_ref().filter(|s| !s.is_closed()).cloned()
+    /// A connection with a stream to spare; forgets closed connections, and spare ones with
+    /// nothing open.
+    fn spare(&self) -> Option<Http2Connection> {
+        let mut connections = sync::lock(&self.connections);
+        connections.retain(|c| !c.sender.is_closed());
+        let free = connections.iter().position(|c| c.streams.get() < defaults::STREAMS_PER_HTTP2_CONNECTION)?;
+        let chosen = connections[free].clone();
+        let mut index = 0;
+        connections.retain(|c| {
+            index += 1;
+            index <= free + 1 || c.streams.get() > 0
+        });
+        Some(chosen)
     }
 
-    /// Sends `req`; a request the shared connection refused before sending it (it was closing) is
-    /// sent again on a new connection.
-    pub async fn send(&self, mut req: Request<RequestBody>) -> Result<Response<Incoming>, BoxError> {
+    /// Sends `req`; a request a connection refused before sending it (it was closing) is sent
+    /// again on another. The response comes with its place among the connection's open streams,
+    /// for its body to hold.
+    pub async fn send(&self, mut req: Request<RequestBody>) -> Result<(Response<Incoming>, Open), BoxError> {
         loop {
-            let (mut sender, reused) = match self.shared() {
-                Some(sender) => (sender, true),
+            let (Http2Connection { mut sender, streams }, reused) = match self.spare() {
+                Some(connection) => (connection, true),
                 None => (Box::pin(self.connect()).await?, false),
             };
+            let stream = streams.open();
             match sender.try_send_request(req).await {
-                Ok(response) => return Ok(response),
+                Ok(response) => return Ok((response, stream)),
                 Err(mut failed) => match failed.take_message() {
                     Some(unsent) if reused => req = unsent,
                     _ => return Err(TrySendError::into_error(failed).into()),
@@ -535,18 +557,20 @@ impl Http2Pool {
         }
     }
 
-    /// Concurrent first requests may each open a connection; the last one opened is shared and
-    /// the others close when their requests end.
-    async fn connect(&self) -> Result<http2::SendRequest<RequestBody>, BoxError> {
+    async fn connect(&self) -> Result<Http2Connection, BoxError> {
         let io = TokioIo::new(self.dialer.dial().await?);
-        let (sender, connection) = http2::handshake(TokioExecutor::new(), io).await?;
+        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+            .max_header_list_size(u32::try_from(defaults::UPSTREAM_MAX_HEADER_BYTES).unwrap_or(u32::MAX))
+            .handshake(io)
+            .await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "upstream HTTP/2 connection failed");
             }
         });
-        *sync::lock(&self.shared) = Some(sender.clone());
-        Ok(sender)
+        let connection = Http2Connection { sender, streams: OpenCount::default() };
+        sync::lock(&self.connections).push(connection.clone());
+        Ok(connection)
     }
 }
 

@@ -91,8 +91,8 @@ impl UpstreamClient {
                 .authority(self.authority.clone())
                 .path_and_query(path)
                 .build()?;
-            let response = self.http2.send(Request::from_parts(parts, body)).await?;
-            Ok(response.map(Body::http2))
+            let (response, stream) = self.http2.send(Request::from_parts(parts, body)).await?;
+            Ok(response.map(|body| Body::http2(body, stream)))
         } else {
             // HTTP/1.1 sends the target in origin form, the authority in Host.
             parts.version = Version::HTTP_11;

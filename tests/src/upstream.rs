@@ -179,6 +179,14 @@ async fn handle(request: Request<Incoming>, mut grpc: EchoServer<Echo>) -> Resul
         let frames = [Frame::data(Bytes::from_static(b"with trailers")), Frame::trailers(trailers)];
         let body = StreamBody::new(tokio_stream::iter(frames.map(Ok::<_, Infallible>)));
         Response::new(Either::Right(tonic::body::Body::new(body)))
+    } else if path == "/big-head" {
+        // A response head of about `bytes`, in 1 KB headers.
+        let mut response = text(StatusCode::OK, "big head");
+        for i in 0..query(&request, "bytes").unwrap_or(0) / 1024 {
+            let name = http::HeaderName::try_from(format!("x-big-{i}")).expect("a header name");
+            response.headers_mut().insert(name, HeaderValue::from_str(&"b".repeat(1000)).expect("a header value"));
+        }
+        response
     } else if path == "/slow" {
         tokio::time::sleep(Duration::from_millis(query(&request, "ms").unwrap_or(0))).await;
         text(StatusCode::OK, "slow")

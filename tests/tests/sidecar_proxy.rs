@@ -2,13 +2,20 @@
 //! unchanged, TLS is originated toward https:// upstreams, and requests for hosts nobody
 //! configured are answered by the sidecar, never forwarded.
 
-use std::net::SocketAddr;
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use sluice_tests::{
     harness::{Sidecar, free_port},
-    http::{HttpClient, h2c, http1},
+    http::{HttpClient, get, h2c, http1},
     upstream::{
         UpstreamProcess,
         echo::{EchoRequest, echo_client::EchoClient},
@@ -20,10 +27,15 @@ use tonic::Code;
 /// A standalone sidecar whose one listener forwards to `upstream_url`, with a rule far above
 /// any test load so that nothing is limited.
 fn sidecar(upstream_url: &str, ca: Option<&std::path::Path>) -> (Sidecar, SocketAddr) {
+    sidecar_with(upstream_url, ca, "")
+}
+
+/// [`sidecar`] with more of the listener's settings (`listener`: YAML keys).
+fn sidecar_with(upstream_url: &str, ca: Option<&std::path::Path>, listener: &str) -> (Sidecar, SocketAddr) {
     let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let ca = ca.map_or_else(String::new, |p| format!("\n    ca: {}", p.display()));
     let config = format!(
-        "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
+        "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n    {listener}\n\
          upstreams:\n  - name: app\n    url: {upstream_url}{ca}\n\
          resources:\n  - id: everything\n    capacity: 1000000\n\
          rules:\n  - resource: everything\n"
@@ -96,6 +108,59 @@ async fn h2c_passes_through_with_trailers() {
     let collected = response.await.unwrap().into_body().collect().await.unwrap();
     assert_eq!(collected.trailers().and_then(|t| t.get("x-trailer")).map(|v| v.to_str().unwrap()), Some("done"));
     assert_eq!(collected.to_bytes(), "with trailers");
+}
+
+#[tokio::test]
+async fn http2_calls_and_quiet_streams_are_not_idle() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar_with(&format!("http://{}", upstream.addr()), None, "idle_timeout: 1s");
+    let client = h2c();
+    // Nothing crosses the connection for longer than the idle timeout while each is open.
+    let slow = get(&client, &format!("http://{listen}/slow?ms=2500")).await;
+    assert_eq!((slow.status.as_u16(), slow.body.as_str()), (200, "slow"));
+    let stream = get(&client, &format!("http://{listen}/stream?chunks=3&delay_ms=1500")).await;
+    assert_eq!(stream.body, "chunk 0\nchunk 1\nchunk 2\n");
+}
+
+#[tokio::test]
+async fn long_http2_streams_do_not_hold_up_other_requests() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(&format!("http://{}", upstream.addr()), None);
+    // 250 long requests, more than the upstream lets one connection carry at once (200), from
+    // two application connections.
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut long = Vec::new();
+    for client in [h2c(), h2c()] {
+        for _ in 0..125 {
+            let (client, done, url) = (client.clone(), done.clone(), format!("http://{listen}/slow?ms=8000"));
+            long.push(tokio::spawn(async move {
+                let answer = get(&client, &url).await;
+                done.fetch_add(1, Ordering::SeqCst);
+                answer.status
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let quick = get(&h2c(), &format!("http://{listen}/slow?ms=0")).await;
+    assert_eq!(quick.status, 200);
+    assert_eq!(done.load(Ordering::SeqCst), 0, "answered while every long request was still open");
+    for request in long {
+        assert_eq!(request.await.unwrap(), 200);
+    }
+}
+
+#[tokio::test]
+async fn big_response_heads_pass_from_http2_upstreams() {
+    let upstream = UpstreamProcess::start(None);
+    let (_sidecar, listen) = sidecar(&format!("http://{}", upstream.addr()), None);
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .http2_max_header_list_size(1 << 20)
+        .build_http::<Full<Bytes>>();
+    // 40 KB: above h2's 16 KiB default, within the sidecar's 64 KiB for any upstream.
+    let big = get(&client, &format!("http://{listen}/big-head?bytes=40960")).await;
+    assert_eq!(big.status, 200);
+    assert_eq!(big.headers.keys().filter(|name| name.as_str().starts_with("x-big-")).count(), 40);
 }
 
 #[tokio::test]
