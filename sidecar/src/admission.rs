@@ -1,7 +1,8 @@
 //! Enforcement (SPEC §4.4): a classified request passes every gate of its charge in order, waits
 //! its turn when its rule says `delay` (never past `max_wait` or its own gRPC deadline), is
 //! answered at once when it says `reject`, and is forwarded anyway — but counted — under
-//! `shadow`. Concurrency permits ride on the response body until it ends.
+//! `shadow`. Concurrency permits ride on the response body until it ends. A gRPC call that
+//! waited goes upstream with what is left of its deadline.
 
 use std::{
     convert::Infallible,
@@ -56,10 +57,13 @@ where
         let inner = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, inner);
         Either::Right(Box::pin(async move {
-            let permits = match admit(&charged, exchange.request.headers()).await {
-                Ok(permits) => permits,
+            let (permits, waited) = match admit(&charged, exchange.request.headers()).await {
+                Ok(admitted) => admitted,
                 Err(rejection) => return Ok(rejection),
             };
+            if !waited.is_zero() {
+                shorten_grpc_timeout(exchange.request.headers_mut(), waited);
+            }
             let mut response = inner.call(exchange).await?;
             if !permits.is_empty() {
                 response.body_mut().hold(permits);
@@ -69,9 +73,10 @@ where
     }
 }
 
-/// Passes the request through its charge's gates; on refusal, gives back what earlier gates
-/// granted and answers with the synthetic rejection.
-async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<Permits, Response<Body>> {
+/// Passes the request through its charge's gates: the permits it holds and how long it waited
+/// in all; on refusal, gives back what earlier gates granted and answers with the synthetic
+/// rejection.
+async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Duration), Response<Body>> {
     let Charged { charge, cost } = charged;
     let max_wait = match charge.on_limit {
         OnLimit::Delay => grpc_timeout(headers).map_or(charge.max_wait, |d| d.min(charge.max_wait)),
@@ -80,6 +85,7 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<Permits, Respon
     // One budget for all the gates; a request that may not wait reads no clock.
     let deadline = (!max_wait.is_zero()).then(|| Instant::now() + max_wait);
     let mut permits = Permits::default();
+    let mut waited_in_all = Duration::ZERO;
     for (i, gate) in charge.gates.iter().enumerate() {
         let budget = deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
         match gate.admit(*cost, budget).await {
@@ -87,6 +93,7 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<Permits, Respon
             Ok(waited) => {
                 gate.metrics.delayed.increment(1);
                 gate.metrics.wait.record(waited.as_secs_f64());
+                waited_in_all += waited;
             }
             Err(_) if charge.on_limit == OnLimit::Shadow => {
                 gate.metrics.shadow_rejected.increment(1);
@@ -109,7 +116,19 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<Permits, Respon
             permits.push(gate.clone(), *cost);
         }
     }
-    Ok(permits)
+    Ok((permits, waited_in_all))
+}
+
+/// Takes `waited` off a gRPC call's `grpc-timeout`, so the upstream works to the caller's real
+/// deadline (what is left of it, in milliseconds, at least one).
+fn shorten_grpc_timeout(headers: &mut HeaderMap, waited: Duration) {
+    let Some(timeout) = grpc_timeout(headers) else { return };
+    let left = timeout.saturating_sub(waited).as_millis().max(1);
+    // At most 8 digits: milliseconds up to about a day, whole seconds beyond.
+    let value = if left < 100_000_000 { format!("{left}m") } else { format!("{}S", left / 1000) };
+    if let Ok(value) = http::HeaderValue::try_from(value) {
+        headers.insert("grpc-timeout", value);
+    }
 }
 
 /// A gRPC call's own deadline (`grpc-timeout: 1-8 digits + H/M/S/m/u/n`).
@@ -149,5 +168,21 @@ mod tests {
         assert_eq!(parse("123456789m"), None);
         assert_eq!(parse("m"), None);
         assert_eq!(parse("10x"), None);
+    }
+
+    #[test]
+    fn a_wait_is_taken_off_the_grpc_deadline() {
+        let shortened = |given: Option<&str>, waited: Duration| {
+            let mut h = HeaderMap::new();
+            if let Some(v) = given {
+                h.insert("grpc-timeout", v.parse().unwrap());
+            }
+            shorten_grpc_timeout(&mut h, waited);
+            h.get("grpc-timeout").map(|v| v.to_str().unwrap().to_owned())
+        };
+        assert_eq!(shortened(Some("2S"), Duration::from_millis(1250)).as_deref(), Some("750m"));
+        assert_eq!(shortened(Some("100m"), Duration::from_millis(300)).as_deref(), Some("1m"));
+        assert_eq!(shortened(Some("30H"), Duration::from_secs(3600)).as_deref(), Some("104400S"));
+        assert_eq!(shortened(None, Duration::from_secs(1)), None);
     }
 }

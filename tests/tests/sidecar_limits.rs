@@ -165,6 +165,29 @@ async fn delay_mode_never_holds_past_max_wait_or_the_grpc_deadline() {
 }
 
 #[tokio::test]
+async fn a_delayed_call_goes_upstream_with_what_is_left_of_its_deadline() {
+    let upstream = UpstreamProcess::start(None);
+    let addr = listen();
+    let yaml = config(
+        addr,
+        upstream.addr(),
+        None,
+        "  - id: slow\n    capacity: 1\n    burst: 1\n",
+        "  - resource: slow\n    on_limit: delay\n    max_wait: 3s\n",
+    );
+    let _sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    let (client, url) = (http1(), format!("http://{addr}/echo"));
+    assert_eq!(get(&client, &url).await.status, 200, "takes the token");
+    let timed = http::Request::get(&url).header("grpc-timeout", "5S").body(Full::default()).unwrap();
+    let answer = send(&client, timed, Duration::from_secs(10)).await.expect("an answer");
+    assert_eq!(answer.status, 200, "delayed about a second, then forwarded");
+    let seen: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    let forwarded = seen["headers"].as_array().unwrap().iter().find(|h| h[0] == "grpc-timeout").map(|h| h[1].clone());
+    let left: Option<u64> = forwarded.as_ref().and_then(|v| v.as_str()?.strip_suffix('m')?.parse().ok());
+    assert!(left.is_some_and(|ms| ms < 5000), "grpc-timeout upstream: {forwarded:?}");
+}
+
+#[tokio::test]
 async fn shadow_mode_forwards_everything_and_counts() {
     let upstream = UpstreamProcess::start(None);
     let addr = listen();
