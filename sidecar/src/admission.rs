@@ -109,7 +109,7 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Durat
                 let capacity = gate.applied().capacity;
                 let kind = gate.settings().kind;
                 let grpc = respond::is_grpc(headers);
-                return Err(respond::limited(grpc, &gate.id, kind, capacity, refused.retry_after));
+                return Err(respond::limited(grpc, &gate.id, &charge.rule, kind, capacity, refused.retry_after));
             }
         }
         if gate.settings().kind == Kind::Concurrency {

@@ -21,10 +21,17 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
     headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
-/// The limit of `resource` said no (SPEC §4.4): 429 with `Retry-After` and the IETF RateLimit
-/// headers, or RESOURCE_EXHAUSTED with `grpc-retry-pushback-ms`.
-pub fn limited(grpc: bool, resource: &str, kind: Kind, capacity: f64, retry_after: Duration) -> Response<Body> {
-    let message = format!("rate limited by sluice: resource {resource:?} is over its capacity");
+/// The limit of `resource`, charged by `rule`, said no (SPEC §4.4): 429 with `Retry-After` and
+/// the IETF RateLimit headers, or RESOURCE_EXHAUSTED with `grpc-retry-pushback-ms`.
+pub fn limited(
+    grpc: bool,
+    resource: &str,
+    rule: &str,
+    kind: Kind,
+    capacity: f64,
+    retry_after: Duration,
+) -> Response<Body> {
+    let message = format!("rate limited by sluice: resource {resource:?} is over its capacity (rule {rule:?})");
     if grpc {
         let mut response = trailers_only(code::RESOURCE_EXHAUSTED, &message);
         let pushback = HeaderValue::from(u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX));
@@ -155,7 +162,7 @@ mod tests {
     #[test]
     fn the_ratelimit_policy_states_the_rate_over_a_window_that_holds_a_unit() {
         let policy = |kind, capacity| {
-            let response = limited(false, "r", kind, capacity, Duration::from_secs(1));
+            let response = limited(false, "r", "rule", kind, capacity, Duration::from_secs(1));
             response.headers()["ratelimit-policy"].to_str().unwrap().to_owned()
         };
         assert_eq!(policy(Kind::Rate, 2.5), "\"r\";q=2;w=1");

@@ -101,6 +101,7 @@ async fn reject_mode_answers_at_once_with_429_or_resource_exhausted() {
     assert_eq!(rejection.headers["ratelimit-policy"], "\"tiny\";q=1;w=1");
     assert!(rejection.headers["ratelimit"].to_str().unwrap().starts_with("\"tiny\";r=0;t="));
     assert!(rejection.body.contains("resource \"tiny\""), "{}", rejection.body);
+    assert!(rejection.body.contains("(rule \"rules[0]\")"), "an unnamed rule goes by its place: {}", rejection.body);
 
     let mut grpc = EchoClient::connect(format!("http://{addr}")).await.unwrap();
     let status = grpc.unary(EchoRequest::default()).await.expect_err("limited");
