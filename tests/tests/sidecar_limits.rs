@@ -36,6 +36,15 @@ fn config(
     )
 }
 
+/// A standalone sidecar (no capacity server) in front of a fresh test upstream, with these
+/// `resources` and `rules` (YAML list items): the upstream, the sidecar and its listener.
+fn standalone(resources: &str, rules: &str) -> (UpstreamProcess, Sidecar, SocketAddr) {
+    let upstream = UpstreamProcess::start(None);
+    let addr = listen();
+    let sidecar = Sidecar::builder().config(&config(addr, upstream.addr(), None, resources, rules)).start_sidecar();
+    (upstream, sidecar, addr)
+}
+
 fn listen() -> SocketAddr {
     ([127, 0, 0, 1], free_port()).into()
 }
@@ -65,16 +74,8 @@ async fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool
 
 #[tokio::test]
 async fn reject_mode_answers_at_once_with_429_or_resource_exhausted() {
-    let upstream = UpstreamProcess::start(None);
-    let addr = listen();
-    let yaml = config(
-        addr,
-        upstream.addr(),
-        None,
-        "  - id: tiny\n    capacity: 1\n    burst: 2\n",
-        "  - resource: tiny\n    on_limit: reject\n",
-    );
-    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    let (_upstream, sidecar, addr) =
+        standalone("  - id: tiny\n    capacity: 1\n    burst: 2\n", "  - resource: tiny\n    on_limit: reject\n");
     let client = http1();
     let url = format!("http://{addr}/echo");
 
@@ -115,16 +116,10 @@ async fn reject_mode_answers_at_once_with_429_or_resource_exhausted() {
 
 #[tokio::test]
 async fn delay_mode_never_holds_past_max_wait_or_the_grpc_deadline() {
-    let upstream = UpstreamProcess::start(None);
-    let addr = listen();
-    let yaml = config(
-        addr,
-        upstream.addr(),
-        None,
+    let (_upstream, sidecar, addr) = standalone(
         "  - id: slow\n    capacity: 10\n    burst: 1\n",
         "  - resource: slow\n    on_limit: delay\n    max_wait: 300ms\n",
     );
-    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
     let client = http1();
     let url = format!("http://{addr}/echo");
 
@@ -167,16 +162,10 @@ async fn delay_mode_never_holds_past_max_wait_or_the_grpc_deadline() {
 
 #[tokio::test]
 async fn a_delayed_call_goes_upstream_with_what_is_left_of_its_deadline() {
-    let upstream = UpstreamProcess::start(None);
-    let addr = listen();
-    let yaml = config(
-        addr,
-        upstream.addr(),
-        None,
+    let (_upstream, _sidecar, addr) = standalone(
         "  - id: slow\n    capacity: 1\n    burst: 1\n",
         "  - resource: slow\n    on_limit: delay\n    max_wait: 3s\n",
     );
-    let _sidecar = Sidecar::builder().config(&yaml).start_sidecar();
     let (client, url) = (http1(), format!("http://{addr}/echo"));
     assert_eq!(get(&client, &url).await.status, 200, "takes the token");
     let timed = http::Request::get(&url).header("grpc-timeout", "5S").body(Full::default()).unwrap();
@@ -190,16 +179,8 @@ async fn a_delayed_call_goes_upstream_with_what_is_left_of_its_deadline() {
 
 #[tokio::test]
 async fn shadow_mode_forwards_everything_and_counts() {
-    let upstream = UpstreamProcess::start(None);
-    let addr = listen();
-    let yaml = config(
-        addr,
-        upstream.addr(),
-        None,
-        "  - id: watched\n    capacity: 1\n    burst: 1\n",
-        "  - resource: watched\n    on_limit: shadow\n",
-    );
-    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    let (_upstream, sidecar, addr) =
+        standalone("  - id: watched\n    capacity: 1\n    burst: 1\n", "  - resource: watched\n    on_limit: shadow\n");
     let client = http1();
     for _ in 0..10 {
         assert_eq!(get(&client, &format!("http://{addr}/echo")).await.status, 200);
@@ -210,16 +191,10 @@ async fn shadow_mode_forwards_everything_and_counts() {
 
 #[tokio::test]
 async fn concurrency_limits_in_flight_requests_until_their_bodies_end() {
-    let upstream = UpstreamProcess::start(None);
-    let addr = listen();
-    let yaml = config(
-        addr,
-        upstream.addr(),
-        None,
+    let (_upstream, _sidecar, addr) = standalone(
         "  - id: pool\n    kind: concurrency\n    capacity: 2\n",
         "  - resource: pool\n    on_limit: reject\n",
     );
-    let _sidecar = Sidecar::builder().config(&yaml).start_sidecar();
     let client = http1();
     let calls: Vec<_> = (0..4)
         .map(|_| {
