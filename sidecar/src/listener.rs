@@ -171,9 +171,8 @@ pin_project! {
     /// One connection until it ends: once it has had no stream open and moved no byte for
     /// `idle_timeout` it is sent a GOAWAY and closes (as Envoy's `idle_timeout`: a long call or
     /// a quiet stream is not idle), and it is asked to finish its requests and close once the
-    /// listener stops. A periodic tick and the stop signal
-    /// wake the task themselves; between those wake-ups a poll costs only the connection's own
-    /// work and two flag reads.
+    /// listener stops. A periodic tick and the stop signal wake the task themselves; between
+    /// those wake-ups a poll costs only the connection's own work and two flag reads.
     struct Serving<C, S> {
         #[pin]
         connection: C,
