@@ -75,11 +75,15 @@ pub fn get_server_capacity(
     Ok(GetServerCapacityResponse { response, mastership: None })
 }
 
-/// Answers a ReleaseCapacity on `ledger`.
-pub fn release_capacity(ledger: &mut Ledger, req: &ReleaseCapacityRequest) -> Result<ReleaseCapacityResponse, Status> {
+/// Answers a ReleaseCapacity on `ledger` at `now`.
+pub fn release_capacity(
+    ledger: &mut Ledger,
+    now: UnixSeconds,
+    req: &ReleaseCapacityRequest,
+) -> Result<ReleaseCapacityResponse, Status> {
     validate::release_capacity(req)?;
     for id in &req.resource_id {
-        ledger.release(&req.client_id, id);
+        ledger.release(now, &req.client_id, id);
     }
     Ok(ReleaseCapacityResponse { mastership: None })
 }
@@ -194,7 +198,7 @@ impl Capacity for CapacityService {
             if let Err(mastership) = self.master_gate() {
                 return Ok(ReleaseCapacityResponse { mastership: Some(mastership) });
             }
-            release_capacity(&mut self.state.ledger(), request.get_ref())
+            release_capacity(&mut self.state.ledger(), state::now(), request.get_ref())
         })
     }
 }

@@ -68,7 +68,7 @@ fn run(ledger: &mut Ledger, ops: &[Op], check_cap: bool) -> Result<UnixSeconds, 
     for op in ops {
         match *op {
             Op::Release { client: c } => {
-                ledger.release(&client(c), RESOURCE);
+                ledger.release(now, &client(c), RESOURCE);
             }
             Op::Request { client: c, wants, subclients, advance } => {
                 now += advance;
@@ -168,7 +168,7 @@ proptest! {
         let now = run(&mut ledger, &history, true)?;
         // Whoever is not in the final set gives its lease back.
         for c in wants.len()..8 {
-            ledger.release(&client(c), RESOURCE);
+            ledger.release(now, &client(c), RESOURCE);
         }
         // The first round states the final wants; after it, every client refreshes twice more
         // with those wants unchanged. Each round, every client refreshes once, in a shuffled order.

@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use sluice_proto::{GetCapacityRequest, GetServerCapacityResponse, PriorityBandAggregate, ResourceRequest};
+use sluice_proto::{
+    GetCapacityRequest, GetServerCapacityResponse, PriorityBandAggregate, ReleaseCapacityRequest, ResourceRequest,
+};
 use sluice_server::{
     core::{Algorithm, Answer, Kind, Ledger, Parameter, Repository, Template, UnixSeconds},
     service, status,
@@ -326,4 +328,49 @@ fn capacity_in_transit_between_clients_is_asked_for_at_the_shortest_interval() {
     assert_eq!(ask(&mut leaf, 9, "x", 0, 100.0), (50.0, 68, 1));
     let released = refresh(&mut leaf, &mut root, 10);
     assert_eq!((released.response[0].gets.capacity, released.response[0].gets.refresh_interval), (50.0, 8));
+}
+
+#[test]
+fn a_server_whose_clients_all_left_gives_its_lease_back_at_once() {
+    let mut root = root(60.0);
+    let (mut a, mut b) = (intermediate("a"), intermediate("b"));
+    let mut now = 100;
+    for _ in 0..3 {
+        ask(&mut a, now, "x", 0, 30.0);
+        ask(&mut b, now, "y", 0, 60.0);
+        refresh(&mut a, &mut root, now);
+        refresh(&mut b, &mut root, now);
+        now += 8;
+    }
+    assert_eq!(ask(&mut b, now, "y", 0, 60.0).0, 30.0, "an equal share while x holds 30");
+    let release = ReleaseCapacityRequest { client_id: "x".into(), resource_id: vec!["r".into()] };
+    service::release_capacity(&mut a, now, &release).unwrap();
+    // Its last client gone, `a` still asks, wanting and holding nothing, and is granted 0 —
+    // rather than letting its lease lapse, which the root would keep reserved for its subtree.
+    assert!(a.parent_due().is_some(), "a request is due");
+    let request = a.parent_request(now as f64).unwrap();
+    assert_eq!(request.resource[0].has.as_ref().map(|h| h.capacity), Some(0.0));
+    assert!(request.resource[0].wants.is_empty());
+    let response = service::get_server_capacity(&mut root, now, &request, MAX_RESOURCES).unwrap();
+    assert_eq!(response.response[0].gets.capacity, 0.0);
+    a.on_parent_response(now as f64, response);
+    refresh(&mut b, &mut root, now);
+    assert_eq!(ask(&mut b, now, "y", 0, 60.0).0, 60.0, "the whole capacity, at once");
+    // Given back, the resource is not asked for again.
+    assert!(a.parent_due().is_none());
+
+    // A client whose lease runs out instead may be cut off and living on its fallback: the
+    // lease is kept, to lapse at the root, which keeps it reserved for the subtree meanwhile.
+    for _ in 0..3 {
+        now += 8;
+        ask(&mut a, now, "x", 0, 30.0);
+        ask(&mut b, now, "y", 0, 60.0);
+        refresh(&mut a, &mut root, now);
+        refresh(&mut b, &mut root, now);
+    }
+    assert_eq!(ask(&mut a, now, "x", 0, 30.0).0, 30.0, "x back to its share");
+    now += 61;
+    a.expire(now, usize::MAX);
+    assert!(a.resource("r").is_some_and(|r| r.leases().is_empty()), "x's lease ran out");
+    assert!(a.parent_due().is_none(), "nothing given back");
 }

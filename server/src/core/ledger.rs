@@ -95,8 +95,13 @@ impl Ledger {
     }
 
     /// Forgets a client's lease on a resource; false if it held none.
-    pub fn release(&mut self, client: &str, resource_id: &str) -> bool {
-        self.resources.get_mut(resource_id).is_some_and(|r| r.release(client))
+    pub fn release(&mut self, now: UnixSeconds, client: &str, resource_id: &str) -> bool {
+        let Some(resource) = self.resources.get_mut(resource_id) else { return false };
+        let released = resource.release(client);
+        if let Some(parent) = self.parent.as_mut() {
+            parent.changed(resource, now);
+        }
+        released
     }
 
     /// Forgets up to `budget` expired leases, and resources left without leases (at an
@@ -139,7 +144,7 @@ impl Ledger {
     /// request is in flight, or while no resource has clients.
     pub fn parent_due(&self) -> Option<f64> {
         let due = self.parent.as_ref()?.schedule().due()?;
-        self.resources.values().any(|r| !r.leases().is_empty()).then_some(due)
+        self.resources.values().any(|r| !r.leases().is_empty() || r.gives_back()).then_some(due)
     }
 
     /// The bulk request to the parent for every resource with clients; marks it in flight.

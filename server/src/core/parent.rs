@@ -64,7 +64,7 @@ impl Parent {
         }
     }
 
-    /// One request for `resources` (those with clients), each with what this server holds and
+    /// One request for `resources` (those with clients, and those with a lease to give back), each with what this server holds and
     /// its clients' wants summed per band; `None` if one is in flight or there is nothing to
     /// ask for. What it holds is its valid lease, or what its clients actually hold when that
     /// is more (its capacity was cut and they have not all refreshed yet, or it handed out
@@ -82,13 +82,15 @@ impl Parent {
         }
         let mut resource = Vec::new();
         for (id, r) in resources {
-            if r.leases().is_empty() {
+            if r.leases().is_empty() && !r.gives_back() {
                 r.set_reported(None);
                 continue;
             }
+            // A resource that gives back its lease says it wants nothing and holds nothing.
+            let idle = r.leases().is_empty();
             let has = (!learning(r)).then(|| {
                 let held = r.bands().sums().has;
-                match r.parent_lease(now) {
+                match r.parent_lease(now).filter(|_| !idle) {
                     Some(lease) => proto::Lease {
                         expiry_time: lease.expiry,
                         refresh_interval: lease.refresh_interval,

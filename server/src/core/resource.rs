@@ -83,6 +83,9 @@ pub struct Resource {
     /// What this intermediate server last reported to its parent for the resource, while it
     /// has clients: what a claim's change is measured against.
     reported: Option<Reported>,
+    /// A client's lease ran out, rather than being released, since this intermediate server
+    /// last reported the resource: that client may be cut off and living on its fallback.
+    expired_since_report: bool,
 }
 
 /// What an intermediate server told its parent of one resource.
@@ -101,7 +104,7 @@ impl Resource {
 
     /// A resource with the given supply; `seed` fixes its bands' tree shapes (simulations).
     pub fn with_supply(template: Arc<Template>, supply: Supply, seed: Option<u64>) -> Resource {
-        Resource { template, leases: LeaseStore::seeded(seed), supply, reported: None }
+        Resource { template, leases: LeaseStore::seeded(seed), supply, reported: None, expired_since_report: false }
     }
 
     pub fn template(&self) -> &Arc<Template> {
@@ -132,6 +135,7 @@ impl Resource {
     }
 
     pub fn set_reported(&mut self, reported: Option<Reported>) {
+        self.expired_since_report &= reported.is_none();
         self.reported = reported;
     }
 
@@ -141,6 +145,17 @@ impl Resource {
             Supply::Parent(Some(lease)) if now < lease.expiry => Some(lease),
             _ => None,
         }
+    }
+
+    /// Whether this intermediate server holds capacity from its parent that its clients have
+    /// all released: its next request gives it back, rather than keeping it until its lease
+    /// lapses, which the parent keeps reserved for three lease lengths as if the subtree were
+    /// cut off. Not when a client's lease ran out since the last report: that client may well
+    /// be cut off, living on its fallback, and the reservation is what covers it.
+    pub fn gives_back(&self) -> bool {
+        self.leases.is_empty()
+            && !self.expired_since_report
+            && matches!(&self.supply, Supply::Parent(Some(lease)) if lease.capacity > 0.0)
     }
 
     /// Whether an intermediate server should keep this resource although no client holds a
@@ -257,7 +272,9 @@ impl Resource {
         let safe = self.safe_capacity(now);
         let fallback = |demand: &Demand| if safe < 0.0 { demand.has } else { safe * demand.subclients };
         let grace = self.algorithm().lease_length.saturating_mul(LAPSED_LEASE_LENGTHS);
-        self.leases.expire(now, budget, grace, fallback)
+        let expired = self.leases.expire(now, budget, grace, fallback);
+        self.expired_since_report |= expired > 0;
+        expired
     }
 
     /// SPEC §3.5: the template's value; at an intermediate server, else the parent's; else the

@@ -59,8 +59,8 @@ pub fn get_server_capacity(
     service::get_server_capacity(ledger, now, req, MAX_RESOURCES).map_err(|status| status.message().to_owned())
 }
 
-pub fn release_capacity(ledger: &mut Ledger, req: &ReleaseCapacityRequest) -> Result<(), String> {
-    service::release_capacity(ledger, req).map(drop).map_err(|status| status.message().to_owned())
+pub fn release_capacity(ledger: &mut Ledger, now: UnixSeconds, req: &ReleaseCapacityRequest) -> Result<(), String> {
+    service::release_capacity(ledger, now, req).map(drop).map_err(|status| status.message().to_owned())
 }
 
 /// What a replica that is not the master answers to GetCapacity: who is, if it knows.

@@ -128,7 +128,7 @@ impl Server {
             (Request::Release(req), ledger) => {
                 // The sidecar only logs how a release went; a standby has nothing to release.
                 if let Some(ledger) = ledger {
-                    let _ = protocol::release_capacity(ledger, req);
+                    let _ = protocol::release_capacity(ledger, unix(now), req);
                 }
                 None
             }
