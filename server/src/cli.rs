@@ -183,19 +183,25 @@ fn etcd_endpoint(text: &str) -> Result<String, String> {
 pub fn host_port(text: &str) -> Result<String, String> {
     let uri: Result<hyper::Uri, _> = format!("http://{text}").parse();
     match uri {
-        Ok(uri) if uri.host().is_some_and(|h| !h.is_empty()) && uri.port().is_some() && uri.path() == "/" => {
+        Ok(uri)
+            if uri.host().is_some_and(|h| !h.is_empty())
+                && uri.port().is_some()
+                && uri.authority().is_some_and(|a| a.as_str() == text)
+                && !text.contains('@') =>
+        {
             Ok(text.to_owned())
         }
         _ => Err(format!("{text:?} is not host:port")),
     }
 }
 
-/// An id towards a capacity server: what the server accepts (non-empty, at most
-/// [`MAX_ID_BYTES`](defaults::MAX_ID_BYTES)).
+/// An id towards a capacity server: what the server accepts (`validate`: non-empty, at most
+/// [`MAX_ID_BYTES`](defaults::MAX_ID_BYTES), no control characters).
 pub fn id(text: &str) -> Result<String, String> {
     match text.len() {
         0 => Err("must not be empty".into()),
         n if n > defaults::MAX_ID_BYTES => Err(format!("at most {} bytes, got {n}", defaults::MAX_ID_BYTES)),
+        _ if text.chars().any(char::is_control) => Err("must not contain control characters".into()),
         _ => Ok(text.to_owned()),
     }
 }

@@ -38,6 +38,7 @@ pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<Resourc
         |r| &r.resource_id,
         |i, r| {
             let mut bands = SmallVec::with_capacity(r.wants.len());
+            let mut priorities = HashSet::with_capacity(r.wants.len());
             for (j, band) in r.wants.iter().enumerate() {
                 amount(&format!("resource[{i}].wants[{j}].wants"), band.wants)?;
                 if !(1..=MAX_SUBCLIENTS).contains(&band.num_clients) {
@@ -46,7 +47,7 @@ pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<Resourc
                         band.num_clients
                     )));
                 }
-                if r.wants[..j].iter().any(|b| b.priority == band.priority) {
+                if !priorities.insert(band.priority) {
                     return Err(invalid(format!(
                         "resource[{i}].wants[{j}].priority: band {} appears twice",
                         band.priority

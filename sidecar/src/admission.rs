@@ -123,9 +123,15 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Durat
 /// deadline (what is left of it, in milliseconds, at least one).
 fn shorten_grpc_timeout(headers: &mut HeaderMap, waited: Duration) {
     let Some(timeout) = grpc_timeout(headers) else { return };
-    let left = timeout.saturating_sub(waited).as_millis().max(1);
-    // At most 8 digits: milliseconds up to about a day, whole seconds beyond.
-    let value = if left < 100_000_000 { format!("{left}m") } else { format!("{}S", left / 1000) };
+    let mut left = timeout.saturating_sub(waited).as_millis().max(1);
+    // At most 8 digits: the finest unit that fits.
+    let mut units = [("m", 1000), ("S", 60), ("M", 60), ("H", 1)].into_iter();
+    let (mut unit, mut per_next) = units.next().expect("units");
+    while left >= 100_000_000 {
+        let Some((next, per)) = units.next() else { break };
+        (left, unit, per_next) = (left / per_next, next, per);
+    }
+    let value = format!("{left}{unit}");
     if let Ok(value) = http::HeaderValue::try_from(value) {
         headers.insert("grpc-timeout", value);
     }
@@ -183,6 +189,7 @@ mod tests {
         assert_eq!(shortened(Some("2S"), Duration::from_millis(1250)).as_deref(), Some("750m"));
         assert_eq!(shortened(Some("100m"), Duration::from_millis(300)).as_deref(), Some("1m"));
         assert_eq!(shortened(Some("30H"), Duration::from_secs(3600)).as_deref(), Some("104400S"));
+        assert_eq!(shortened(Some("99999999H"), Duration::from_secs(3600)).as_deref(), Some("99999998H"));
         assert_eq!(shortened(None, Duration::from_secs(1)), None);
     }
 }

@@ -81,8 +81,9 @@ fn matches<B>(m: &Match, req: &Request<B>, path: &str) -> bool {
 /// unreserved characters decoded, dot segments removed — with repeated slashes merged, so
 /// that `//api/./x`, `/y/../api/x` or `/%61pi/x` are charged as `/api/x` is, whatever the
 /// upstream makes of them (Envoy's `normalize_path` and `merge_slashes`). The request itself
-/// goes upstream unchanged. Other escapes, such as `%2F`, stay as they are.
-fn normalized(path: &str) -> Cow<'_, str> {
+/// goes upstream unchanged. Other escapes, such as `%2F`, stay as they are. Rules' exact and
+/// prefix paths are normalized the same way when the configuration is read.
+pub fn normalized(path: &str) -> Cow<'_, str> {
     if !path.starts_with('/') || !(path.contains("//") || path.contains("/.") || path.contains('%')) {
         return Cow::Borrowed(path);
     }
@@ -232,6 +233,12 @@ mod tests {
             classify(&plan, Request::get("/static/../static//a.css").body(()).unwrap()),
             Some(("r".into(), 1.0))
         );
+        // A rule written unnormalized still matches.
+        let yaml = "listeners:\n  - {name: l, address: 127.0.0.1:1, upstream: u}\n\
+            upstreams:\n  - {name: u, url: http://127.0.0.1:2}\nresources:\n  - {id: r, capacity: 1}\n\
+            rules:\n  - {name: t, match: {path: {exact: /%7Euser}}, resource: r}\n";
+        let plan = Plan::build(config::parse(yaml).unwrap(), None, None).unwrap();
+        assert_eq!(classify(&plan, Request::get("/~user").body(()).unwrap()), Some(("t".into(), 1.0)));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use http::{Method, Uri, uri::Scheme};
 use serde::Deserialize;
 
 use crate::{
+    classify::normalized,
     core::{Fallback, Kind},
     defaults,
 };
@@ -466,8 +467,9 @@ fn rule(i: usize, doc: RuleDoc, listeners: &[Listener], resources: &[Resource]) 
     };
     let path = match m.path.map(|p| (p.exact, p.prefix, p.glob)) {
         None => None,
-        Some((Some(p), None, None)) => Some(PathMatch::Exact(p)),
-        Some((None, Some(p), None)) => Some(PathMatch::Prefix(p)),
+        // Requests are matched by their normalized path, so the rule's is normalized too.
+        Some((Some(p), None, None)) => Some(PathMatch::Exact(normalized(&p).into_owned())),
+        Some((None, Some(p), None)) => Some(PathMatch::Prefix(normalized(&p).into_owned())),
         Some((None, None, Some(p))) => Some(PathMatch::Glob(glob(&p, "match.path.glob")?)),
         Some(_) => return Err(format!("{}: give exactly one of exact, prefix or glob", at("match.path"))),
     };

@@ -226,7 +226,8 @@ impl<S: Future<Output = ()>> Future for Serving<Connection, S> {
                 *this.quiet_since = now;
             } else if now.duration_since(*this.quiet_since) >= *this.idle_timeout {
                 if *this.draining {
-                    // Told to go away a tick ago, or at the listener's stop, and still here.
+                    // Told to go away (the GOAWAY itself restarted the quiet time), or asked to
+                    // stop with the listener, and quiet since for `idle_timeout`: close.
                     return Poll::Ready(Ok(()));
                 }
                 tracing::debug!(peer = %this.peer, "closing an idle connection");

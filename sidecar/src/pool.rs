@@ -522,19 +522,21 @@ impl Http2Pool {
         Http2Pool { dialer, connections: Mutex::new(Vec::new()) }
     }
 
-    /// A connection with a stream to spare; forgets closed connections, and spare ones with
-    /// nothing open.
-    fn spare(&self) -> Option<Http2Connection> {
+    /// A connection with a stream to spare, and that stream, counted under the lock so that
+    /// concurrent requests never take a connection past the limit; forgets closed connections,
+    /// and spare ones with nothing open (checked as requests come).
+    fn spare(&self) -> Option<(Http2Connection, Open)> {
         let mut connections = sync::lock(&self.connections);
         connections.retain(|c| !c.sender.is_closed());
         let free = connections.iter().position(|c| c.streams.get() < defaults::STREAMS_PER_HTTP2_CONNECTION)?;
         let chosen = connections[free].clone();
+        let stream = chosen.streams.open();
         let mut index = 0;
         connections.retain(|c| {
             index += 1;
             index <= free + 1 || c.streams.get() > 0
         });
-        Some(chosen)
+        Some((chosen, stream))
     }
 
     /// Sends `req`; a request a connection refused before sending it (it was closing) is sent
@@ -542,11 +544,10 @@ impl Http2Pool {
     /// for its body to hold.
     pub async fn send(&self, mut req: Request<RequestBody>) -> Result<(Response<Incoming>, Open), BoxError> {
         loop {
-            let (Http2Connection { mut sender, streams }, reused) = match self.spare() {
-                Some(connection) => (connection, true),
+            let ((Http2Connection { mut sender, .. }, stream), reused) = match self.spare() {
+                Some(spare) => (spare, true),
                 None => (Box::pin(self.connect()).await?, false),
             };
-            let stream = streams.open();
             match sender.try_send_request(req).await {
                 Ok(response) => return Ok((response, stream)),
                 Err(mut failed) => match failed.take_message() {
@@ -557,7 +558,9 @@ impl Http2Pool {
         }
     }
 
-    async fn connect(&self) -> Result<Http2Connection, BoxError> {
+    /// A new connection, shared from now on, with the first of its streams. Requests that find
+    /// every connection busy at once each open one; those left without streams are let go.
+    async fn connect(&self) -> Result<(Http2Connection, Open), BoxError> {
         let io = TokioIo::new(self.dialer.dial().await?);
         let (sender, connection) = http2::Builder::new(TokioExecutor::new())
             .max_header_list_size(u32::try_from(defaults::UPSTREAM_MAX_HEADER_BYTES).unwrap_or(u32::MAX))
@@ -569,8 +572,9 @@ impl Http2Pool {
             }
         });
         let connection = Http2Connection { sender, streams: OpenCount::default() };
+        let stream = connection.streams.open();
         sync::lock(&self.connections).push(connection.clone());
-        Ok(connection)
+        Ok((connection, stream))
     }
 }
 

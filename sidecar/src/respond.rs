@@ -49,7 +49,9 @@ pub fn limited(
         // q=1;w=10), not as a quota of 0.
         Kind::Rate => {
             let window = if capacity > 0.0 && capacity < 1.0 { (1.0 / capacity).ceil() } else { 1.0 };
-            format!("{name};q={};w={window}", quota(window))
+            // The window holds a unit by construction; a rounding error must not say 0.
+            let q = if window > 1.0 { quota(window).max(1) } else { quota(window) };
+            format!("{name};q={q};w={window}")
         }
         Kind::Concurrency => format!("{name};q={}", quota(1.0)),
     };
@@ -169,6 +171,7 @@ mod tests {
         assert_eq!(policy(Kind::Rate, 0.1), "\"r\";q=1;w=10");
         assert_eq!(policy(Kind::Rate, 0.3), "\"r\";q=1;w=4");
         assert_eq!(policy(Kind::Rate, 0.0), "\"r\";q=0;w=1");
+        assert_eq!(policy(Kind::Rate, 1.0 / 161.0), "\"r\";q=1;w=161");
         assert_eq!(policy(Kind::Concurrency, 3.0), "\"r\";q=3");
     }
 }

@@ -94,7 +94,8 @@ impl Ledger {
         grant
     }
 
-    /// Forgets a client's lease on a resource; false if it held none.
+    /// Forgets a client's lease on a resource; false if it held none. At an intermediate server
+    /// the report to the parent may come early, as after a claim.
     pub fn release(&mut self, now: UnixSeconds, client: &str, resource_id: &str) -> bool {
         let Some(resource) = self.resources.get_mut(resource_id) else { return false };
         let released = resource.release(client);

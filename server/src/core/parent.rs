@@ -153,18 +153,21 @@ impl Parent {
     }
 }
 
-/// A resource's wants summed per band: one aggregate per priority, as Doorman sends them.
+/// A resource's wants summed per band: one aggregate per priority, as Doorman sends them —
+/// within what a parent accepts (`validate`) however many clients add up here: the bands'
+/// total wants at most [`MAX_AMOUNT`] (scaled down together, keeping their proportions).
 fn aggregates(r: &Resource) -> Vec<PriorityBandAggregate> {
+    let total = r.bands().sums().wants;
+    let scale = if total > MAX_AMOUNT { MAX_AMOUNT / total } else { 1.0 };
     r.bands()
         .iter()
         .map(|(priority, band)| {
             let sums = band.sums();
-            // Within what a parent accepts (`validate`), however many clients add up here.
             PriorityBandAggregate {
                 priority,
                 // Subclients are whole clients; rounding only undoes float sums.
                 num_clients: (sums.subclients.round() as i64).clamp(1, MAX_SUBCLIENTS),
-                wants: sums.wants.min(MAX_AMOUNT),
+                wants: (sums.wants * scale).min(MAX_AMOUNT),
             }
         })
         .collect()

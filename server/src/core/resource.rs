@@ -83,8 +83,8 @@ pub struct Resource {
     /// What this intermediate server last reported to its parent for the resource, while it
     /// has clients: what a claim's change is measured against.
     reported: Option<Reported>,
-    /// A client's lease ran out, rather than being released, since this intermediate server
-    /// last reported the resource: that client may be cut off and living on its fallback.
+    /// A client's lease ran out, rather than being released, since the parent last answered a
+    /// report of the resource: that client may be cut off and living on its fallback.
     expired_since_report: bool,
 }
 
@@ -125,9 +125,11 @@ impl Resource {
         self.leases.bands()
     }
 
-    /// Records the lease the parent granted this resource.
+    /// Records the lease the parent granted this resource, in answer to a report of it: what
+    /// ran out before that report is the parent's to know.
     pub fn set_parent_lease(&mut self, lease: ParentLease) {
         self.supply = Supply::Parent(Some(lease));
+        self.expired_since_report = false;
     }
 
     pub fn reported(&self) -> Option<Reported> {
@@ -135,7 +137,6 @@ impl Resource {
     }
 
     pub fn set_reported(&mut self, reported: Option<Reported>) {
-        self.expired_since_report &= reported.is_none();
         self.reported = reported;
     }
 

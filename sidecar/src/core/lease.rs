@@ -160,7 +160,9 @@ impl LeaseClient {
                 ResourceRequest {
                     resource_id: entry.spec.id.clone(),
                     priority: entry.spec.priority,
-                    has: entry.valid_lease(now).cloned(),
+                    has: entry
+                        .valid_lease(now)
+                        .map(|lease| Lease { capacity: lease.capacity.min(MAX_AMOUNT), ..*lease }),
                     // A server refuses NaN, ∞ and amounts above MAX_AMOUNT at the door: ask for
                     // nothing, or the most it takes, rather than fail the whole request.
                     wants: if wants.is_nan() { 0.0 } else { wants.clamp(0.0, MAX_AMOUNT) },
