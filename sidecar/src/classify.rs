@@ -50,8 +50,8 @@ impl Rules {
 
     /// The first rule matching `req`, if any.
     pub fn classify<B>(&self, req: &Request<B>) -> Option<Charged> {
-        let path = normalized(req.uri().path());
-        let (_, charge) = self.rules.iter().find(|(m, _)| matches(m, req, &path))?;
+        let mut path = None;
+        let (_, charge) = self.rules.iter().find(|(m, _)| matches(m, req, &mut path))?;
         let cost = match &charge.cost {
             Cost::Constant(c) => *c,
             Cost::Header { name, default } => header_cost(req.headers(), name).unwrap_or(*default),
@@ -60,21 +60,28 @@ impl Rules {
     }
 }
 
-/// Reads only what the rule tests: most rules test neither the host nor gRPC. `path` is the
-/// request's, [`normalized`].
-fn matches<B>(m: &Match, req: &Request<B>, path: &str) -> bool {
+/// Reads only what the rule tests: most rules test neither the host nor gRPC. The request's
+/// path is [`normalized`] into `path` by the first rule that tests it, for the rules after it.
+fn matches<'r, B>(m: &Match, req: &'r Request<B>, path: &mut Option<Cow<'r, str>>) -> bool {
     (m.methods.is_empty() || m.methods.contains(req.method()))
-        && m.path.as_ref().is_none_or(|p| match p {
-            PathMatch::Exact(e) => path == e,
-            PathMatch::Prefix(prefix) => path.starts_with(prefix.as_str()),
-            PathMatch::Glob(g) => g.is_match(path),
+        && m.path.as_ref().is_none_or(|p| {
+            let path = normalized_once(path, req);
+            match p {
+                PathMatch::Exact(e) => path == e,
+                PathMatch::Prefix(prefix) => path.starts_with(prefix.as_str()),
+                PathMatch::Glob(g) => g.is_match(path),
+            }
         })
         && m.host.as_ref().is_none_or(|g| g.is_match(host(req).to_ascii_lowercase()))
         && (m.grpc_service.is_none() && m.grpc_method.is_none()
-            || respond::is_grpc(req.headers()) && grpc_matches(m, path))
+            || respond::is_grpc(req.headers()) && grpc_matches(m, normalized_once(path, req)))
         && m.headers
             .iter()
             .all(|(name, value)| req.headers().get(name).is_some_and(|v| v.as_bytes() == value.as_bytes()))
+}
+
+fn normalized_once<'a, 'r, B>(path: &'a mut Option<Cow<'r, str>>, req: &'r Request<B>) -> &'a str {
+    path.get_or_insert_with(|| normalized(req.uri().path()))
 }
 
 /// The path rules are matched against: RFC 3986 §6.2.2 normalization — percent-encoded
