@@ -57,6 +57,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let (source, text) = read_config(args.config.as_deref(), EMBEDDED_CONFIG)?;
     let repository = config::parse(&text).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
     let tls = args.tls().map(|files| files.load()).transpose().map_err(Failure::Usage)?;
+    let parent_tls = args.parent_tls().map(|files| files.load()).transpose().map_err(Failure::Usage)?;
 
     let grpc = TcpListener::bind(args.grpc_addr)
         .await
@@ -67,16 +68,10 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let (grpc_addr, admin_addr) = (local(grpc.local_addr()), local(admin.local_addr()));
 
     let handle = metrics::install().map_err(Failure::Runtime)?;
-    let parent = match args.parent.is_empty() {
-        true => None,
-        false => {
-            let tls = args.parent_tls().map(|files| files.load()).transpose().map_err(Failure::Usage)?;
-            Some(ParentLink {
-                servers: Servers::new(args.parent.clone(), tls, metrics::record_parent_rpc),
-                server_id: args.server_id.clone().unwrap_or_else(|| args.advertise_address()),
-            })
-        }
-    };
+    let parent = (!args.parent.is_empty()).then(|| ParentLink {
+        servers: Servers::new(args.parent.clone(), parent_tls, metrics::record_parent_rpc),
+        server_id: args.server_id.clone().unwrap_or_else(|| args.advertise_address()),
+    });
     let election = args.election();
     let election_key = election.as_ref().map(|e| e.key.clone());
     let config_status = ConfigStatus::shared(args.config.as_deref());

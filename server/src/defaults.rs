@@ -60,11 +60,16 @@ pub const SWEEP_BATCH: usize = 20_000;
 pub const GAUGE_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Bucket bounds of `sluice_server_request_duration_seconds`, from 25 µs to 2.5 s.
-pub const DURATION_BUCKETS: &[f64] =
-    &[0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5];
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
 
 /// Leases listed on a resource's debug page; the page says how many more there are.
 pub const STATUS_LEASES_SHOWN: usize = 1_000;
+
+/// Time a client has to finish its TLS handshake on the gRPC listener (Linkerd's default): a
+/// connection that stops half-way does not hold a socket for ever.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Time allowed for in-flight RPCs after SIGTERM.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

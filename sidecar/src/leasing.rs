@@ -9,9 +9,9 @@ use std::{
 
 use arc_swap::ArcSwap;
 use sluice_proto::ReleaseCapacityRequest;
-use sluice_server::discovery::Servers;
+use sluice_server::{discovery::Servers, tls};
 use tokio::sync::{mpsc::UnboundedReceiver, watch};
-use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+use tonic::transport::ClientTlsConfig;
 
 use crate::{
     config::{Config, ServerConfig},
@@ -144,14 +144,14 @@ pub fn unix_now() -> f64 {
 /// TLS toward the capacity servers, from the `server.tls` section.
 fn tls_config(config: &ServerConfig) -> Result<Option<ClientTlsConfig>, String> {
     let Some(t) = &config.tls else { return Ok(None) };
-    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("server.tls: {}: {e}", p.display()));
+    let context = |e: String| format!("server.tls: {e}");
     let mut tls = ClientTlsConfig::new();
     tls = match &t.ca {
-        Some(ca) => tls.ca_certificate(Certificate::from_pem(read(ca)?)),
+        Some(ca) => tls.ca_certificate(tls::ca_certificate(ca).map_err(context)?),
         None => tls.with_native_roots(),
     };
     if let (Some(cert), Some(key)) = (&t.cert, &t.key) {
-        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+        tls = tls.identity(tls::identity(cert, key).map_err(context)?);
     }
     if let Some(name) = &t.server_name {
         tls = tls.domain_name(name.clone());

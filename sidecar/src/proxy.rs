@@ -152,13 +152,8 @@ fn tls_config(ca: Option<&std::path::Path>) -> Result<rustls::ClientConfig, Stri
     let mut roots = rustls::RootCertStore::empty();
     match ca {
         Some(path) => {
-            let pem = std::fs::read(path).map_err(|e| format!("ca {}: {e}", path.display()))?;
-            for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-                let cert = cert.map_err(|e| format!("ca {}: {e}", path.display()))?;
+            for cert in sluice_server::tls::certificates(path).map_err(|e| format!("ca: {e}"))? {
                 roots.add(cert).map_err(|e| format!("ca {}: {e}", path.display()))?;
-            }
-            if roots.is_empty() {
-                return Err(format!("ca {}: no certificate found", path.display()));
             }
         }
         None => {

@@ -1,8 +1,18 @@
-//! TLS and mTLS on the gRPC listener, with certificates generated for the test.
+//! TLS and mTLS on the gRPC listener, from a sidecar, and the checks of the files at start-up,
+//! with certificates generated for the test.
+
+use std::{
+    io::Read,
+    net::{SocketAddr, TcpStream},
+    time::{Duration, Instant},
+};
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, KeyUsagePurpose};
 use sluice_proto::{DiscoveryRequest, capacity_client::CapacityClient};
-use sluice_tests::harness::Server;
+use sluice_tests::{
+    harness::{self, Server, Sidecar, free_port, http_get},
+    upstream::UpstreamProcess,
+};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 struct Pki {
@@ -13,7 +23,8 @@ struct Pki {
 }
 
 impl Pki {
-    /// A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA.
+    /// A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA,
+    /// in files; and a file that is not PEM.
     fn new() -> Pki {
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -30,6 +41,9 @@ impl Pki {
         std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
         std::fs::write(dir.path().join("server.pem"), server_cert).unwrap();
         std::fs::write(dir.path().join("server.key"), server_key).unwrap();
+        std::fs::write(dir.path().join("client.pem"), &client_cert_pem).unwrap();
+        std::fs::write(dir.path().join("client.key"), &client_key_pem).unwrap();
+        std::fs::write(dir.path().join("not-pem.txt"), "a certificate, honestly\n").unwrap();
         Pki { ca_pem: ca.pem(), client_cert_pem, client_key_pem, dir }
     }
 
@@ -86,4 +100,113 @@ async fn mtls_requires_a_client_certificate_from_the_ca() {
         discovery(format!("https://{}", server.grpc), Some(pki.tls(false))).await.is_err(),
         "no client certificate, no service"
     );
+}
+
+/// A sidecar config whose one rule leases `orders` from `server` over TLS set by `tls` (the
+/// YAML mapping's body), in front of `upstream`.
+fn sidecar_config(listen: SocketAddr, upstream: SocketAddr, server: SocketAddr, tls: &str) -> String {
+    format!(
+        "server:\n  addresses: [\"{server}\"]\n  tls: {{{tls}}}\n\
+         listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
+         upstreams:\n  - name: app\n    url: http://{upstream}\n\
+         resources:\n  - id: orders\n    kind: rate\n\
+         rules:\n  - resource: orders\n"
+    )
+}
+
+#[test]
+fn a_sidecar_leases_over_mtls() {
+    let pki = Pki::new();
+    let server = pki.server(true);
+    let upstream = UpstreamProcess::start(None);
+    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let tls = format!(
+        "ca: {}, cert: {}, key: {}, server_name: localhost",
+        pki.path("ca.pem"),
+        pki.path("client.pem"),
+        pki.path("client.key")
+    );
+    let sidecar =
+        Sidecar::builder().config(&sidecar_config(listen, upstream.addr(), server.grpc, &tls)).start_sidecar();
+    let leased = r#"sluice_sidecar_mode{resource="orders",mode="leased"}"#;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sidecar.metric(leased) != Some(1.0) {
+        assert!(Instant::now() < deadline, "no lease over mTLS; log:\n{}", sidecar.logs());
+        assert_eq!(http_get(listen, "/").map(|(status, _)| status).ok(), Some(200));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn tls_files_that_cannot_work_stop_both_binaries_at_start() {
+    let pki = Pki::new();
+    let p = |name| pki.path(name);
+    let any: SocketAddr = ([127, 0, 0, 1], 1).into();
+    let sidecar = |tls: String| {
+        let path = pki.dir.path().join("sidecar.yaml");
+        std::fs::write(&path, sidecar_config(any, any, any, &tls)).unwrap();
+        harness::run("sluice-sidecar", &["--config", path.to_str().unwrap(), "--admin-addr", "127.0.0.1:0"])
+    };
+    let local = ["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"];
+    let server = |args: &[&str]| harness::run("sluice-server", &[&local[..], args].concat());
+    let mismatch = format!("{} and {} do not go together", p("server.pem"), p("client.key"));
+    let cases = [
+        (server(&["--tls-cert", &p("server.pem"), "--tls-key", &p("client.key")]), mismatch.clone()),
+        (
+            server(&["--tls-cert", &p("server.pem"), "--tls-key", &p("server.pem")]),
+            format!("{}: no private key", p("server.pem")),
+        ),
+        (
+            server(&["--tls-cert", &p("server.key"), "--tls-key", &p("server.key")]),
+            format!("{}: no certificate", p("server.key")),
+        ),
+        (
+            server(&[
+                "--tls-cert",
+                &p("server.pem"),
+                "--tls-key",
+                &p("server.key"),
+                "--tls-client-ca",
+                &p("not-pem.txt"),
+            ]),
+            format!("{} is not PEM", p("not-pem.txt")),
+        ),
+        (
+            server(&[
+                "--parent",
+                "127.0.0.1:1",
+                "--parent-tls-ca",
+                &p("ca.pem"),
+                "--parent-tls-cert",
+                &p("server.pem"),
+                "--parent-tls-key",
+                &p("client.key"),
+            ]),
+            mismatch.clone(),
+        ),
+        (sidecar(format!("ca: {}, cert: {}, key: {}", p("ca.pem"), p("server.pem"), p("client.key"))), mismatch),
+        (sidecar(format!("ca: {}", p("not-pem.txt"))), format!("{} is not PEM", p("not-pem.txt"))),
+    ];
+    for (out, why) in cases {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{why}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr:?}");
+        assert!(stderr.contains(&why), "{stderr:?} should say {why:?}");
+    }
+}
+
+#[test]
+fn a_tls_handshake_that_never_comes_is_cut_off() {
+    let pki = Pki::new();
+    let server = pki.server(false);
+    let mut idle = TcpStream::connect(server.grpc).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let opened = Instant::now();
+    match idle.read(&mut [0; 64]) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("the connection should be closed, got {other:?}"),
+    }
+    // The handshake timeout is 10 s; a minute would mean there is none.
+    assert!(opened.elapsed() < Duration::from_secs(55), "cut off after {:?}", opened.elapsed());
 }
