@@ -103,16 +103,16 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Durat
                 gate.metrics.rejected.increment(1);
                 // Every earlier gate admitted (only shadow goes on past a refusal): rates get
                 // their tokens back, concurrency permits go when `permits` drops.
-                for earlier in charge.gates[..i].iter().filter(|g| g.settings().kind == Kind::Rate) {
+                for earlier in charge.gates[..i].iter().filter(|g| g.kind == Kind::Rate) {
                     earlier.refund(*cost);
                 }
                 let capacity = gate.applied().capacity;
-                let kind = gate.settings().kind;
+                let kind = gate.kind;
                 let grpc = respond::is_grpc(headers);
                 return Err(respond::limited(grpc, &gate.id, &charge.rule, kind, capacity, refused.retry_after));
             }
         }
-        if gate.settings().kind == Kind::Concurrency {
+        if gate.kind == Kind::Concurrency {
             permits.push(gate.clone(), *cost);
         }
     }

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc::UnboundedSender, oneshot};
 
 use crate::{
     config::Resource,
-    core::{Limiter, Offer, Seconds, Ticket},
+    core::{Kind, Limiter, Offer, Seconds, Ticket},
     defaults,
     metrics::GateMetrics,
     sync,
@@ -34,7 +34,8 @@ pub struct Applied {
 
 pub struct Gate {
     pub id: Arc<str>,
-    settings: Resource,
+    /// Fixed for the gate's life: a reload that changes it makes a new gate.
+    pub kind: Kind,
     state: Mutex<State>,
     origin: Instant,
     used: AtomicBool,
@@ -46,6 +47,7 @@ struct State {
     limiter: Limiter,
     waiters: HashMap<Ticket, oneshot::Sender<()>>,
     applied: Applied,
+    settings: Resource,
 }
 
 /// Why a request may not pass.
@@ -62,15 +64,16 @@ impl Gate {
         let id: Arc<str> = settings.id.as_str().into();
         let metrics = GateMetrics::new(&id);
         let gate = Gate {
+            kind: settings.kind,
             state: Mutex::new(State {
                 limiter: Limiter::new(settings.kind, capacity, burst, 0.0),
                 waiters: HashMap::new(),
                 applied: Applied { capacity, mode, expiry: None },
+                settings,
             }),
             origin: Instant::now(),
             used: AtomicBool::new(false),
             first_use,
-            settings,
             metrics,
             id,
         };
@@ -78,8 +81,20 @@ impl Gate {
         gate
     }
 
-    pub fn settings(&self) -> &Resource {
-        &self.settings
+    /// Takes a reload's settings for this resource (of the same kind) in place: its tokens,
+    /// in-flight count, queue and demand history carry over, and a new standalone capacity or
+    /// burst applies from now as a new lease would, without a burst of its own.
+    pub fn reconfigure(&self, settings: &Resource) {
+        let mut state = self.lock();
+        if state.settings == *settings {
+            return;
+        }
+        state.settings = settings.clone();
+        let applied = match self.first_use {
+            None => Applied { capacity: settings.capacity.unwrap_or(0.0), ..state.applied.clone() },
+            Some(_) => state.applied.clone(),
+        };
+        self.enforce(&mut state, applied);
     }
 
     /// Whether a request has been charged to this resource yet.
@@ -141,14 +156,17 @@ impl Gate {
 
     /// Enforces a new lease (or fallback) from now on, in place.
     pub fn apply(&self, applied: Applied) {
-        let burst = burst(&self.settings, applied.capacity);
         let mut state = self.lock();
-        if state.applied == applied {
-            return;
+        if state.applied != applied {
+            self.enforce(&mut state, applied);
         }
+    }
+
+    fn enforce(&self, state: &mut State, applied: Applied) {
         let now = self.now();
+        let burst = burst(&state.settings, applied.capacity);
         state.limiter.set_capacity(now, applied.capacity, burst);
-        poll(&mut state, now);
+        poll(state, now);
         self.metrics.applied(&applied);
         state.applied = applied;
     }

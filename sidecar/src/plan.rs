@@ -1,7 +1,10 @@
 //! A configuration made ready for the data path: each listener's target and compiled rules, a
-//! gate per resource and a client per upstream. A reload builds a new plan that keeps the gates
-//! and upstream clients whose settings did not change, so their tokens, in-flight counts, demand
-//! history and pooled connections carry over.
+//! gate per resource and a client per upstream. A reload builds a new plan that keeps the
+//! upstream clients whose settings did not change, with their pooled connections, and the gate
+//! of every resource whose kind did not change, its other settings changed in place: tokens,
+//! in-flight counts, queued requests and demand history carry over, so a reload never lets a
+//! resource's limit lapse. (A resource that changes kind starts afresh: rate tokens and
+//! in-flight requests are not the same measure.)
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -57,8 +60,11 @@ impl Plan {
         let gates: Vec<Arc<Gate>> = config
             .resources
             .iter()
-            .map(|r| match previous.and_then(|p| p.gate(&r.id)).filter(|g| g.settings() == r) {
-                Some(g) => g.clone(),
+            .map(|r| match previous.and_then(|p| p.gate(&r.id)).filter(|g| g.kind == r.kind) {
+                Some(g) => {
+                    g.reconfigure(r);
+                    g.clone()
+                }
                 None => Arc::new(Gate::new(r.clone(), first_use.cloned())),
             })
             .collect();
@@ -110,5 +116,38 @@ impl Plan {
 
     fn upstream(&self, name: &str) -> Option<&Arc<UpstreamClient>> {
         self.upstreams.get(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config;
+
+    fn plan(resource: &str, previous: Option<&Plan>) -> Plan {
+        let yaml = format!(
+            "listeners:\n  - {{name: l, address: 127.0.0.1:1, upstream: u}}\n\
+             upstreams:\n  - {{name: u, url: http://127.0.0.1:2}}\nresources:\n  - {resource}\n\
+             rules:\n  - {{resource: r}}\n"
+        );
+        Plan::build(config::parse(&yaml).unwrap(), previous, None).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_reload_changes_a_resource_in_place() {
+        let first = plan("{id: r, kind: concurrency, capacity: 1}", None);
+        let gate = first.gate("r").unwrap().clone();
+        assert!(gate.admit(1.0, Duration::ZERO).await.is_ok());
+
+        let second = plan("{id: r, kind: concurrency, capacity: 2, priority: 3}", Some(&first));
+        assert!(Arc::ptr_eq(second.gate("r").unwrap(), &gate), "the same gate");
+        assert_eq!((gate.load().0, gate.applied().capacity), (1.0, 2.0), "the request in flight still counts");
+        assert!(gate.admit(1.0, Duration::ZERO).await.is_ok());
+        assert!(gate.admit(1.0, Duration::ZERO).await.is_err(), "two in flight fill the new capacity");
+
+        let third = plan("{id: r, kind: rate, capacity: 2}", Some(&second));
+        assert!(!Arc::ptr_eq(third.gate("r").unwrap(), &gate), "another kind, another gate");
     }
 }

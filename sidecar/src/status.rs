@@ -73,7 +73,7 @@ pub fn snapshot(plan: &Plan, client_id: &str, config_status: ConfigStatus) -> Si
             let (in_flight, queued) = g.load();
             ResourceStatus {
                 id: g.id.to_string(),
-                kind: match g.settings().kind {
+                kind: match g.kind {
                     Kind::Rate => "rate",
                     Kind::Concurrency => "concurrency",
                 },
