@@ -32,12 +32,12 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let handle = metrics::install().map_err(Failure::Runtime)?;
     let client_id = args.client_id.clone().unwrap_or_else(|| default_client_id(&config));
 
-    let (first_use, first_used) = mpsc::unbounded_channel();
+    let (cue, cues) = mpsc::unbounded_channel();
     let leasing = match &config.server {
         Some(server) => Some(Arc::new(Leasing::new(client_id.clone(), server).map_err(Failure::Usage)?)),
         None => None,
     };
-    let first_use = leasing.as_ref().map(|_| first_use);
+    let cue = leasing.as_ref().map(|_| cue);
     let mut listeners = Vec::new();
     for l in &config.listeners {
         let bound = TcpListener::bind(l.address)
@@ -48,7 +48,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let admin_listener = std::net::TcpListener::bind(args.admin_addr)
         .map_err(|e| Failure::Runtime(format!("cannot listen on {} (admin): {e}", args.admin_addr)))?;
 
-    let plan = Plan::build(config, None, first_use.as_ref()).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
+    let plan = Plan::build(config, None, cue.as_ref()).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
     if let Some(leasing) = &leasing {
         leasing.configure(&plan.config);
         leasing.apply(&plan);
@@ -68,7 +68,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let hangup = signal(SignalKind::hangup()).map_err(|e| Failure::Runtime(format!("SIGHUP handler: {e}")))?;
     match args.config.clone() {
         Some(path) => {
-            let apply = reload(live.clone(), leasing.clone(), first_use.clone());
+            let apply = reload(live.clone(), leasing.clone(), cue.clone());
             let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload, config_status);
             tokio::spawn(reloader.run(args.config_poll_interval, hangup));
         }
@@ -78,7 +78,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     }
 
     let (stop, stopped) = watch::channel(false);
-    let leasing_task = leasing.clone().map(|l| tokio::spawn(l.run(live.clone(), first_used, stopped.clone())));
+    let leasing_task = leasing.clone().map(|l| tokio::spawn(l.run(live.clone(), cues, stopped.clone())));
     let serving: Vec<_> = listeners
         .into_iter()
         .enumerate()
@@ -108,7 +108,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
 fn reload(
     live: Arc<ArcSwap<Plan>>,
     leasing: Option<Arc<Leasing>>,
-    first_use: Option<mpsc::UnboundedSender<Arc<str>>>,
+    cue: Option<mpsc::UnboundedSender<Arc<str>>>,
 ) -> sluice_server::reload::Apply {
     Box::new(move |text: &str| {
         let next: Config = config::parse(text)?;
@@ -116,7 +116,7 @@ fn reload(
         if let Some(why) = current.config.restart_needed(&next) {
             return Err(why);
         }
-        let plan = Plan::build(next, Some(&current), first_use.as_ref())?;
+        let plan = Plan::build(next, Some(&current), cue.as_ref())?;
         if let Some(leasing) = &leasing {
             let dropped = leasing.configure(&plan.config);
             leasing.apply(&plan);

@@ -4,6 +4,7 @@
 
 use std::{
     collections::HashMap,
+    pin::pin,
     sync::{
         Arc, Mutex, MutexGuard,
         atomic::{AtomicBool, Ordering},
@@ -11,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::sync::{mpsc::UnboundedSender, oneshot};
+use tokio::sync::{Notify, mpsc::UnboundedSender, oneshot};
 
 use crate::{
     config::Resource,
@@ -39,7 +40,11 @@ pub struct Gate {
     state: Mutex<State>,
     origin: Instant,
     used: AtomicBool,
-    first_use: Option<UnboundedSender<Arc<str>>>,
+    /// Wakes the waiters when the capacity changes, so that each sleeps until its new turn.
+    retimed: Notify,
+    /// The lease client's cue (`None` in standalone mode): it hears of the resource's first
+    /// request, and of demand surging past what it last asked for.
+    cue: Option<UnboundedSender<Arc<str>>>,
     pub metrics: GateMetrics,
 }
 
@@ -48,6 +53,8 @@ struct State {
     waiters: HashMap<Ticket, oneshot::Sender<()>>,
     applied: Applied,
     settings: Resource,
+    /// The lease client has been told that demand outgrew what it last asked for.
+    nudged: bool,
 }
 
 /// Why a request may not pass.
@@ -57,23 +64,26 @@ pub struct Refused {
 
 impl Gate {
     /// A gate at the resource's standalone capacity (0 when it has none, until a lease applies).
-    pub fn new(settings: Resource, first_use: Option<UnboundedSender<Arc<str>>>) -> Gate {
+    pub fn new(settings: Resource, cue: Option<UnboundedSender<Arc<str>>>) -> Gate {
         let capacity = settings.capacity.unwrap_or(0.0);
-        let mode = if first_use.is_some() { "pending" } else { "standalone" };
+        let mode = if cue.is_some() { "pending" } else { "standalone" };
         let burst = burst(&settings, capacity);
         let id: Arc<str> = settings.id.as_str().into();
         let metrics = GateMetrics::new(&id);
+        let limiter = Limiter::new(settings.kind, capacity, burst, 0.0);
         let gate = Gate {
             kind: settings.kind,
             state: Mutex::new(State {
-                limiter: Limiter::new(settings.kind, capacity, burst, 0.0),
+                limiter: if cue.is_some() { limiter.leased() } else { limiter },
                 waiters: HashMap::new(),
                 applied: Applied { capacity, mode, expiry: None },
                 settings,
+                nudged: false,
             }),
             origin: Instant::now(),
             used: AtomicBool::new(false),
-            first_use,
+            retimed: Notify::new(),
+            cue,
             metrics,
             id,
         };
@@ -90,7 +100,7 @@ impl Gate {
             return;
         }
         state.settings = settings.clone();
-        let applied = match self.first_use {
+        let applied = match self.cue {
             None => Applied { capacity: settings.capacity.unwrap_or(0.0), ..state.applied.clone() },
             Some(_) => state.applied.clone(),
         };
@@ -115,25 +125,29 @@ impl Gate {
     pub async fn admit(&self, cost: f64, max_wait: Duration) -> Result<Duration, Refused> {
         if !self.used.load(Ordering::Relaxed)
             && !self.used.swap(true, Ordering::Relaxed)
-            && let Some(first_use) = &self.first_use
+            && let Some(cue) = &self.cue
         {
-            let _ = first_use.send(self.id.clone());
+            let _ = cue.send(self.id.clone());
         }
-        let (ticket, receiver, wake) = {
+        let (ticket, receiver) = {
             let mut state = self.lock();
             let now = self.now();
-            match state.limiter.offer(now, cost, max_wait.as_secs_f64()) {
+            let offer = state.limiter.offer(now, cost, max_wait.as_secs_f64());
+            if offer != Offer::Admitted {
+                self.nudge(&mut state, now);
+            }
+            match offer {
                 Offer::Admitted => return Ok(Duration::ZERO),
                 Offer::Rejected { retry_after } => return Err(self.refusal(retry_after)),
                 Offer::Queued(ticket) => {
                     let (sender, receiver) = oneshot::channel();
                     state.waiters.insert(ticket, sender);
-                    (ticket, receiver, poll(&mut state, now))
+                    (ticket, receiver)
                 }
             }
         };
         let mut waiting = Waiting { gate: self, ticket, cost, finished: false };
-        let outcome = waiting.wait(receiver, wake, max_wait).await;
+        let outcome = waiting.wait(receiver, max_wait).await;
         waiting.finished = true;
         outcome
     }
@@ -167,6 +181,8 @@ impl Gate {
         let burst = burst(&state.settings, applied.capacity);
         state.limiter.set_capacity(now, applied.capacity, burst);
         poll(state, now);
+        // The turns of those still waiting moved: they look again.
+        self.retimed.notify_waiters();
         self.metrics.applied(&applied);
         state.applied = applied;
     }
@@ -175,7 +191,29 @@ impl Gate {
         self.lock().applied.clone()
     }
 
-    /// What to ask the capacity server for: the core's estimate from offered load.
+    /// A request could not pass at once: if demand surged past what was last asked for, the
+    /// lease client hears of it now (once per request it sends), not at its next look.
+    fn nudge(&self, state: &mut State, now: Seconds) {
+        if let Some(cue) = &self.cue
+            && !state.nudged
+            && state.limiter.surged(now)
+        {
+            state.nudged = true;
+            let _ = cue.send(self.id.clone());
+        }
+    }
+
+    /// What to ask the capacity server for, as a request to it is built.
+    pub fn ask(&self) -> f64 {
+        let now = self.now();
+        let mut state = self.lock();
+        state.nudged = false;
+        let wants = state.limiter.ask(now);
+        self.metrics.wants.set(wants);
+        wants
+    }
+
+    /// What the load offered lately asks for: the core's estimate.
     pub fn wants(&self) -> f64 {
         let now = self.now();
         let wants = self.lock().limiter.wants(now);
@@ -206,38 +244,43 @@ struct Waiting<'a> {
 }
 
 impl Waiting<'_> {
-    async fn wait(
-        &self,
-        mut admitted: oneshot::Receiver<()>,
-        mut wake: Option<Seconds>,
-        max_wait: Duration,
-    ) -> Result<Duration, Refused> {
+    async fn wait(&self, mut admitted: oneshot::Receiver<()>, max_wait: Duration) -> Result<Duration, Refused> {
         let gate = self.gate;
         let start = Instant::now();
         let deadline = start + max_wait;
         loop {
-            // Sleep until the limiter says the head may go or this request's time is up; the
-            // first waiter to wake admits everyone whose turn has come.
+            // Listening for a capacity change from before the turn is computed, under the lock,
+            // so that no change is missed in between.
+            let retimed = gate.retimed.notified();
+            let mut retimed = pin!(retimed);
+            let wake = {
+                let mut state = gate.lock();
+                retimed.as_mut().enable();
+                // The first waiter to look admits everyone whose turn has come.
+                let wake = match state.waiters.contains_key(&self.ticket) {
+                    true => poll(&mut state, gate.now()),
+                    false => None,
+                };
+                if !state.waiters.contains_key(&self.ticket) {
+                    return Ok(start.elapsed());
+                }
+                if Instant::now() >= deadline {
+                    state.waiters.remove(&self.ticket);
+                    state.limiter.cancel(self.ticket);
+                    return Err(gate.refusal(None));
+                }
+                wake
+            };
+            // Sleep until the limiter says the head may go, the capacity changes or this
+            // request's time is up.
             let until = match wake {
                 Some(at) if at.is_finite() => deadline.min(gate.origin + Duration::from_secs_f64(at.max(0.0))),
                 _ => deadline,
             };
             tokio::select! {
                 _ = &mut admitted => return Ok(start.elapsed()),
+                _ = retimed => {}
                 _ = tokio::time::sleep_until(until.into()) => {}
-            }
-            let mut state = gate.lock();
-            let now = gate.now();
-            if state.waiters.contains_key(&self.ticket) {
-                wake = poll(&mut state, now);
-            }
-            if !state.waiters.contains_key(&self.ticket) {
-                return Ok(start.elapsed());
-            }
-            if Instant::now() >= deadline {
-                state.waiters.remove(&self.ticket);
-                state.limiter.cancel(self.ticket);
-                return Err(gate.refusal(None));
             }
         }
     }

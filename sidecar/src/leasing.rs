@@ -69,7 +69,7 @@ impl Leasing {
     pub async fn run(
         self: Arc<Self>,
         live: Arc<ArcSwap<Plan>>,
-        mut first_use: UnboundedReceiver<Arc<str>>,
+        mut cues: UnboundedReceiver<Arc<str>>,
         mut stop: watch::Receiver<bool>,
     ) {
         loop {
@@ -79,7 +79,9 @@ impl Leasing {
             let refresh = until_due.is_zero();
             if !refresh {
                 tokio::select! {
-                    used = first_use.recv() => if let Some(id) = used {
+                    // A resource's first use, or a surge in its demand: looked
+                    // at now, not at the next check.
+                    cued = cues.recv() => if let Some(id) = cued {
                         self.lock().touch(&id);
                     },
                     _ = tokio::time::sleep(until_due.min(defaults::LEASE_CHECK_INTERVAL)) => {}
@@ -91,7 +93,7 @@ impl Leasing {
                 continue;
             }
             let plan = live.load_full();
-            let request = self.lock().request(now, |id| plan.gate(id).map_or(0.0, |g| g.wants()));
+            let request = self.lock().request(now, |id| plan.gate(id).map_or(0.0, |g| g.ask()));
             if let Some(request) = request {
                 for r in &request.resource {
                     tracing::debug!(resource = %r.resource_id, wants = r.wants, "asking");

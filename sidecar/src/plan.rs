@@ -41,12 +41,12 @@ pub enum Target {
 }
 
 impl Plan {
-    /// `first_use` hears of each resource's first request (the lease client's cue); `None` in
-    /// standalone mode, where gates hold their configured capacity.
+    /// `cue` tells the lease client of each resource's first request and of demand surging past
+    /// its lease; `None` in standalone mode, where gates hold their configured capacity.
     pub fn build(
         config: Config,
         previous: Option<&Plan>,
-        first_use: Option<&UnboundedSender<Arc<str>>>,
+        cue: Option<&UnboundedSender<Arc<str>>>,
     ) -> Result<Plan, String> {
         let mut upstreams = HashMap::new();
         for u in &config.upstreams {
@@ -65,7 +65,7 @@ impl Plan {
                     g.reconfigure(r);
                     g.clone()
                 }
-                None => Arc::new(Gate::new(r.clone(), first_use.cloned())),
+                None => Arc::new(Gate::new(r.clone(), cue.cloned())),
             })
             .collect();
         let gate = |id: &str| gates.iter().find(|g| &*g.id == id).cloned().expect("rules name declared resources");
@@ -121,7 +121,7 @@ impl Plan {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use super::*;
     use crate::config;
@@ -149,5 +149,21 @@ mod tests {
 
         let third = plan("{id: r, kind: rate, capacity: 2}", Some(&second));
         assert!(!Arc::ptr_eq(third.gate("r").unwrap(), &gate), "another kind, another gate");
+    }
+
+    #[tokio::test]
+    async fn a_raised_capacity_lets_waiters_go_at_once() {
+        let first = plan("{id: r, capacity: 0.5, burst: 1}", None);
+        let gate = first.gate("r").unwrap().clone();
+        assert!(gate.admit(1.0, Duration::ZERO).await.is_ok());
+        let started = Instant::now();
+        let waiter = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.admit(1.0, Duration::from_secs(10)).await.is_ok() }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _second = plan("{id: r, capacity: 1000, burst: 1}", Some(&first));
+        assert!(waiter.await.unwrap());
+        assert!(started.elapsed() < Duration::from_secs(1), "its turn at the old rate was 2 s away");
     }
 }

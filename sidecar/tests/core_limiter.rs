@@ -191,6 +191,37 @@ fn no_capacity_rejects_everything() {
 }
 
 #[test]
+fn a_surge_past_the_lease_asked_for_waits_for_a_larger_one() {
+    for kind in [Kind::Rate, Kind::Concurrency] {
+        // After a lull the lease dwindled to nothing; the last request asked for nothing.
+        let mut limiter = Limiter::new(kind, 0.0, 2.0, 0.0).leased();
+        assert_eq!(limiter.ask(0.0), 0.0);
+        let waiters: Vec<Ticket> = (0..4).map(|_| queued(limiter.offer(100.0, 1.0, 5.0))).collect();
+        assert!(limiter.surged(100.0), "{kind:?}: the lease client is due to ask again");
+        assert_eq!(limiter.offer(100.0, 1.0, 0.0), Offer::Rejected { retry_after: None }, "reject mode does not wait");
+        // The larger lease comes and lets them through.
+        limiter.set_capacity(100.25, 16.0, 4.0);
+        let mut admitted = poll(&mut limiter, 100.25).0;
+        admitted.extend(poll(&mut limiter, 100.375).0);
+        assert_eq!(admitted, waiters, "{kind:?}");
+        // Once asked for, the demand is judged by the lease it got.
+        assert!(limiter.ask(100.375) >= 4.0, "{kind:?}");
+        limiter.set_capacity(100.375, 0.0, 4.0);
+        assert_eq!(limiter.offer(100.375, 1.0, 5.0), Offer::Rejected { retry_after: None }, "{kind:?}");
+    }
+    // A rate whose trickle of a lease would take too long waits too, where a standalone one
+    // (nobody to ask) refuses at once.
+    let mut leased = Limiter::new(Kind::Rate, 0.125, 1.0, 0.0).leased();
+    let mut standalone = Limiter::new(Kind::Rate, 0.125, 1.0, 0.0);
+    leased.ask(0.0);
+    for limiter in [&mut leased, &mut standalone] {
+        assert_eq!(limiter.offer(50.0, 1.0, 5.0), Offer::Admitted);
+    }
+    queued(leased.offer(50.0, 4.0, 5.0));
+    assert_eq!(standalone.offer(50.0, 4.0, 5.0), Offer::Rejected { retry_after: Some(8.0) });
+}
+
+#[test]
 fn waiters_stay_queued_while_capacity_is_gone() {
     let mut limiter = Limiter::new(Kind::Rate, 8.0, 1.0, 0.0);
     assert_eq!(limiter.offer(0.0, 1.0, 0.0), Offer::Admitted);

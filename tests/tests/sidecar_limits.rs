@@ -256,6 +256,44 @@ async fn a_missing_capacity_server_never_fails_requests() {
 }
 
 #[tokio::test]
+async fn after_a_lull_delay_mode_waits_for_a_larger_lease() {
+    let upstream = UpstreamProcess::start(None);
+    let server = Server::builder().config(&doorman(1000.0, 30, 1)).start();
+    let addr = listen();
+    let yaml = config(
+        addr,
+        upstream.addr(),
+        Some(server.grpc),
+        "  - id: orders\n",
+        "  - resource: orders\n    on_limit: delay\n    max_wait: 5s\n",
+    );
+    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    let client = http1();
+    let url = format!("http://{addr}/echo");
+    assert_eq!(get(&client, &url).await.status, 200);
+    // The lease follows the demand of that one request down to a trickle.
+    eventually(Duration::from_secs(20), "a dwindled lease", || {
+        let status = resource_status(&sidecar, "orders");
+        status["mode"] == "leased" && status["capacity"].as_f64().is_some_and(|c| c < 0.5)
+    })
+    .await;
+    // Ten at once: two go on the saved tokens, the rest wait for the lease the surge asks for
+    // (at the trickle's rate, their wait would be far beyond max_wait).
+    let calls: Vec<_> = (0..10)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move { get(&client, &url).await.status.as_u16() })
+        })
+        .collect();
+    let mut codes = Vec::new();
+    for call in calls {
+        codes.push(call.await.unwrap());
+    }
+    assert_eq!(codes, [200; 10]);
+    assert!(resource_status(&sidecar, "orders")["capacity"].as_f64().unwrap() > 5.0, "the surge was asked for");
+}
+
+#[tokio::test]
 async fn reload_changes_rules_without_dropping_connections() {
     let upstream = UpstreamProcess::start(None);
     let addr = listen();

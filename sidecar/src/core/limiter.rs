@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 
 use super::{Seconds, demand::Demand};
+use crate::defaults::SURGE;
 
 /// Waiters one resource may hold. Each parks a request (and its connection) in the proxy; past
 /// this, waiting longer only turns overload into memory growth and timeouts, so we refuse at once.
@@ -54,6 +55,8 @@ pub struct Limiter {
     queued_cost: f64,
     next_ticket: u64,
     demand: Demand,
+    /// The wants last asked of a capacity server (∞: there is none to ask, standalone).
+    asked: f64,
 }
 
 impl Limiter {
@@ -72,7 +75,14 @@ impl Limiter {
             queued_cost: 0.0,
             next_ticket: 0,
             demand: Demand::new(kind, now),
+            asked: f64::INFINITY,
         }
+    }
+
+    /// Capacity comes from leases: until one is asked for, any demand is a surge.
+    pub fn leased(mut self) -> Limiter {
+        self.asked = 0.0;
+        self
     }
 
     /// Every arrival goes through here, whatever becomes of it, so that demand counts offered
@@ -87,22 +97,34 @@ impl Limiter {
             self.take(cost);
             return Offer::Admitted;
         }
-        if self.capacity == 0.0 || cost == f64::INFINITY {
+        if cost == f64::INFINITY {
             return Offer::Rejected { retry_after: None };
         }
         self.refill(now);
-        if self.queue.is_empty() && self.fits(cost) {
+        if self.capacity > 0.0 && self.queue.is_empty() && self.fits(cost) {
             self.take(cost);
             return Offer::Admitted;
         }
         let wait = match self.kind {
             // Everyone queued pays in full before this arrival's turn comes.
-            Kind::Rate => Some((self.queued_cost + cost.min(self.burst) - self.tokens).max(0.0) / self.capacity),
-            Kind::Concurrency => None,
+            Kind::Rate if self.capacity > 0.0 => {
+                Some((self.queued_cost + cost.min(self.burst) - self.tokens).max(0.0) / self.capacity)
+            }
+            _ => None,
         };
         // A rate waits when its turn is predicted within `max_wait` (at once: the queue is about
-        // to drain); a semaphore cannot predict, so it waits whenever the caller would.
-        let waits = wait.map_or(max_wait > 0.0, |wait| wait <= max_wait);
+        // to drain); a semaphore cannot predict, so it waits whenever the caller would. Nor can
+        // a resource whose demand surged past what was last asked for: a larger lease is on its
+        // way, so it waits for that (up to `max_wait`) rather than be judged by the lease it
+        // has. With no capacity and none coming, nothing waits.
+        let waits = if self.surged(now) {
+            max_wait > 0.0
+        } else {
+            match wait {
+                Some(wait) => wait <= max_wait,
+                None => self.capacity > 0.0 && max_wait > 0.0,
+            }
+        };
         if waits && self.queue.len() < MAX_QUEUED {
             let ticket = Ticket(self.next_ticket);
             self.next_ticket += 1;
@@ -195,7 +217,20 @@ impl Limiter {
         self.queue.len()
     }
 
-    /// What to ask the capacity server for, from the load offered lately.
+    /// What to ask the capacity server for now; remembered as asked for.
+    pub fn ask(&mut self, now: Seconds) -> f64 {
+        self.asked = self.wants(now);
+        self.asked
+    }
+
+    /// Whether demand has surged past what was last asked for (see [`SURGE`]); any demand is a
+    /// surge when nothing was asked for.
+    pub fn surged(&mut self, now: Seconds) -> bool {
+        let (asked, wants) = (self.asked, self.wants(now));
+        asked < f64::INFINITY && (wants - asked > SURGE * asked.max(1.0) || asked == 0.0 && wants > 0.0)
+    }
+
+    /// What the load offered lately asks for.
     pub fn wants(&mut self, now: Seconds) -> f64 {
         let floor = match self.kind {
             Kind::Rate => 0.0,
