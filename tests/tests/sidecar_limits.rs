@@ -256,6 +256,49 @@ async fn a_missing_capacity_server_never_fails_requests() {
 }
 
 #[tokio::test]
+async fn a_server_back_in_learning_mode_grants_what_the_fallback_held() {
+    let upstream = UpstreamProcess::start(None);
+    let grpc: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let server = Server::builder().config(&doorman(1000.0, 3, 1)).start_at(grpc);
+    let addr = listen();
+    let yaml = config(addr, upstream.addr(), Some(grpc), "  - id: orders\n", "  - resource: orders\n");
+    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    // Steady demand throughout, well under the fallback's 7 a second.
+    let traffic = tokio::spawn(async move {
+        let (client, url) = (http1(), format!("http://{addr}/echo"));
+        loop {
+            get(&client, &url).await;
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    });
+    eventually(Duration::from_secs(10), "leased", || {
+        let status = resource_status(&sidecar, "orders");
+        status["mode"] == "leased" && status["capacity"].as_f64().is_some_and(|c| c > 0.0)
+    })
+    .await;
+    drop(server);
+    eventually(Duration::from_secs(10), "safe fallback after expiry", || {
+        resource_status(&sidecar, "orders")["mode"] == "fallback_safe"
+    })
+    .await;
+    // Back, and learning for 30 s (the sidecar's backoff may take some of that).
+    let learning = doorman(1000.0, 3, 1).replace("learning_mode_duration: 0", "learning_mode_duration: 30");
+    let _back = Server::builder().config(&learning).start_at(grpc);
+    // It grants what the sidecar reports holding, its fallback's 7 (or less: its wants), not 0.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let status = loop {
+        let status = resource_status(&sidecar, "orders");
+        if status["mode"] == "leased" {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "not leased again: {status}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status["capacity"].as_f64().unwrap() > 0.0, "{status}");
+    traffic.abort();
+}
+
+#[tokio::test]
 async fn after_a_lull_delay_mode_waits_for_a_larger_lease() {
     let upstream = UpstreamProcess::start(None);
     let server = Server::builder().config(&doorman(1000.0, 30, 1)).start();

@@ -85,6 +85,34 @@ impl Entry {
     fn valid_lease(&self, now: f64) -> Option<&Lease> {
         self.lease.as_ref().filter(|lease| now < lease.expiry_time as f64)
     }
+
+    /// What applies without a valid lease (INFINITY: no limit).
+    fn fallback_capacity(&self) -> f64 {
+        match self.spec.fallback {
+            // A server's safe capacity of −1 means no limit.
+            Fallback::Safe => {
+                self.server_safe.map_or(self.spec.safe_capacity, |safe| if safe < 0.0 { f64::INFINITY } else { safe })
+            }
+            Fallback::Optimistic => f64::INFINITY,
+            Fallback::Pessimistic => 0.0,
+        }
+    }
+
+    /// What to report holding: the valid lease, or once the fallback is decided, the fallback
+    /// as a lease of the moment — so that a server in learning mode (one that restarted after
+    /// an outage longer than a lease) grants what the client holds itself to, not nothing, and
+    /// its return never makes matters worse than its absence. Capped at what a server takes.
+    fn has(&self, now: f64) -> Option<Lease> {
+        match self.valid_lease(now) {
+            Some(lease) => Some(Lease { capacity: lease.capacity.min(MAX_AMOUNT), ..*lease }),
+            None if self.asked => Some(Lease {
+                capacity: self.fallback_capacity().min(MAX_AMOUNT),
+                expiry_time: now as i64,
+                refresh_interval: 0,
+            }),
+            None => None,
+        }
+    }
 }
 
 pub struct LeaseClient {
@@ -160,9 +188,7 @@ impl LeaseClient {
                 ResourceRequest {
                     resource_id: entry.spec.id.clone(),
                     priority: entry.spec.priority,
-                    has: entry
-                        .valid_lease(now)
-                        .map(|lease| Lease { capacity: lease.capacity.min(MAX_AMOUNT), ..*lease }),
+                    has: entry.has(now),
                     // A server refuses NaN, ∞ and amounts above MAX_AMOUNT at the door: ask for
                     // nothing, or the most it takes, rather than fail the whole request.
                     wants: if wants.is_nan() { 0.0 } else { wants.clamp(0.0, MAX_AMOUNT) },
@@ -245,16 +271,8 @@ impl LeaseClient {
                 refresh_interval: Some(lease.refresh_interval),
             });
         }
-        let capacity = match fallback {
-            // A server's safe capacity of −1 means no limit.
-            Fallback::Safe => {
-                entry.server_safe.map_or(entry.spec.safe_capacity, |safe| if safe < 0.0 { f64::INFINITY } else { safe })
-            }
-            Fallback::Optimistic => f64::INFINITY,
-            Fallback::Pessimistic => 0.0,
-        };
         let mode = if entry.asked { Mode::Fallback } else { Mode::Pending };
-        Some(Effective { capacity, mode, fallback, expiry: None, refresh_interval: None })
+        Some(Effective { capacity: entry.fallback_capacity(), mode, fallback, expiry: None, refresh_interval: None })
     }
 
     /// Shutdown: the ids to release. Forgets their leases, so nothing is due any more.
