@@ -26,14 +26,17 @@ pub struct Admin {
     pub config: SharedConfigStatus,
     /// Set once the listeners are bound and the first configuration is in force.
     pub started: AtomicBool,
+    /// Set at SIGTERM: the listeners no longer accept connections.
+    pub draining: AtomicBool,
 }
 
 impl Admin {
-    /// Ready when started and no resource in use is still waiting for its first answer from a
-    /// capacity server (each has a lease or has fallen back by its policy).
+    /// Ready from when the listeners are bound until they drain. Every resource always has a
+    /// decided policy (a lease, or its `when_unreachable` fallback while it has none, including
+    /// before the first answer), so readiness never waits on a capacity server: a pod taken out
+    /// of its Service as its first requests arrive would only see them fail elsewhere.
     pub fn is_ready(&self) -> bool {
-        self.started.load(Ordering::Relaxed)
-            && self.live.load().gates.iter().all(|g| !g.used() || g.applied().mode != "pending")
+        self.started.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
     }
 }
 

@@ -61,6 +61,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         handle,
         config: config_status.clone(),
         started: false.into(),
+        draining: false.into(),
     });
     admin::spawn(admin_listener, admin.clone()).map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
 
@@ -78,7 +79,9 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     }
 
     let (stop, stopped) = watch::channel(false);
-    let leasing_task = leasing.clone().map(|l| tokio::spawn(l.run(live.clone(), cues, stopped.clone())));
+    // The leases are kept up while the listeners drain, and given back after.
+    let (release, released) = watch::channel(false);
+    let leasing_task = leasing.clone().map(|l| tokio::spawn(l.run(live.clone(), cues, released)));
     let serving: Vec<_> = listeners
         .into_iter()
         .enumerate()
@@ -92,10 +95,18 @@ pub async fn run(args: Args) -> Result<(), Failure> {
 
     let signal = termination().await;
     tracing::info!(signal, grace = ?args.shutdown_grace, "draining connections");
+    admin.draining.store(true, Ordering::Relaxed);
     let _ = stop.send(true);
-    for task in serving {
-        let _ = task.await;
+    let drained = async {
+        for task in serving {
+            let _ = task.await;
+        }
+    };
+    tokio::select! {
+        _ = drained => {}
+        signal = termination() => tracing::warn!(signal, "asked again: the connections still open are closed now"),
     }
+    let _ = release.send(true);
     if let Some(task) = leasing_task {
         let _ = task.await;
     }

@@ -393,13 +393,17 @@ async fn sigterm_drains_and_releases_leases() {
     let holds = || server.get("/debug/status.json?resource=jobs").1.contains("pod-a");
     eventually(Duration::from_secs(5), "the server holds a lease for pod-a", holds).await;
 
-    // A slow request in flight is allowed to finish.
+    // A slow request in flight is allowed to finish; meanwhile the sidecar is not ready and
+    // still holds its lease, which goes back once the drain is over.
     let slow = tokio::spawn({
         let client = client.clone();
-        async move { get(&client, &format!("http://{addr}/slow?ms=500")).await.status.as_u16() }
+        async move { get(&client, &format!("http://{addr}/slow?ms=1500")).await.status.as_u16() }
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     sidecar.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sidecar.get("/ready").0, 503, "draining");
+    assert!(holds(), "the lease is kept while draining");
     assert_eq!(slow.await.unwrap(), 200, "drained");
     assert_eq!(sidecar.wait_exit(Duration::from_secs(10)), Some(0));
     assert!(!holds(), "the lease was released");
@@ -409,6 +413,22 @@ async fn sigterm_drains_and_releases_leases() {
         Duration::from_secs(2),
     );
     assert!(refused.await.is_none(), "no longer listening");
+}
+
+#[tokio::test]
+async fn a_second_signal_cuts_the_drain_short() {
+    let upstream = UpstreamProcess::start(None);
+    let addr = listen();
+    let yaml = config(addr, upstream.addr(), None, "  - id: r\n    capacity: 100\n", "  - resource: r\n");
+    let mut sidecar = Sidecar::builder().config(&yaml).args(["--shutdown-grace", "60s"]).start_sidecar();
+    let slow = tokio::spawn(async move { get(&http1(), &format!("http://{addr}/slow?ms=20000")).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    sidecar.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    sidecar.signal("INT");
+    // The second signal ends the wait of up to a minute.
+    assert_eq!(sidecar.wait_exit(Duration::from_secs(10)), Some(0));
+    slow.abort();
 }
 
 #[test]
