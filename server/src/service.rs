@@ -82,7 +82,7 @@ pub fn release_capacity(
     req: &ReleaseCapacityRequest,
 ) -> Result<ReleaseCapacityResponse, Status> {
     validate::release_capacity(req)?;
-    for id in &req.resource_id {
+    for id in req.resource_id.iter().filter(|id| !id.is_empty()) {
         ledger.release(now, &req.client_id, id);
     }
     Ok(ReleaseCapacityResponse { mastership: None })

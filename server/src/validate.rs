@@ -78,9 +78,24 @@ fn claims<'a, R>(
     resources.iter().zip(ids).enumerate().map(|(i, (r, id))| Ok((id, claim(i, r)?))).collect()
 }
 
+/// Doorman's own Go client pads the list it releases at `Close()` with empty ids (so an id may
+/// also come twice). Releasing is idempotent, so those are let through and ignored, as Doorman's
+/// server does: refused, that client would retry for ever and never close.
 pub fn release_capacity(req: &ReleaseCapacityRequest) -> Result<(), Status> {
     id("client_id", &req.client_id)?;
-    resource_ids(req.resource_id.iter().map(String::as_str), "resource_id", |i| format!("resource_id[{i}]")).map(drop)
+    at_most_per_request("resource_id", req.resource_id.len())?;
+    req.resource_id
+        .iter()
+        .enumerate()
+        .filter(|(_, resource_id)| !resource_id.is_empty())
+        .try_for_each(|(i, resource_id)| id(&format!("resource_id[{i}]"), resource_id))
+}
+
+fn at_most_per_request(field: &str, len: usize) -> Result<(), Status> {
+    match len > MAX_RESOURCES_PER_REQUEST {
+        true => Err(invalid(format!("{field}: at most {MAX_RESOURCES_PER_REQUEST} resources per request, got {len}"))),
+        false => Ok(()),
+    }
 }
 
 /// The resource ids of a request (the list `field`, each id `name(i)`): each a valid id, no
@@ -90,12 +105,7 @@ fn resource_ids<'a>(
     field: &str,
     name: impl Fn(usize) -> String,
 ) -> Result<Vec<&'a str>, Status> {
-    if ids.len() > MAX_RESOURCES_PER_REQUEST {
-        return Err(invalid(format!(
-            "{field}: at most {MAX_RESOURCES_PER_REQUEST} resources per request, got {}",
-            ids.len()
-        )));
-    }
+    at_most_per_request(field, ids.len())?;
     let mut seen = HashSet::with_capacity(ids.len());
     ids.enumerate()
         .map(|(i, resource_id)| {
