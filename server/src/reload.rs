@@ -74,12 +74,17 @@ pub struct Reloader {
     /// The file's content at the last attempt (`None`: it could not be read), so that an
     /// unchanged file is neither re-applied nor re-counted.
     last: Option<Vec<u8>>,
+    /// A change seen by the last poll, not yet applied: a poll applies a change only once the
+    /// poll before saw the same, so that a file caught half-written by a tool writing it in place
+    /// is not applied (a half that parses would drop the rest). It costs a change one poll
+    /// interval; SIGHUP applies at once.
+    pending: Option<Option<Vec<u8>>>,
 }
 
 impl Reloader {
     /// `loaded` is the content the process started with; `status` what the status pages show.
     pub fn new(path: PathBuf, loaded: Vec<u8>, apply: Apply, record: Record, status: SharedConfigStatus) -> Reloader {
-        Reloader { path, apply, record, status, last: Some(loaded) }
+        Reloader { path, apply, record, status, last: Some(loaded), pending: None }
     }
 
     /// Checks the file every `interval` (> 0) and on every SIGHUP, until the process ends.
@@ -104,13 +109,22 @@ impl Reloader {
         }
     }
 
-    /// Applies the file if it changed, or in any case when `forced`.
+    /// Applies the file if it changed and has stayed so since the last poll, or in any case when
+    /// `forced`.
     fn check(&mut self, forced: bool) {
         let read = std::fs::read(&self.path);
         let content = read.as_ref().ok().cloned();
-        if !forced && content == self.last {
-            return;
+        if !forced {
+            if content == self.last {
+                self.pending = None;
+                return;
+            }
+            if self.pending.as_ref() != Some(&content) {
+                self.pending = Some(content);
+                return;
+            }
         }
+        self.pending = None;
         self.last = content;
         let outcome = read
             .map_err(|e| format!("cannot read {}: {e}", self.path.display()))
@@ -130,5 +144,45 @@ impl Reloader {
                 tracing::error!(path = %self.path.display(), %error, "configuration rejected; the previous one stays in force")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[test]
+    fn a_change_is_applied_once_two_polls_see_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, "a").unwrap();
+        let applied = Arc::new(Mutex::new(Vec::new()));
+        let apply: Apply = Box::new({
+            let applied = applied.clone();
+            move |text: &str| {
+                applied.lock().unwrap().push(text.to_owned());
+                Ok(String::new())
+            }
+        });
+        let mut reloader = Reloader::new(path.clone(), b"a".to_vec(), apply, |_| {}, ConfigStatus::shared(None));
+        let applied = || applied.lock().unwrap().clone();
+        reloader.check(false);
+        assert!(applied().is_empty(), "unchanged");
+        // Caught half-written, then complete: only the complete file is applied.
+        std::fs::write(&path, "b: [").unwrap();
+        reloader.check(false);
+        std::fs::write(&path, "b: [1]").unwrap();
+        reloader.check(false);
+        assert!(applied().is_empty(), "still changing");
+        reloader.check(false);
+        assert_eq!(applied(), ["b: [1]"]);
+        reloader.check(false);
+        assert_eq!(applied().len(), 1, "applied once");
+        // SIGHUP does not wait.
+        std::fs::write(&path, "c").unwrap();
+        reloader.check(true);
+        assert_eq!(applied(), ["b: [1]", "c"]);
     }
 }
