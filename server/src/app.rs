@@ -10,13 +10,16 @@ use tokio::{
     sync::oneshot,
 };
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::Server;
+use tonic::{server::NamedService, transport::Server};
+use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
     admin,
     cli::Args,
     config,
-    defaults::{EMBEDDED_CONFIG, MAX_REQUEST_BYTES, SHUTDOWN_GRACE, SWEEP_BATCH, SWEEP_INTERVAL},
+    defaults::{
+        EMBEDDED_CONFIG, HEALTH_CHECK_INTERVAL, MAX_REQUEST_BYTES, SHUTDOWN_GRACE, SWEEP_BATCH, SWEEP_INTERVAL,
+    },
     discovery::Servers,
     election::Election,
     metrics, parent,
@@ -107,7 +110,6 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     }
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<CapacityServer<CapacityService>>().await;
     // Both reflection versions: many tools (grpcurl among them) still ask v1alpha.
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -132,12 +134,16 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         let _ = stopped.await;
     });
     tokio::pin!(serve);
+    // Told before `/readyz` turns 200, so that a probe that saw one agrees with the other.
+    tell_health(&health, true).await;
     state.set_ready();
+    tokio::spawn(follow_readiness(state.clone(), health));
     tracing::info!(grpc = %grpc_addr, admin = %admin_addr, config = %source, "sluice-server serving");
     let served = tokio::select! {
         served = &mut serve => served,
         signal = termination() => {
             tracing::info!(signal, "shutting down");
+            state.set_draining();
             // First, so that a replica takes over while this one drains.
             if let Some(election) = election {
                 election.resign().await;
@@ -170,6 +176,28 @@ pub async fn termination() -> &'static str {
     tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
+    }
+}
+
+/// Keeps the gRPC health service's answer, overall and for `doorman.Capacity`, in step with
+/// `/readyz`, so that gRPC and HTTP probes agree.
+async fn follow_readiness(state: Arc<State>, health: HealthReporter) {
+    let mut ticks = tokio::time::interval(HEALTH_CHECK_INTERVAL);
+    let mut was = true;
+    loop {
+        ticks.tick().await;
+        let ready = state.is_ready();
+        if ready != was {
+            was = ready;
+            tell_health(&health, ready).await;
+        }
+    }
+}
+
+async fn tell_health(health: &HealthReporter, ready: bool) {
+    let status = if ready { ServingStatus::Serving } else { ServingStatus::NotServing };
+    for service in ["", <CapacityServer<CapacityService> as NamedService>::NAME] {
+        health.set_service_status(service, status).await;
     }
 }
 

@@ -71,6 +71,9 @@ pub const STATUS_LEASES_SHOWN: usize = 1_000;
 /// connection that stops half-way does not hold a socket for ever.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often the gRPC health service's answer is brought in line with readiness.
+pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_millis(250);
+
 /// Time allowed for in-flight RPCs after SIGTERM.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 

@@ -195,6 +195,11 @@ impl State {
         self.ready.store(true, Ordering::Release);
     }
 
+    /// Shutting down: no longer ready, so probes send traffic elsewhere while RPCs drain.
+    pub fn set_draining(&self) {
+        self.ready.store(false, Ordering::Release);
+    }
+
     /// Ready for traffic: listening, and either the master or able to name it. A replica that
     /// cannot name the master (etcd unreachable, no leader yet) has nothing useful to answer.
     pub fn is_ready(&self) -> bool {

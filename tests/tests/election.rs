@@ -15,6 +15,8 @@ use sluice_tests::{
     etcd::Etcd,
     harness::{self, Server, free_port},
 };
+use tonic::transport::Channel;
+use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
 
 /// The etcd lease TTL the replicas run with, in seconds.
 const TTL: u64 = 2;
@@ -42,6 +44,13 @@ fn replica(etcd: &Etcd, key: &str) -> (Server, String) {
 async fn discovery(server: &Server) -> (bool, Option<String>) {
     let answer = server.client().await.discovery(DiscoveryRequest {}).await.expect("Discovery").into_inner();
     (answer.is_master, answer.mastership.master_address)
+}
+
+/// What the gRPC health service says of `doorman.Capacity`.
+async fn health(server: &Server) -> ServingStatus {
+    let channel = Channel::from_shared(format!("http://{}", server.grpc)).unwrap().connect().await.unwrap();
+    let check = HealthCheckRequest { service: "doorman.Capacity".into() };
+    HealthClient::new(channel).check(check).await.expect("health check").into_inner().status()
 }
 
 fn request(client: &str, wants: f64, has: Option<f64>) -> GetCapacityRequest {
@@ -192,6 +201,7 @@ async fn the_master_steps_down_when_etcd_stops_and_a_master_returns_with_it() {
     within("the follower forgets the master", Duration::from_secs(1), async || discovery(&b).await == (false, None))
         .await;
     assert_eq!(a.get("/readyz").0, 503, "no master to serve or name");
+    within("gRPC health agrees", Duration::from_secs(1), async || health(&a).await == ServingStatus::NotServing).await;
     let answer = a.client().await.get_capacity(request("c", 10.0, Some(10.0))).await.unwrap().into_inner();
     assert!(answer.response.is_empty());
     assert_eq!(answer.mastership, Some(Mastership { master_address: None }), "master unknown: retry");
@@ -206,6 +216,7 @@ async fn the_master_steps_down_when_etcd_stops_and_a_master_returns_with_it() {
     println!("re-election after etcd restarted took {took:?}");
     let (_, master) = discovery(&a).await;
     println!("master now {master:?} (was {a_address})");
+    within("serving again", Duration::from_secs(1), async || health(&a).await == ServingStatus::Serving).await;
 }
 
 #[tokio::test]
