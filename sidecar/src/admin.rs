@@ -47,6 +47,7 @@ pub fn spawn(listener: std::net::TcpListener, admin: Arc<Admin>) -> std::io::Res
 fn route(req: &Request<Incoming>, admin: &Admin) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/metrics" => {
+            admin.live.load().gates.iter().for_each(|gate| gate.show_metrics());
             admin.handle.run_upkeep();
             reply(StatusCode::OK, "text/plain; version=0.0.4", admin.handle.render())
         }

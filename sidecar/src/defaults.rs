@@ -23,6 +23,10 @@ pub const EMBEDDED_CONFIG: &str = include_str!("default_config.yaml");
 /// samples are kept one by one, so memory grew with traffic between scrapes.
 pub const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(1);
 
+/// A resource's gauges not set for this long are dropped from `/metrics`: a scrape sets those of
+/// every configured resource first, so only the series of resources a reload removed go.
+pub const STALE_GAUGE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Time allowed for a client to send a request's headers (slowloris protection).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -187,6 +187,12 @@ impl Gate {
         state.applied = applied;
     }
 
+    /// Sets the resource's gauges afresh (before a scrape, so that they are not taken as stale).
+    pub fn show_metrics(&self) {
+        self.metrics.applied(&self.applied());
+        self.wants();
+    }
+
     pub fn applied(&self) -> Applied {
         self.lock().applied.clone()
     }
@@ -209,7 +215,7 @@ impl Gate {
         let mut state = self.lock();
         state.nudged = false;
         let wants = state.limiter.ask(now);
-        self.metrics.wants.set(wants);
+        self.metrics.wants(wants);
         wants
     }
 
@@ -217,7 +223,7 @@ impl Gate {
     pub fn wants(&self) -> f64 {
         let now = self.now();
         let wants = self.lock().limiter.wants(now);
-        self.metrics.wants.set(wants);
+        self.metrics.wants(wants);
         wants
     }
 

@@ -12,15 +12,16 @@ use std::{
 
 use http::Response;
 use metrics::{
-    Counter, Gauge, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+    Counter, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_util::MetricKindMask;
 use pin_project_lite::pin_project;
 use tower::Service;
 
 use crate::{
     body::Body,
-    defaults::{DURATION_BUCKETS, METRICS_UPKEEP_INTERVAL},
+    defaults::{DURATION_BUCKETS, METRICS_UPKEEP_INTERVAL, STALE_GAUGE_TIMEOUT},
     gate::Applied,
     plan::ListenerPlan,
     stack::Exchange,
@@ -46,7 +47,7 @@ pub const MODES: &[&str] =
 pub fn install() -> Result<PrometheusHandle, String> {
     let handle = PrometheusBuilder::new()
         .set_buckets(DURATION_BUCKETS)
-        .and_then(|b| b.install_recorder())
+        .and_then(|b| b.idle_timeout(MetricKindMask::GAUGE, Some(STALE_GAUGE_TIMEOUT)).install_recorder())
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     let upkeep = handle.clone();
     std::thread::Builder::new()
@@ -85,17 +86,16 @@ pub fn record_rpc(method: &'static str, ok: bool) {
     counter!(RPCS, "method" => method, "result" => if ok { "ok" } else { "error" }).increment(1);
 }
 
-/// One resource's series.
+/// One resource's series. The counters and the histogram are resolved once, for the data path;
+/// the gauges are looked up each time they are set (seldom: on a change, a lease check or a
+/// scrape), so that a series dropped as stale comes back when it is set again.
 pub struct GateMetrics {
     pub allowed: Counter,
     pub delayed: Counter,
     pub rejected: Counter,
     pub shadow_rejected: Counter,
     pub wait: Histogram,
-    pub wants: Gauge,
-    capacity: Gauge,
-    expiry: Gauge,
-    modes: Vec<Gauge>,
+    resource: Arc<str>,
 }
 
 impl GateMetrics {
@@ -108,18 +108,20 @@ impl GateMetrics {
             rejected: decision("rejected"),
             shadow_rejected: decision("shadow_rejected"),
             wait: histogram!(WAIT, "resource" => resource()),
-            wants: gauge!(WANTS, "resource" => resource()),
-            capacity: gauge!(CAPACITY, "resource" => resource()),
-            expiry: gauge!(EXPIRY, "resource" => resource()),
-            modes: MODES.iter().map(|&m| gauge!(MODE, "resource" => resource(), "mode" => m)).collect(),
+            resource: id.clone(),
         }
     }
 
+    pub fn wants(&self, wants: f64) {
+        gauge!(WANTS, "resource" => self.resource.to_string()).set(wants);
+    }
+
     pub fn applied(&self, applied: &Applied) {
-        self.capacity.set(applied.capacity);
-        self.expiry.set(applied.expiry.map_or(0.0, |e| e as f64));
-        for (gauge, mode) in self.modes.iter().zip(MODES) {
-            gauge.set(f64::from(u8::from(*mode == applied.mode)));
+        let resource = || self.resource.to_string();
+        gauge!(CAPACITY, "resource" => resource()).set(applied.capacity);
+        gauge!(EXPIRY, "resource" => resource()).set(applied.expiry.map_or(0.0, |e| e as f64));
+        for mode in MODES {
+            gauge!(MODE, "resource" => resource(), "mode" => *mode).set(f64::from(u8::from(*mode == applied.mode)));
         }
     }
 }

@@ -340,7 +340,8 @@ async fn after_a_lull_delay_mode_waits_for_a_larger_lease() {
 async fn reload_changes_rules_without_dropping_connections() {
     let upstream = UpstreamProcess::start(None);
     let addr = listen();
-    let strict = config(addr, upstream.addr(), None, "  - id: r\n    capacity: 1\n    burst: 1\n", "  - resource: r\n");
+    let resources = "  - id: r\n    capacity: 1\n    burst: 1\n  - id: old\n    capacity: 1\n";
+    let strict = config(addr, upstream.addr(), None, resources, "  - resource: r\n");
     let sidecar = Sidecar::builder().config(&strict).arg("--config-poll-interval").arg("100ms").start_sidecar();
     // One connection for the whole test: the pool keeps it alive.
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -351,7 +352,9 @@ async fn reload_changes_rules_without_dropping_connections() {
     assert_eq!(first.status, 200);
     assert_eq!(get(&client, &url).await.status, 429);
 
-    sidecar.write_config(&strict.replace("capacity: 1\n", "capacity: 100000\n"));
+    sidecar.write_config(
+        &strict.replace("  - id: old\n    capacity: 1\n", "").replace("capacity: 1\n", "capacity: 100000\n"),
+    );
     eventually(Duration::from_secs(5), "reloaded", || {
         sidecar.metric("sluice_sidecar_config_reloads_total{result=\"success\"}") == Some(1.0)
     })
@@ -362,6 +365,10 @@ async fn reload_changes_rules_without_dropping_connections() {
     let seen: serde_json::Value = serde_json::from_str(&get(&client, &url).await.body).unwrap();
     let peer_headers = seen["headers"].as_array().unwrap().len();
     assert!(peer_headers > 0);
+    // The removed resource's gauges leave /metrics; the kept one's stay.
+    let mode = |id: &str| sidecar.metric(&format!("sluice_sidecar_mode{{resource=\"{id}\",mode=\"standalone\"}}"));
+    eventually(Duration::from_secs(30), "the removed resource's series gone", || mode("old").is_none()).await;
+    assert_eq!(mode("r"), Some(1.0));
 
     sidecar.write_config("listeners: [this is not valid");
     eventually(Duration::from_secs(5), "rejected", || {
