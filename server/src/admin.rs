@@ -12,12 +12,12 @@ use hyper::{
     server::conn::http1,
     service::service_fn,
 };
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
 use crate::{
-    defaults::STATUS_LEASES_SHOWN,
+    defaults::{ADMIN_HEADER_TIMEOUT, STATUS_LEASES_SHOWN},
     metrics,
     state::{self, State},
     status,
@@ -65,7 +65,10 @@ where
                         };
                         async move { Ok::<_, Infallible>(response) }
                     });
-                    if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
+                    // A client that stops half-way through its request head is let go.
+                    let mut http = http1::Builder::new();
+                    http.timer(TokioTimer::new()).header_read_timeout(ADMIN_HEADER_TIMEOUT);
+                    if let Err(e) = http.serve_connection(TokioIo::new(stream), service).await {
                         tracing::debug!(%peer, error = %e, "admin connection ended");
                     }
                 });

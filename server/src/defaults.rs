@@ -74,6 +74,9 @@ pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the gRPC health service's answer is brought in line with readiness.
 pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 
+/// Time an admin client has to send a request head, on both binaries' admin listeners.
+pub const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Time allowed for in-flight RPCs after SIGTERM.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 

@@ -439,3 +439,18 @@ fn bad_flags_and_configs_exit_64_with_one_line() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains(broken));
 }
+
+#[test]
+fn an_admin_request_head_that_never_ends_is_cut_off() {
+    let server = Server::builder().start();
+    let mut stream = std::net::TcpStream::connect(server.admin).unwrap();
+    std::io::Write::write_all(&mut stream, b"GET /metrics HTTP/1.1\r\nHost: x\r\n").unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let opened = std::time::Instant::now();
+    let mut answer = Vec::new();
+    let read = std::io::Read::read_to_end(&mut stream, &mut answer);
+    assert!(read.is_ok() || opened.elapsed() < Duration::from_secs(55), "{read:?}");
+    // The timeout is 10 s; a minute would mean there is none.
+    assert!(opened.elapsed() < Duration::from_secs(55), "cut off after {:?}", opened.elapsed());
+    assert!(answer.is_empty() || answer.starts_with(b"HTTP/1.1 408"), "{}", String::from_utf8_lossy(&answer));
+}
