@@ -22,7 +22,7 @@ use hyper::{
     client::conn::{TrySendError, http2},
 };
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::pki_types::ServerName;
+use rustls::{AlertDescription, pki_types::ServerName};
 use tokio::{
     io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf},
     net::TcpStream,
@@ -41,6 +41,9 @@ struct Dialer {
     host: String,
     port: u16,
     tls: Option<(TlsConnector, ServerName<'static>)>,
+    /// HTTP/2 over TLS: the upstream must agree to `h2` by ALPN. (Many HTTP/1.1 servers ignore
+    /// ALPN, so agreeing to nothing is fine for `http/1.1`.)
+    h2: bool,
 }
 
 impl Dialer {
@@ -51,13 +54,14 @@ impl Dialer {
         // Bracketed IPv6 literals connect and verify without their brackets.
         let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
         let port = url.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let h2 = tls.alpn_protocols.iter().any(|p| p == b"h2");
         let tls = if https {
             let name = ServerName::try_from(host.clone()).map_err(|e| format!("{host}: {e}"))?;
             Some((TlsConnector::from(Arc::new(tls)), name))
         } else {
             None
         };
-        Ok(Dialer { host, port, tls })
+        Ok(Dialer { host, port, tls, h2 })
     }
 
     async fn dial(&self) -> Result<Stream, BoxError> {
@@ -71,7 +75,18 @@ impl Dialer {
         match &self.tls {
             None => Ok(Stream::Plain(tcp)),
             Some((connector, name)) => {
-                let tls = connector.connect(name.clone(), tcp).await.map_err(|e| format!("TLS handshake: {e}"))?;
+                let no_h2 = || format!("{}:{} did not agree to HTTP/2 (ALPN h2) over TLS", self.host, self.port);
+                let tls = connector.connect(name.clone(), tcp).await.map_err(|e| {
+                    let refused = rustls::Error::AlertReceived(AlertDescription::NoApplicationProtocol);
+                    match e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+                        Some(e) if self.h2 && *e == refused => no_h2(),
+                        _ => format!("TLS handshake: {e}"),
+                    }
+                })?;
+                // An upstream that ignores ALPN would get an HTTP/2 preface it cannot read.
+                if self.h2 && tls.get_ref().1.alpn_protocol() != Some(b"h2") {
+                    return Err(no_h2().into());
+                }
                 Ok(Stream::Tls(Box::new(tls)))
             }
         }

@@ -64,12 +64,15 @@ pub struct Args {
     /// PEM private key for --tls-cert.
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Protocols offered by ALPN with --tls-cert, in order of preference ("": none, ALPN ignored).
+    #[arg(long, value_delimiter = ',', default_value = "h2,http/1.1", requires = "tls_cert")]
+    pub tls_alpn: Vec<String>,
 }
 
 /// Runs the upstream until the process is killed.
 pub fn run(args: Args) -> Result<(), String> {
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(tls_config(cert, key)?),
+        (Some(cert), Some(key)) => Some(tls_config(cert, key, &args.tls_alpn)?),
         _ => None,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -85,8 +88,8 @@ pub fn run(args: Args) -> Result<(), String> {
     })
 }
 
-/// A TLS configuration from PEM files, offering h2 and http/1.1 by ALPN.
-pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> {
+/// A TLS configuration from PEM files, offering `alpn` by ALPN.
+pub fn tls_config(cert: &Path, key: &Path, alpn: &[String]) -> Result<Arc<ServerConfig>, String> {
     let certs = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
         .map_err(|e| format!("cannot read {}: {e}", cert.display()))?;
@@ -95,7 +98,7 @@ pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> 
         .with_safe_default_protocol_versions()
         .and_then(|builder| builder.with_no_client_auth().with_single_cert(certs, key))
         .map_err(|e| format!("invalid TLS certificate or key: {e}"))?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config.alpn_protocols = alpn.iter().filter(|p| !p.is_empty()).map(|p| p.as_bytes().to_vec()).collect();
     Ok(Arc::new(config))
 }
 

@@ -218,6 +218,28 @@ async fn originates_tls_to_https_upstreams() {
     let (_untrusting, listen) = sidecar(&url, None);
     let response = http1().request(http::Request::get(format!("http://{listen}/echo")).body(Full::default()).unwrap());
     assert_eq!(response.await.unwrap().status(), 502);
+
+    // Upstreams that speak only HTTP/1.1 over TLS, refusing h2 or ignoring ALPN: HTTP/2 callers
+    // get a 502 that says why.
+    for alpn in ["http/1.1", ""] {
+        let args = [cert.as_os_str(), key.as_os_str(), alpn.as_ref()];
+        let old_school = UpstreamProcess::launch(
+            &sluice_tests::harness::binary("sluice-upstream"),
+            &["--tls-cert".as_ref(), args[0], "--tls-key".as_ref(), args[1], "--tls-alpn".as_ref(), args[2]],
+        )
+        .unwrap();
+        let (_sidecar, listen) = sidecar(&format!("https://localhost:{}", old_school.addr().port()), Some(&ca_path));
+        let seen =
+            echo(&http1(), http::Request::get(format!("http://{listen}/echo/old")).body(Full::default()).unwrap())
+                .await;
+        assert_eq!(seen["uri"], "/echo/old");
+        let response =
+            h2c().request(http::Request::get(format!("http://{listen}/echo")).body(Full::default()).unwrap());
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), 502);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert!(String::from_utf8_lossy(&body).contains("did not agree to HTTP/2"), "ALPN {alpn:?}: {body:?}");
+    }
 }
 
 #[tokio::test]
