@@ -14,7 +14,10 @@ use tonic::{
     transport::{Channel, ClientTlsConfig, Endpoint},
 };
 
-use crate::defaults::{CAPACITY_CONNECT_TIMEOUT, CAPACITY_RPC_TIMEOUT};
+use crate::{
+    defaults::{CAPACITY_CONNECT_TIMEOUT, CAPACITY_RPC_TIMEOUT},
+    telemetry::with_causes,
+};
 
 /// Called once per RPC with its method and whether it succeeded, for the caller's metrics.
 pub type Record = fn(&'static str, bool);
@@ -83,7 +86,7 @@ impl Servers {
         } else {
             let discovered = CapacityClient::new(channel.clone()).discovery(DiscoveryRequest {}).await;
             (self.record)("Discovery", discovered.is_ok());
-            let response = discovered.map_err(|s| format!("Discovery at {address}: {}", s.message()))?.into_inner();
+            let response = discovered.map_err(|s| format!("Discovery at {address}: {}", described(&s)))?.into_inner();
             match response.mastership.master_address {
                 Some(master) if !response.is_master && master != address => {
                     let channel = self.endpoint(&master)?;
@@ -111,7 +114,7 @@ impl Servers {
         let channel = self.master().await?;
         let answer = rpc(CapacityClient::new(channel)).await;
         (self.record)(method, answer.is_ok());
-        answer.map(Response::into_inner).map_err(|s| format!("{method}: {:?}: {}", s.code(), s.message()))
+        answer.map(Response::into_inner).map_err(|s| format!("{method}: {:?}: {}", s.code(), described(&s)))
     }
 
     /// Follows a master redirect; an unknown master means asking Discovery again.
@@ -129,4 +132,10 @@ impl Servers {
         current.master = None;
         current.index = (current.index + 1) % self.addresses.len();
     }
+}
+
+/// A status's message and the errors behind it: tonic says only "transport error" for a refused
+/// connection or a failed TLS handshake, and the cause is in its sources.
+fn described(status: &Status) -> String {
+    with_causes(status.message(), status)
 }

@@ -13,3 +13,19 @@ pub fn init(format: LogFormat, filter: &str) -> Result<(), String> {
     }
     .map_err(|e| format!("cannot set up logging: {e}"))
 }
+
+/// `head`, then what lies behind `error`, as "head: cause: its cause…", for messages whose
+/// error says too little on its own ("transport error"). A cause that repeats an earlier part
+/// word for word (as layered errors often do) is left out.
+pub fn with_causes(head: &str, error: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![head.to_owned()];
+    let mut source = error.source();
+    while let Some(e) = source {
+        let part = e.to_string();
+        if !parts.contains(&part) {
+            parts.push(part);
+        }
+        source = e.source();
+    }
+    parts.join(": ")
+}

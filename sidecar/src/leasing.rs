@@ -114,7 +114,7 @@ impl Leasing {
                         }
                     }
                     Err(error) => {
-                        tracing::warn!(%error, "GetCapacity failed; current leases stay until they expire");
+                        tracing::warn!(%error, "no lease from the capacity servers; current leases stay until they expire");
                         self.lock().on_error(now);
                         self.servers.next();
                     }

@@ -13,6 +13,7 @@ use http::{
     header::{CONNECTION, HOST, TE, TRANSFER_ENCODING, UPGRADE},
     uri::{Authority, PathAndQuery, Scheme},
 };
+use sluice_server::telemetry::with_causes;
 use tower::Service;
 
 use crate::{
@@ -73,7 +74,7 @@ impl UpstreamClient {
             }
             Err(e) => {
                 tracing::debug!(upstream = self.name(), error = %e, "upstream request failed");
-                respond::bad_gateway(grpc, self.name(), &error_chain(&*e))
+                respond::bad_gateway(grpc, self.name(), &with_causes(&e.to_string(), &*e))
             }
         }
     }
@@ -133,17 +134,6 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if headers.get(TE).is_some_and(|v| v != "trailers") {
         headers.remove(TE);
     }
-}
-
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
 
 /// Trust for `https://` upstreams: the configured CA bundle, else the system's roots, else
