@@ -169,7 +169,7 @@ fn scenario_7_utilization_target() {
 
 /// Scenario 7's reconvergence target: three refresh intervals of the clients' servers (3 s),
 /// after each shift in demand (as Doorman's "within 2 minutes after a shift in demand"). Missed
-/// over the hour: 14 s at most with this seed (7, 6, 0, 46 and 7 s with seeds 1–4 and 11). Both
+/// over the hour: 13 s at most with this seed (7, 6, 0, 46 and 7 s with seeds 1–4 and 11). Both
 /// misses are dips the metric charges to a spike because it is the last shift before them, but
 /// that traces show are not the spike's doing: with this seed the regions were still taking
 /// capacity back from each other after a subtree's outage ended 30 s before (a region's holders
@@ -179,7 +179,7 @@ fn scenario_7_utilization_target() {
 /// have no such target: a failover holds a subtree's grants for the new master's learning mode
 /// and a cut-off subtree lives on safe capacity until its outage ends (README, "Simulation").
 #[test]
-#[ignore = "missed: dips after failures are charged to later spikes, up to 14 s (README, Simulation)"]
+#[ignore = "missed: dips after failures are charged to later spikes, up to 13 s (README, Simulation)"]
 fn scenario_7_reconvergence_target() {
     let s = run(&scenario("7-tree-mishaps.yaml", 3600.0)).unwrap().summary;
     let max = s.reconvergence_max(Cause::Demand).unwrap();
