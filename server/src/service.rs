@@ -81,8 +81,7 @@ pub fn release_capacity(
     now: UnixSeconds,
     req: &ReleaseCapacityRequest,
 ) -> Result<ReleaseCapacityResponse, Status> {
-    validate::release_capacity(req)?;
-    for id in req.resource_id.iter().filter(|id| !id.is_empty()) {
+    for id in validate::release_capacity(req)? {
         ledger.release(now, &req.client_id, id);
     }
     Ok(ReleaseCapacityResponse { mastership: None })

@@ -81,14 +81,15 @@ fn claims<'a, R>(
 /// Doorman's own Go client pads the list it releases at `Close()` with empty ids (so an id may
 /// also come twice). Releasing is idempotent, so those are let through and ignored, as Doorman's
 /// server does: refused, that client would retry for ever and never close.
-pub fn release_capacity(req: &ReleaseCapacityRequest) -> Result<(), Status> {
+/// Returns the ids to release.
+pub fn release_capacity(req: &ReleaseCapacityRequest) -> Result<Vec<&str>, Status> {
     id("client_id", &req.client_id)?;
-    at_most_per_request("resource_id", req.resource_id.len())?;
-    req.resource_id
-        .iter()
-        .enumerate()
-        .filter(|(_, resource_id)| !resource_id.is_empty())
-        .try_for_each(|(i, resource_id)| id(&format!("resource_id[{i}]"), resource_id))
+    let ids: Vec<(usize, &str)> =
+        req.resource_id.iter().map(String::as_str).enumerate().filter(|(_, id)| !id.is_empty()).collect();
+    at_most_per_request("resource_id", ids.len())?;
+    ids.into_iter()
+        .map(|(i, resource_id)| id(&format!("resource_id[{i}]"), resource_id).map(|()| resource_id))
+        .collect()
 }
 
 fn at_most_per_request(field: &str, len: usize) -> Result<(), Status> {

@@ -104,7 +104,9 @@ impl Gate {
             None => Applied { capacity: settings.capacity.unwrap_or(0.0), ..state.applied.clone() },
             Some(_) => state.applied.clone(),
         };
-        self.enforce(&mut state, applied);
+        self.enforce(&mut state, applied.clone());
+        drop(state);
+        self.metrics.applied(&applied);
     }
 
     /// Whether a request has been charged to this resource yet.
@@ -170,21 +172,37 @@ impl Gate {
 
     /// Enforces a new lease (or fallback) from now on, in place.
     pub fn apply(&self, applied: Applied) {
-        let mut state = self.lock();
-        if state.applied != applied {
-            self.enforce(&mut state, applied);
+        {
+            let mut state = self.lock();
+            if applied.mode.starts_with("fallback") {
+                state.limiter.unleased();
+            }
+            if state.applied == applied {
+                return;
+            }
+            self.enforce(&mut state, applied.clone());
         }
+        self.metrics.applied(&applied);
     }
 
     fn enforce(&self, state: &mut State, applied: Applied) {
         let now = self.now();
         let burst = burst(&state.settings, applied.capacity);
+        let moved = (state.limiter.capacity(), state.limiter.burst()) != (applied.capacity, burst);
         state.limiter.set_capacity(now, applied.capacity, burst);
         poll(state, now);
-        // The turns of those still waiting moved: they look again.
-        self.retimed.notify_waiters();
-        self.metrics.applied(&applied);
+        if moved {
+            // The turns of those still waiting moved: they look again.
+            self.retimed.notify_waiters();
+        }
         state.applied = applied;
+    }
+
+    /// A waiter left the queue, or gave back what it took: those behind it may go now, or at
+    /// another time than they were told.
+    fn queue_changed(&self, state: &mut State) {
+        poll(state, self.now());
+        self.retimed.notify_waiters();
     }
 
     /// Sets the resource's gauges afresh (before a scrape, so that they are not taken as stale).
@@ -212,9 +230,11 @@ impl Gate {
     /// What to ask the capacity server for, as a request to it is built.
     pub fn ask(&self) -> f64 {
         let now = self.now();
-        let mut state = self.lock();
-        state.nudged = false;
-        let wants = state.limiter.ask(now);
+        let wants = {
+            let mut state = self.lock();
+            state.nudged = false;
+            state.limiter.ask(now)
+        };
         self.metrics.wants(wants);
         wants
     }
@@ -273,16 +293,16 @@ impl Waiting<'_> {
                 if Instant::now() >= deadline {
                     state.waiters.remove(&self.ticket);
                     state.limiter.cancel(self.ticket);
+                    gate.queue_changed(&mut state);
                     return Err(gate.refusal(None));
                 }
                 wake
             };
             // Sleep until the limiter says the head may go, the capacity changes or this
             // request's time is up.
-            let until = match wake {
-                Some(at) if at.is_finite() => deadline.min(gate.origin + Duration::from_secs_f64(at.max(0.0))),
-                _ => deadline,
-            };
+            // A turn too far off to name (a sliver of a lease) is as good as none.
+            let turn = wake.and_then(|at| Duration::try_from_secs_f64(at.max(0.0)).ok());
+            let until = turn.and_then(|at| gate.origin.checked_add(at)).map_or(deadline, |at| deadline.min(at));
             tokio::select! {
                 _ = &mut admitted => return Ok(start.elapsed()),
                 _ = retimed => {}
@@ -304,7 +324,7 @@ impl Drop for Waiting<'_> {
         } else {
             state.limiter.refund(now, self.cost);
         }
-        poll(&mut state, now);
+        self.gate.queue_changed(&mut state);
     }
 }
 

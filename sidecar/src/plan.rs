@@ -57,6 +57,8 @@ impl Plan {
             };
             upstreams.insert(u.name.clone(), client);
         }
+        // Gates change in place here, so nothing after this point may fail: a rejected reload
+        // must leave the configuration in force untouched.
         let gates: Vec<Arc<Gate>> = config
             .resources
             .iter()
@@ -162,8 +164,27 @@ mod tests {
             async move { gate.admit(1.0, Duration::from_secs(10)).await.is_ok() }
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(gate.load().1, 1, "waiting");
         let _second = plan("{id: r, capacity: 1000, burst: 1}", Some(&first));
         assert!(waiter.await.unwrap());
         assert!(started.elapsed() < Duration::from_secs(1), "its turn at the old rate was 2 s away");
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_gives_up_lets_those_behind_it_go() {
+        let first = plan("{id: r, kind: concurrency, capacity: 5}", None);
+        let gate = first.gate("r").unwrap().clone();
+        for _ in 0..4 {
+            assert!(gate.admit(1.0, Duration::ZERO).await.is_ok());
+        }
+        let started = Instant::now();
+        let wait = |cost: f64, max_wait: u64| {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.admit(cost, Duration::from_millis(max_wait)).await.is_ok() })
+        };
+        let (big, small) = (wait(5.0, 300), wait(1.0, 5000));
+        assert!(!big.await.unwrap(), "too big to fit beside the four");
+        assert!(small.await.unwrap());
+        assert!(started.elapsed() < Duration::from_secs(2), "it fitted as soon as the head left");
     }
 }

@@ -1,7 +1,6 @@
 //! The Doorman client half, in conversations with a fake server on a fake clock.
 
 use sluice_proto::{GetCapacityResponse, Lease, Mastership, ResourceResponse};
-use sluice_server::defaults::MAX_AMOUNT;
 use sluice_sidecar::core::{Answer, Effective, Fallback, LeaseClient, Mode, ResourceSpec};
 
 const T0: f64 = 1_700_000_000.0;
@@ -222,14 +221,14 @@ fn without_a_lease_each_resource_falls_back_as_configured() {
         [(7.0, "fallback_safe"), (f64::INFINITY, "fallback_optimistic"), (0.0, "fallback_pessimistic")]
     );
     // An expired lease is not offered back to the server: what the fallback holds the client
-    // to is (capped at what a server takes), so a server back in learning mode grants that.
+    // to is, up to the safe capacity, so a server back in learning mode grants that.
     let request = client.request(T0 + 60.0, |_| 1.0).unwrap();
     let has = |id: &str| {
         let lease = request.resource.iter().find(|r| r.resource_id == id).unwrap().has.unwrap();
         (lease.capacity, lease.expiry_time)
     };
     let held: Vec<(f64, i64)> = ids.iter().map(|(id, _)| has(id)).collect();
-    assert_eq!(held, [(7.0, T0 as i64 + 60), (MAX_AMOUNT, T0 as i64 + 60), (0.0, T0 as i64 + 60)]);
+    assert_eq!(held, [(7.0, T0 as i64 + 60), (7.0, T0 as i64 + 60), (0.0, T0 as i64 + 60)]);
 }
 
 #[test]

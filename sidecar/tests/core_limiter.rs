@@ -420,3 +420,23 @@ proptest! {
         prop_assert!((admitted - expected).abs() <= 0.02 * expected, "{admitted} admitted, {expected} expected");
     }
 }
+
+#[test]
+fn a_low_steady_rate_is_no_surge_and_a_fallback_waits_for_none() {
+    // One arrival a second, asked for as such: a couple of close arrivals are noise.
+    let mut limiter = Limiter::new(Kind::Rate, 1.0, 2.0, 0.0).leased();
+    for second in 0..10 {
+        limiter.offer(f64::from(second), 1.0, 0.0);
+    }
+    limiter.ask(10.0);
+    limiter.offer(10.0, 1.0, 0.0);
+    limiter.offer(10.0, 1.0, 0.0);
+    assert!(!limiter.surged(10.0));
+    // Tenfold is a surge, unless the resource lives on its fallback.
+    for _ in 0..10 {
+        limiter.offer(10.0, 1.0, 0.0);
+    }
+    assert!(limiter.surged(10.0));
+    limiter.unleased();
+    assert!(!limiter.surged(10.0));
+}

@@ -86,13 +86,16 @@ impl Entry {
         self.lease.as_ref().filter(|lease| now < lease.expiry_time as f64)
     }
 
+    /// The last safe capacity a server sent, else the configured one (INFINITY: no limit).
+    fn safe_capacity(&self) -> f64 {
+        // A server's safe capacity of −1 means no limit.
+        self.server_safe.map_or(self.spec.safe_capacity, |safe| if safe < 0.0 { f64::INFINITY } else { safe })
+    }
+
     /// What applies without a valid lease (INFINITY: no limit).
     fn fallback_capacity(&self) -> f64 {
         match self.spec.fallback {
-            // A server's safe capacity of −1 means no limit.
-            Fallback::Safe => {
-                self.server_safe.map_or(self.spec.safe_capacity, |safe| if safe < 0.0 { f64::INFINITY } else { safe })
-            }
+            Fallback::Safe => self.safe_capacity(),
             Fallback::Optimistic => f64::INFINITY,
             Fallback::Pessimistic => 0.0,
         }
@@ -100,13 +103,14 @@ impl Entry {
 
     /// What to report holding: the valid lease, or once the fallback is decided, the fallback
     /// as a lease of the moment — so that a server in learning mode (one that restarted after
-    /// an outage longer than a lease) grants what the client holds itself to, not nothing, and
-    /// its return never makes matters worse than its absence. Capped at what a server takes.
+    /// an outage longer than a lease) grants what the client holds itself to, not nothing. No
+    /// more than the safe capacity, though (an optimistic fallback holds to no limit, and would
+    /// take whatever is free), and no more than a server takes.
     fn has(&self, now: f64) -> Option<Lease> {
         match self.valid_lease(now) {
             Some(lease) => Some(Lease { capacity: lease.capacity.min(MAX_AMOUNT), ..*lease }),
             None if self.asked => Some(Lease {
-                capacity: self.fallback_capacity().min(MAX_AMOUNT),
+                capacity: self.fallback_capacity().min(self.safe_capacity()).min(MAX_AMOUNT),
                 expiry_time: now as i64,
                 refresh_interval: 0,
             }),

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use super::{Seconds, demand::Demand};
-use crate::defaults::SURGE;
+use crate::defaults::{SURGE, SURGE_FLOOR};
 
 /// Waiters one resource may hold. Each parks a request (and its connection) in the proxy; past
 /// this, waiting longer only turns overload into memory growth and timeouts, so we refuse at once.
@@ -117,14 +117,11 @@ impl Limiter {
         // a resource whose demand surged past what was last asked for: a larger lease is on its
         // way, so it waits for that (up to `max_wait`) rather than be judged by the lease it
         // has. With no capacity and none coming, nothing waits.
-        let waits = if self.surged(now) {
-            max_wait > 0.0
-        } else {
-            match wait {
-                Some(wait) => wait <= max_wait,
-                None => self.capacity > 0.0 && max_wait > 0.0,
-            }
-        };
+        let waits = max_wait > 0.0
+            && match wait {
+                Some(wait) => wait <= max_wait || self.surged(now),
+                None => self.capacity > 0.0 || self.surged(now),
+            };
         if waits && self.queue.len() < MAX_QUEUED {
             let ticket = Ticket(self.next_ticket);
             self.next_ticket += 1;
@@ -208,6 +205,10 @@ impl Limiter {
         self.capacity
     }
 
+    pub fn burst(&self) -> f64 {
+        self.burst
+    }
+
     /// Concurrency: cost admitted and not yet released (0 for a rate).
     pub fn in_flight(&self) -> f64 {
         self.in_flight
@@ -223,11 +224,21 @@ impl Limiter {
         self.asked
     }
 
+    /// No larger lease is coming soon (the resource lives on its fallback, and its lease client
+    /// backs off): demand is judged by the capacity in force until it is next asked for.
+    pub fn unleased(&mut self) {
+        self.asked = f64::INFINITY;
+    }
+
     /// Whether demand has surged past what was last asked for (see [`SURGE`]); any demand is a
     /// surge when nothing was asked for.
     pub fn surged(&mut self, now: Seconds) -> bool {
-        let (asked, wants) = (self.asked, self.wants(now));
-        asked < f64::INFINITY && (wants - asked > SURGE * asked.max(1.0) || asked == 0.0 && wants > 0.0)
+        let asked = self.asked;
+        if asked == f64::INFINITY {
+            return false;
+        }
+        let wants = self.wants(now);
+        wants - asked > SURGE * asked.max(SURGE_FLOOR) || asked == 0.0 && wants > 0.0
     }
 
     /// What the load offered lately asks for.
