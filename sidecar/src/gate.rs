@@ -55,6 +55,9 @@ struct State {
     settings: Resource,
     /// The lease client has been told that demand outgrew what it last asked for.
     nudged: bool,
+    /// Answers from the capacity servers so far: a waiter queued before the latest knows
+    /// whether the lease it may have waited for came.
+    answers: u64,
 }
 
 /// Why a request may not pass.
@@ -79,6 +82,7 @@ impl Gate {
                 applied: Applied { capacity, mode, expiry: None },
                 settings,
                 nudged: false,
+                answers: 0,
             }),
             origin: Instant::now(),
             used: AtomicBool::new(false),
@@ -131,7 +135,7 @@ impl Gate {
         {
             let _ = cue.send(self.id.clone());
         }
-        let (ticket, receiver) = {
+        let (ticket, receiver, answers) = {
             let mut state = self.lock();
             let now = self.now();
             let offer = state.limiter.offer(now, cost, max_wait.as_secs_f64());
@@ -144,11 +148,11 @@ impl Gate {
                 Offer::Queued(ticket) => {
                     let (sender, receiver) = oneshot::channel();
                     state.waiters.insert(ticket, sender);
-                    (ticket, receiver)
+                    (ticket, receiver, state.answers)
                 }
             }
         };
-        let mut waiting = Waiting { gate: self, ticket, cost, finished: false };
+        let mut waiting = Waiting { gate: self, ticket, cost, answers, finished: false };
         let outcome = waiting.wait(receiver, max_wait).await;
         waiting.finished = true;
         outcome
@@ -196,6 +200,16 @@ impl Gate {
             self.retimed.notify_waiters();
         }
         state.applied = applied;
+    }
+
+    /// A capacity server answered (its lease, if any, is applied by now): waiters look again,
+    /// as one that waited for a larger lease may now know it will not come.
+    pub fn answered(&self) {
+        let mut state = self.lock();
+        state.answers += 1;
+        if !state.waiters.is_empty() {
+            self.retimed.notify_waiters();
+        }
     }
 
     /// A waiter left the queue, or gave back what it took: those behind it may go now, or at
@@ -266,6 +280,8 @@ struct Waiting<'a> {
     gate: &'a Gate,
     ticket: Ticket,
     cost: f64,
+    /// The gate's answer count when it was queued.
+    answers: u64,
     finished: bool,
 }
 
@@ -290,7 +306,12 @@ impl Waiting<'_> {
                 if !state.waiters.contains_key(&self.ticket) {
                     return Ok(start.elapsed());
                 }
-                if Instant::now() >= deadline {
+                // Past its time; or it may have waited for a surge's lease, and an answer came
+                // since with no capacity at all and no further surge to ask for.
+                let answered_nothing = state.answers > self.answers
+                    && state.limiter.capacity() == 0.0
+                    && !state.limiter.surged(gate.now());
+                if Instant::now() >= deadline || answered_nothing {
                     state.waiters.remove(&self.ticket);
                     state.limiter.cancel(self.ticket);
                     gate.queue_changed(&mut state);

@@ -93,6 +93,7 @@ impl Leasing {
                 continue;
             }
             let plan = live.load_full();
+            let mut answered = false;
             let request = self.lock().request(now, |id| plan.gate(id).map_or(0.0, |g| g.ask()));
             if let Some(request) = request {
                 for r in &request.resource {
@@ -103,6 +104,7 @@ impl Leasing {
                     _ = stopped(&mut stop) => break,
                 };
                 let now = unix_now();
+                answered = answer.is_ok();
                 match answer {
                     Ok(response) => {
                         for r in &response.response {
@@ -121,6 +123,9 @@ impl Leasing {
                 }
             }
             self.apply(&plan);
+            if answered {
+                plan.gates.iter().for_each(|gate| gate.answered());
+            }
         }
         let ids = self.lock().release_all();
         self.release(ids).await;

@@ -337,6 +337,47 @@ async fn after_a_lull_delay_mode_waits_for_a_larger_lease() {
 }
 
 #[tokio::test]
+async fn a_lease_that_comes_back_empty_ends_the_wait_for_it() {
+    // Learning for longer than the test: a new client is granted nothing.
+    let learning = doorman(1000.0, 30, 1).replace("learning_mode_duration: 0", "learning_mode_duration: 60");
+    let upstream = UpstreamProcess::start(None);
+    let server = Server::builder().config(&learning).start();
+    let addr = listen();
+    let yaml = config(
+        addr,
+        upstream.addr(),
+        Some(server.grpc),
+        "  - id: orders\n",
+        "  - resource: orders\n    on_limit: delay\n    max_wait: 5s\n",
+    );
+    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    // Ten a second for three seconds: demand keeps surging past the 0 each answer brings.
+    let calls: Vec<_> = (0..30)
+        .map(|i| {
+            let (client, url) = (http1(), format!("http://{addr}/echo"));
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100 * i)).await;
+                let sent = Instant::now();
+                let status = get(&client, &url).await.status.as_u16();
+                (status, sent.elapsed())
+            })
+        })
+        .collect();
+    let mut refused = Vec::new();
+    for call in calls {
+        let (status, took) = call.await.unwrap();
+        if status == 429 {
+            refused.push(took);
+        }
+    }
+    assert_eq!(resource_status(&sidecar, "orders")["capacity"], 0.0, "still learning");
+    assert!(!refused.is_empty());
+    // Refused once an answer brings nothing, not after waiting out max_wait.
+    let longest = refused.iter().max().unwrap();
+    assert!(*longest < Duration::from_secs(3), "a 429 after {longest:?}");
+}
+
+#[tokio::test]
 async fn reload_changes_rules_without_dropping_connections() {
     let upstream = UpstreamProcess::start(None);
     let addr = listen();
