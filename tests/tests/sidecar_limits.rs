@@ -45,6 +45,18 @@ fn standalone(resources: &str, rules: &str) -> (UpstreamProcess, Sidecar, Socket
     (upstream, sidecar, addr)
 }
 
+/// A sidecar leasing from a fresh capacity server configured with `repository`, in front of a
+/// fresh test upstream, with these `resources` and `rules`: the upstream, the server (restart
+/// it at its `grpc` address), the sidecar and its listener.
+fn leasing(repository: &str, resources: &str, rules: &str) -> (UpstreamProcess, Server, Sidecar, SocketAddr) {
+    let upstream = UpstreamProcess::start(None);
+    let server = Server::builder().config(repository).start();
+    let addr = listen();
+    let yaml = config(addr, upstream.addr(), Some(server.grpc), resources, rules);
+    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    (upstream, server, sidecar, addr)
+}
+
 fn listen() -> SocketAddr {
     ([127, 0, 0, 1], free_port()).into()
 }
@@ -214,18 +226,12 @@ async fn concurrency_limits_in_flight_requests_until_their_bodies_end() {
 
 #[tokio::test]
 async fn a_missing_capacity_server_never_fails_requests() {
-    let upstream = UpstreamProcess::start(None);
-    let grpc: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let server = Server::builder().config(&doorman(1000.0, 3, 1)).start_at(grpc);
-    let addr = listen();
-    let yaml = config(
-        addr,
-        upstream.addr(),
-        Some(grpc),
+    let (_upstream, server, sidecar, addr) = leasing(
+        &doorman(1000.0, 3, 1),
         "  - id: orders\n    when_unreachable: safe\n",
         "  - resource: orders\n    on_limit: delay\n    max_wait: 2s\n",
     );
-    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    let grpc = server.grpc;
     let client = http1();
     let url = format!("http://{addr}/echo");
     let traffic = |client: HttpClient, url: String, n: usize| async move {
@@ -257,12 +263,9 @@ async fn a_missing_capacity_server_never_fails_requests() {
 
 #[tokio::test]
 async fn a_server_back_in_learning_mode_grants_what_the_fallback_held() {
-    let upstream = UpstreamProcess::start(None);
-    let grpc: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let server = Server::builder().config(&doorman(1000.0, 3, 1)).start_at(grpc);
-    let addr = listen();
-    let yaml = config(addr, upstream.addr(), Some(grpc), "  - id: orders\n", "  - resource: orders\n");
-    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    let (_upstream, server, sidecar, addr) =
+        leasing(&doorman(1000.0, 3, 1), "  - id: orders\n", "  - resource: orders\n");
+    let grpc = server.grpc;
     // Steady demand throughout, well under the fallback's 7 a second.
     let traffic = tokio::spawn(async move {
         let (client, url) = (http1(), format!("http://{addr}/echo"));
@@ -300,18 +303,12 @@ async fn a_server_back_in_learning_mode_grants_what_the_fallback_held() {
 
 #[tokio::test]
 async fn after_a_lull_delay_mode_waits_for_a_larger_lease() {
-    let upstream = UpstreamProcess::start(None);
-    let server = Server::builder().config(&doorman(1000.0, 30, 1)).start();
-    let addr = listen();
-    let yaml = config(
-        addr,
-        upstream.addr(),
-        Some(server.grpc),
+    let (_upstream, _server, sidecar, addr) = leasing(
+        &doorman(1000.0, 30, 1),
         "  - id: orders\n",
         // Each request is a surge on its own (more than the 3 units a low rate's noise may add).
         "  - resource: orders\n    cost: 4\n    on_limit: delay\n    max_wait: 5s\n",
     );
-    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
     let client = http1();
     let url = format!("http://{addr}/echo");
     assert_eq!(get(&client, &url).await.status, 200);
@@ -340,17 +337,8 @@ async fn after_a_lull_delay_mode_waits_for_a_larger_lease() {
 async fn a_lease_that_comes_back_empty_ends_the_wait_for_it() {
     // Learning for longer than the test: a new client is granted nothing.
     let learning = doorman(1000.0, 30, 1).replace("learning_mode_duration: 0", "learning_mode_duration: 60");
-    let upstream = UpstreamProcess::start(None);
-    let server = Server::builder().config(&learning).start();
-    let addr = listen();
-    let yaml = config(
-        addr,
-        upstream.addr(),
-        Some(server.grpc),
-        "  - id: orders\n",
-        "  - resource: orders\n    on_limit: delay\n    max_wait: 5s\n",
-    );
-    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    let (_upstream, _server, sidecar, addr) =
+        leasing(&learning, "  - id: orders\n", "  - resource: orders\n    on_limit: delay\n    max_wait: 5s\n");
     // Ten a second for three seconds: demand keeps surging past the 0 each answer brings.
     let calls: Vec<_> = (0..30)
         .map(|i| {
