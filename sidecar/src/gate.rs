@@ -298,9 +298,10 @@ impl Waiting<'_> {
             let wake = {
                 let mut state = gate.lock();
                 retimed.as_mut().enable();
+                let now = gate.now();
                 // The first waiter to look admits everyone whose turn has come.
                 let wake = match state.waiters.contains_key(&self.ticket) {
-                    true => poll(&mut state, gate.now()),
+                    true => poll(&mut state, now),
                     false => None,
                 };
                 if !state.waiters.contains_key(&self.ticket) {
@@ -308,9 +309,8 @@ impl Waiting<'_> {
                 }
                 // Past its time; or it may have waited for a surge's lease, and an answer came
                 // since with no capacity at all and no further surge to ask for.
-                let answered_nothing = state.answers > self.answers
-                    && state.limiter.capacity() == 0.0
-                    && !state.limiter.surged(gate.now());
+                let answered_nothing =
+                    state.answers > self.answers && state.limiter.capacity() == 0.0 && !state.limiter.surged(now);
                 if Instant::now() >= deadline || answered_nothing {
                     state.waiters.remove(&self.ticket);
                     state.limiter.cancel(self.ticket);

@@ -36,9 +36,23 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
 }
 
-/// Runs a binary to completion, for tests of start-up failures.
+/// Runs a binary to completion, for tests of start-up failures. One still running after
+/// [`START_TIMEOUT`] is killed (its exit code is then `None`), so a start-up check that fails
+/// to stop the process fails the test instead of hanging it.
 pub fn run(name: &str, args: &[&str]) -> Output {
-    Command::new(binary(name)).args(args).stdin(Stdio::null()).output().expect("binary runs")
+    let mut child = Command::new(binary(name))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("binary runs");
+    let deadline = Instant::now() + START_TIMEOUT;
+    while child.try_wait().expect("wait").is_none() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    child.wait_with_output().expect("output")
 }
 
 /// How to start one of the binaries.

@@ -449,8 +449,7 @@ fn an_admin_request_head_that_never_ends_is_cut_off() {
     let opened = std::time::Instant::now();
     let mut answer = Vec::new();
     let read = std::io::Read::read_to_end(&mut stream, &mut answer);
-    assert!(read.is_ok() || opened.elapsed() < Duration::from_secs(55), "{read:?}");
-    // The timeout is 10 s; a minute would mean there is none.
-    assert!(opened.elapsed() < Duration::from_secs(55), "cut off after {:?}", opened.elapsed());
+    // The timeout is 10 s; a minute (the read timeout) would mean there is none.
+    assert!(opened.elapsed() < Duration::from_secs(55), "cut off after {:?}: {read:?}", opened.elapsed());
     assert!(answer.is_empty() || answer.starts_with(b"HTTP/1.1 408"), "{}", String::from_utf8_lossy(&answer));
 }
