@@ -58,6 +58,9 @@ pub struct Args {
     /// sluice-upstream binary [default: next to this executable].
     #[arg(long)]
     pub upstream: Option<PathBuf>,
+    /// sluice-relay binary [default: next to this executable].
+    #[arg(long)]
+    pub relay: Option<PathBuf>,
     /// Length of each throughput pass; each single-connection pass takes half of it (whole seconds).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub duration: Duration,
@@ -69,7 +72,7 @@ pub struct Args {
     #[arg(long, default_value = "nginx")]
     pub nginx: PathBuf,
     /// What to measure, in this order.
-    #[arg(long, value_delimiter = ',', default_value = "direct,nginx,sidecar")]
+    #[arg(long, value_delimiter = ',', default_value = "direct,nginx,relay,sidecar")]
     pub targets: Vec<Target>,
     /// Rounds of passes over every target, interleaved; the goals are judged on the median of
     /// the rounds' figures, as a shared machine's load comes and goes between passes.
@@ -81,6 +84,8 @@ pub struct Args {
 pub enum Target {
     Direct,
     Nginx,
+    /// `sluice-relay`: bytes copied both ways, no HTTP; the ceiling of any proxy here.
+    Relay,
     Sidecar,
 }
 
@@ -89,6 +94,7 @@ impl Target {
         match self {
             Target::Direct => "direct",
             Target::Nginx => "nginx",
+            Target::Relay => "relay",
             Target::Sidecar => "sidecar",
         }
     }
@@ -144,6 +150,13 @@ pub fn run(args: Args) -> Result<(), String> {
         let nginx = Nginx::start(&args.nginx, upstream.addr())?;
         addrs.push((Target::Nginx, nginx.addr, Some(nginx.process.child.id())));
         Some(nginx)
+    } else {
+        None
+    };
+    let _relay = if uses(Target::Relay) {
+        let relay = Relay::start(&args.relay.clone().unwrap_or_else(|| binary("sluice-relay")), upstream.addr())?;
+        addrs.push((Target::Relay, relay.addr, Some(relay.process.child.id())));
+        Some(relay)
     } else {
         None
     };
@@ -341,17 +354,22 @@ fn report(results: &[Measurement], rounds: u32, sidecar_rss: Option<f64>) -> Str
         out.push('\n');
     };
     out.push('\n');
-    let throughput = |over: Target| {
-        per_round(&|r| Some(r.get(Target::Sidecar)?.load.requests_per_sec / r.get(over)?.load.requests_per_sec))
+    let throughput = |of: Target, over: Target| {
+        per_round(&|r| Some(r.get(of)?.load.requests_per_sec / r.get(over)?.load.requests_per_sec))
     };
-    if let Some(ratios) = throughput(Target::Nginx) {
+    if let Some(ratios) = throughput(Target::Sidecar, Target::Nginx) {
         let goal = (median(&ratios) >= GOAL_VS_NGINX, format!("≥ {GOAL_VS_NGINX}×"));
         line(&mut out, "sidecar/nginx throughput", "×", &ratios, Some(goal));
     }
-    if let Some(ratios) = throughput(Target::Direct) {
-        line(&mut out, "sidecar/direct throughput", "×", &ratios, None);
+    // The last two: how far the sidecar is from the relay, and what no proxy can pass here.
+    for (of, over) in
+        [(Target::Sidecar, Target::Direct), (Target::Sidecar, Target::Relay), (Target::Relay, Target::Nginx)]
+    {
+        if let Some(ratios) = throughput(of, over) {
+            line(&mut out, &format!("{}/{} throughput", of.name(), over.name()), "×", &ratios, None);
+        }
     }
-    for target in [Target::Sidecar, Target::Nginx] {
+    for target in [Target::Sidecar, Target::Nginx, Target::Relay] {
         let added = per_round(&|r| Some(r.get(target)?.single.p50_us - r.get(Target::Direct)?.single.p50_us));
         if let Some(added) = added {
             let goal = (target == Target::Sidecar)
@@ -359,7 +377,7 @@ fn report(results: &[Measurement], rounds: u32, sidecar_rss: Option<f64>) -> Str
             line(&mut out, &format!("added p50 {}, 1 conn", target.name()), " µs", &added, goal);
         }
     }
-    for target in [Target::Sidecar, Target::Nginx] {
+    for target in [Target::Sidecar, Target::Nginx, Target::Relay] {
         if let Some(cpu) = per_round(&|r| r.get(target)?.cpu.map(Cpu::total)) {
             line(&mut out, &format!("CPU per request, {}", target.name()), " µs", &cpu, None);
         }
@@ -497,6 +515,24 @@ http {{
         let mut process = Process::spawn("nginx", &mut command, dir.path().join("nginx.log"))?;
         process.wait_ready(|| serves_ok(addr))?;
         Ok(Nginx { process, addr, _dir: dir })
+    }
+}
+
+struct Relay {
+    process: Process,
+    addr: SocketAddr,
+    _dir: TempDir,
+}
+
+impl Relay {
+    fn start(binary: &Path, upstream: SocketAddr) -> Result<Relay, String> {
+        let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let mut command = Command::new(binary);
+        command.args(["--addr", &addr.to_string(), "--upstream", &upstream.to_string()]);
+        let mut process = Process::spawn("sluice-relay", &mut command, dir.path().join("relay.log"))?;
+        process.wait_ready(|| serves_ok(addr))?;
+        Ok(Relay { process, addr, _dir: dir })
     }
 }
 

@@ -3,9 +3,11 @@
 #![forbid(unsafe_code)]
 
 pub mod bench_sidecar;
+pub mod cli;
 pub mod demo;
 pub mod etcd;
 pub mod harness;
 pub mod http;
 pub mod loadgen;
+pub mod relay;
 pub mod upstream;

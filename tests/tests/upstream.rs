@@ -1,4 +1,7 @@
-//! The test upstream itself, so that sidecar tests failing through it point at the sidecar.
+//! The test tools themselves — the upstream, the relay, their flags — so that sidecar tests
+//! failing through them point at the sidecar.
+
+use std::{net::SocketAddr, time::Duration};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -7,9 +10,12 @@ use hyper_util::{
     rt::TokioExecutor,
 };
 use rcgen::{CertifiedKey, generate_simple_self_signed};
-use sluice_tests::upstream::{
-    UpstreamProcess,
-    echo::{EchoRequest, echo_client::EchoClient},
+use sluice_tests::{
+    harness,
+    upstream::{
+        UpstreamProcess,
+        echo::{EchoRequest, echo_client::EchoClient},
+    },
 };
 use tokio_stream::StreamExt;
 use tonic::{
@@ -87,4 +93,34 @@ async fn serves_grpc_over_tls() {
     let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(cert.pem())).domain_name("127.0.0.1");
     let endpoint = Channel::from_shared(format!("https://{}", upstream.addr())).unwrap().tls_config(tls).unwrap();
     check_grpc(EchoClient::new(endpoint.connect().await.expect("connect over TLS"))).await;
+}
+
+#[test]
+fn the_relay_passes_a_request_and_its_response_through() {
+    let upstream = UpstreamProcess::start(None);
+    let addr = SocketAddr::from(([127, 0, 0, 1], harness::free_port()));
+    let mut relay = std::process::Command::new(harness::binary("sluice-relay"))
+        .args(["--addr", &addr.to_string(), "--upstream", &upstream.addr().to_string()])
+        .spawn()
+        .expect("sluice-relay starts");
+    let answer = (0..200).find_map(|_| {
+        std::thread::sleep(Duration::from_millis(25));
+        harness::http_get(addr, "/echo?relay=1").ok()
+    });
+    let _ = relay.kill();
+    let _ = relay.wait();
+    let (status, body) = answer.expect("the relay listens");
+    assert_eq!(status, 200);
+    assert!(body.contains("/echo?relay=1"), "the upstream's echo of the path: {body}");
+}
+
+#[test]
+fn every_tool_rejects_a_bad_flag_in_one_line_with_code_64() {
+    for tool in ["sluice-upstream", "sluice-relay", "sluice-loadgen", "sluice-bench-sidecar", "sluice-demo"] {
+        let out = harness::run(tool, &["--no-such-flag"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{tool}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{tool}: one line, got {stderr:?}");
+        assert!(stderr.starts_with(&format!("{tool}: ")) && stderr.contains("--no-such-flag"), "{tool}: {stderr:?}");
+    }
 }

@@ -1,18 +1,8 @@
 //! `sluice-demo`: see `sluice_tests::demo`.
 #![forbid(unsafe_code)]
 
-use std::process::ExitCode;
+use sluice_tests::{cli, demo};
 
-use clap::Parser;
-use sluice_tests::demo::{self, Args};
-
-#[tokio::main]
-async fn main() -> ExitCode {
-    match demo::run(Args::parse()).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("sluice-demo: {e}");
-            ExitCode::FAILURE
-        }
-    }
+fn main() -> std::process::ExitCode {
+    cli::main("sluice-demo", |args| cli::block_on(demo::run(args)))
 }
