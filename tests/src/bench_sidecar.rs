@@ -147,14 +147,14 @@ pub fn run(args: Args) -> Result<(), String> {
     let mut addrs = Vec::new();
     let mut sidecar_rss = None;
     let _nginx = if uses(Target::Nginx) {
-        let nginx = Nginx::start(&args.nginx, upstream.addr())?;
+        let nginx = Proxy::nginx(&args.nginx, upstream.addr())?;
         addrs.push((Target::Nginx, nginx.addr, Some(nginx.process.child.id())));
         Some(nginx)
     } else {
         None
     };
     let _relay = if uses(Target::Relay) {
-        let relay = Relay::start(&args.relay.clone().unwrap_or_else(|| binary("sluice-relay")), upstream.addr())?;
+        let relay = Proxy::relay(&args.relay.clone().unwrap_or_else(|| binary("sluice-relay")), upstream.addr())?;
         addrs.push((Target::Relay, relay.addr, Some(relay.process.child.id())));
         Some(relay)
     } else {
@@ -465,17 +465,18 @@ fn serves_ok(addr: SocketAddr) -> bool {
     matches!(http_get(addr, "/"), Ok((200, _)))
 }
 
-struct Nginx {
+/// A proxy process other than the sidecar, listening on `addr`, with its files in `_dir`.
+struct Proxy {
     process: Process,
     addr: SocketAddr,
     _dir: TempDir,
 }
 
-impl Nginx {
+impl Proxy {
     /// nginx as a keep-alive reverse proxy to `upstream`, everything it writes inside its own
     /// directory. One process serves (no master): killing the child stops nginx, with no worker
     /// left behind to hold the port.
-    fn start(nginx: &Path, upstream: SocketAddr) -> Result<Nginx, String> {
+    fn nginx(nginx: &Path, upstream: SocketAddr) -> Result<Proxy, String> {
         let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let d = dir.path().display();
@@ -514,25 +515,18 @@ http {{
         command.arg("-p").arg(dir.path()).arg("-c").arg(&config_path).args(["-e", "stderr"]);
         let mut process = Process::spawn("nginx", &mut command, dir.path().join("nginx.log"))?;
         process.wait_ready(|| serves_ok(addr))?;
-        Ok(Nginx { process, addr, _dir: dir })
+        Ok(Proxy { process, addr, _dir: dir })
     }
-}
 
-struct Relay {
-    process: Process,
-    addr: SocketAddr,
-    _dir: TempDir,
-}
-
-impl Relay {
-    fn start(binary: &Path, upstream: SocketAddr) -> Result<Relay, String> {
+    /// `sluice-relay` from this listener to `upstream`.
+    fn relay(binary: &Path, upstream: SocketAddr) -> Result<Proxy, String> {
         let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let mut command = Command::new(binary);
         command.args(["--addr", &addr.to_string(), "--upstream", &upstream.to_string()]);
         let mut process = Process::spawn("sluice-relay", &mut command, dir.path().join("relay.log"))?;
         process.wait_ready(|| serves_ok(addr))?;
-        Ok(Relay { process, addr, _dir: dir })
+        Ok(Proxy { process, addr, _dir: dir })
     }
 }
 
