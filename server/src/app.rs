@@ -1,7 +1,9 @@
 //! Wires the server together: configuration, listeners, the gRPC service, the debug listener,
 //! reload and expiry sweeping, the master election, and shutdown.
 
-use std::{fmt, sync::Arc};
+use std::{fmt, future::Future, pin::Pin, sync::Arc};
+
+use arc_swap::ArcSwap;
 
 use sluice_proto::{FILE_DESCRIPTOR_SET, capacity_server::CapacityServer};
 use tokio::{
@@ -26,7 +28,7 @@ use crate::{
     reload::{ConfigStatus, Reloader},
     service::CapacityService,
     state::{self, ParentLink, State},
-    telemetry,
+    telemetry, tls,
 };
 
 /// Why the server did not start or stopped.
@@ -59,8 +61,15 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     telemetry::init(args.log_format, &args.log).map_err(Failure::Usage)?;
     let (source, text) = read_config(args.config.as_deref(), EMBEDDED_CONFIG)?;
     let repository = config::parse(&text).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
-    let tls = args.tls().map(|files| files.load()).transpose().map_err(Failure::Usage)?;
-    let parent_tls = args.parent_tls().map(|files| files.load()).transpose().map_err(Failure::Usage)?;
+    // Each TLS setting with the files' content it was built from, which rotation starts from.
+    let tls = args
+        .tls()
+        .map(|files| {
+            let content = tls::read(&files.paths())?;
+            Ok((files.server_config(&content)?, files, content))
+        })
+        .transpose()
+        .map_err(Failure::Usage)?;
 
     let grpc = TcpListener::bind(args.grpc_addr)
         .await
@@ -71,10 +80,19 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let (grpc_addr, admin_addr) = (local(grpc.local_addr()), local(admin.local_addr()));
 
     let handle = metrics::install().map_err(Failure::Runtime)?;
-    let parent = (!args.parent.is_empty()).then(|| ParentLink {
-        servers: Servers::new(args.parent.clone(), parent_tls, metrics::record_parent_rpc),
-        server_id: args.server_id.clone().unwrap_or_else(|| args.advertise_address()),
-    });
+    let parent = if args.parent.is_empty() {
+        None
+    } else {
+        let servers = Servers::with_tls_files(
+            args.parent.clone(),
+            args.parent_tls(),
+            metrics::record_parent_rpc,
+            args.config_poll_interval,
+            "parent link",
+        )
+        .map_err(Failure::Usage)?;
+        Some(ParentLink { servers, server_id: args.server_id.clone().unwrap_or_else(|| args.advertise_address()) })
+    };
     let election = args.election();
     let election_key = election.as_ref().map(|e| e.key.clone());
     let config_status = ConfigStatus::shared(args.config.as_deref());
@@ -119,21 +137,33 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let reflection_error = |e: tonic_reflection::server::Error| Failure::Runtime(format!("reflection service: {e}"));
     let reflection_v1 = reflection().build_v1().map_err(reflection_error)?;
     let reflection_v1alpha = reflection().build_v1alpha().map_err(reflection_error)?;
-    let mut builder = Server::builder().tcp_nodelay(true);
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls).map_err(|e| Failure::Usage(format!("TLS: {e}")))?;
-    }
-    let router =
-        builder.add_service(health_service).add_service(reflection_v1).add_service(reflection_v1alpha).add_service(
+    let router = Server::builder()
+        .tcp_nodelay(true)
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(
             CapacityServer::new(CapacityService::new(state.clone(), args.max_resources))
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         );
 
     let (stop, stopped) = oneshot::channel::<()>();
-    let serve = router.serve_with_incoming_shutdown(TcpListenerStream::new(grpc), async {
+    let stopped = async {
         let _ = stopped.await;
-    });
-    tokio::pin!(serve);
+    };
+    let mut serve: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>>>> = match tls {
+        Some((config, files, content)) => {
+            let config = Arc::new(ArcSwap::from_pointee(config));
+            let (installed, paths) = (config.clone(), files.paths());
+            let apply = move |content: &[Vec<u8>]| {
+                installed.store(Arc::new(files.server_config(content)?));
+                Ok(())
+            };
+            tokio::spawn(tls::rotate("gRPC listener", paths, content, args.config_poll_interval, apply));
+            Box::pin(router.serve_with_incoming_shutdown(tls::incoming(grpc, config), stopped))
+        }
+        None => Box::pin(router.serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped)),
+    };
     // Told before `/readyz` turns 200, so that a probe that saw one agrees with the other.
     tell_health(&health, true).await;
     state.set_ready();

@@ -6,7 +6,7 @@ use clap::{Parser, ValueEnum};
 
 use crate::{
     defaults, election,
-    tls::{ParentTlsFiles, TlsFiles},
+    tls::{ClientTlsFiles, TlsFiles},
 };
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -79,7 +79,8 @@ pub struct Args {
           requires = "etcd_endpoints")]
     pub etcd_lease_ttl: i64,
 
-    /// How often to check the configuration file for changes, e.g. "2s" or "500ms".
+    /// How often to check the configuration file and the TLS files for changes, e.g. "2s" or
+    /// "500ms".
     #[arg(long, env = "SLUICE_CONFIG_POLL_INTERVAL", value_parser = poll_interval, allow_hyphen_values = true,
           default_value = defaults::CONFIG_POLL_INTERVAL)]
     pub config_poll_interval: Duration,
@@ -120,10 +121,11 @@ impl Args {
         })
     }
 
-    pub fn parent_tls(&self) -> Option<ParentTlsFiles> {
-        Some(ParentTlsFiles {
-            ca: self.parent_tls_ca.clone()?,
+    pub fn parent_tls(&self) -> Option<ClientTlsFiles> {
+        Some(ClientTlsFiles {
+            ca: Some(self.parent_tls_ca.clone()?),
             identity: self.parent_tls_cert.clone().zip(self.parent_tls_key.clone()),
+            server_name: None,
         })
     }
 

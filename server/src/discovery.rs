@@ -5,7 +5,8 @@
 
 use std::{
     future::Future,
-    sync::{Mutex, MutexGuard},
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
 };
 
 use sluice_proto::{DiscoveryRequest, capacity_client::CapacityClient};
@@ -17,6 +18,7 @@ use tonic::{
 use crate::{
     defaults::{CAPACITY_CONNECT_TIMEOUT, CAPACITY_RPC_TIMEOUT},
     telemetry::with_causes,
+    tls::{self, ClientTlsFiles},
 };
 
 /// Called once per RPC with its method and whether it succeeded, for the caller's metrics.
@@ -24,12 +26,12 @@ pub type Record = fn(&'static str, bool);
 
 pub struct Servers {
     addresses: Vec<String>,
-    tls: Option<ClientTlsConfig>,
     record: Record,
     current: Mutex<Current>,
 }
 
 struct Current {
+    tls: Option<ClientTlsConfig>,
     /// Index of the configured address last tried.
     index: usize,
     /// The master's address once Discovery or a redirect named it.
@@ -42,7 +44,30 @@ impl Servers {
     /// them).
     pub fn new(addresses: Vec<String>, tls: Option<ClientTlsConfig>, record: Record) -> Servers {
         assert!(!addresses.is_empty(), "a node has at least one address");
-        Servers { addresses, tls, record, current: Mutex::new(Current { index: 0, master: None, channel: None }) }
+        Servers { addresses, record, current: Mutex::new(Current { tls, index: 0, master: None, channel: None }) }
+    }
+
+    /// Like [`Servers::new`], over TLS from `files` when given; the files are then polled every
+    /// `poll`, and the connections made after they change use them (`what` names them in the
+    /// log). Must be called on a runtime.
+    pub fn with_tls_files(
+        addresses: Vec<String>,
+        files: Option<ClientTlsFiles>,
+        record: Record,
+        poll: Duration,
+        what: &'static str,
+    ) -> Result<Arc<Servers>, String> {
+        let Some(files) = files else { return Ok(Arc::new(Servers::new(addresses, None, record))) };
+        let paths = files.paths();
+        let content = tls::read(&paths)?;
+        let servers = Arc::new(Servers::new(addresses, Some(files.client_config(&content)?), record));
+        let target = servers.clone();
+        let apply = move |content: &[Vec<u8>]| {
+            target.set_tls(files.client_config(content)?);
+            Ok(())
+        };
+        tokio::spawn(tls::rotate(what, paths, content, poll, apply));
+        Ok(servers)
     }
 
     fn lock(&self) -> MutexGuard<'_, Current> {
@@ -55,15 +80,24 @@ impl Servers {
         current.master.clone().unwrap_or_else(|| self.addresses[current.index].clone())
     }
 
+    /// New TLS settings (rotated files), for the connections made from now on: the next call
+    /// connects anew.
+    pub fn set_tls(&self, tls: ClientTlsConfig) {
+        let mut current = self.lock();
+        current.tls = Some(tls);
+        current.channel = None;
+    }
+
     fn endpoint(&self, address: &str) -> Result<Channel, String> {
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let tls = self.lock().tls.clone();
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
             .map_err(|e| format!("{address}: {e}"))?
             .connect_timeout(CAPACITY_CONNECT_TIMEOUT)
             .timeout(CAPACITY_RPC_TIMEOUT)
             .tcp_nodelay(true);
-        if let Some(tls) = &self.tls {
-            endpoint = endpoint.tls_config(tls.clone()).map_err(|e| format!("{address}: {e}"))?;
+        if let Some(tls) = tls {
+            endpoint = endpoint.tls_config(tls).map_err(|e| format!("{address}: {e}"))?;
         }
         Ok(endpoint.connect_lazy())
     }

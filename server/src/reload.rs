@@ -2,6 +2,7 @@
 //! goes into force atomically; an invalid or unreadable one is logged and counted, and the
 //! configuration in force stays. Shared by the server and the sidecar, which differ only in how
 //! a file's text is applied.
+//! [`Watch`], the polling itself, also serves the rotation of TLS files (`tls::rotate`).
 
 use std::{
     path::PathBuf,
@@ -71,20 +72,61 @@ pub struct Reloader {
     apply: Apply,
     record: Record,
     status: SharedConfigStatus,
-    /// The file's content at the last attempt (`None`: it could not be read), so that an
-    /// unchanged file is neither re-applied nor re-counted.
-    last: Option<Vec<u8>>,
-    /// A change seen by the last poll, not yet applied: a poll applies a change only once the
-    /// poll before saw the same, so that a file caught half-written by a tool writing it in place
-    /// is not applied (a half that parses would drop the rest). It costs a change one poll
-    /// interval; SIGHUP applies at once.
-    pending: Option<Option<Vec<u8>>>,
+    watch: Watch,
+}
+
+/// Files polled for a change, which is reported once it has settled: a poll reports a change
+/// only once the poll before saw the same, so that a file caught half-written by a tool writing
+/// it in place is not taken (a half that parses would drop the rest). It costs a change one poll
+/// interval; a forced poll (SIGHUP) reports at once.
+pub struct Watch {
+    paths: Vec<PathBuf>,
+    /// The files' content at the last change reported (`Err`: why one could not be read), so
+    /// that unchanged files are neither taken again nor counted again.
+    last: Content,
+    /// A change seen by the last poll, not yet reported.
+    pending: Option<Content>,
+}
+
+/// Each file's bytes, in the order of the paths, or why one could not be read.
+pub type Content = Result<Vec<Vec<u8>>, String>;
+
+impl Watch {
+    /// `paths` whose content in force is `loaded`.
+    pub fn new(paths: Vec<PathBuf>, loaded: Content) -> Watch {
+        Watch { paths, last: loaded, pending: None }
+    }
+
+    /// Reads the files as they are now.
+    pub fn read(paths: &[PathBuf]) -> Content {
+        paths.iter().map(|p| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))).collect()
+    }
+
+    /// The files' content if it changed since the last change reported and has stayed so since
+    /// the last poll, or in any case when `forced`.
+    pub fn changed(&mut self, forced: bool) -> Option<Content> {
+        let content = Watch::read(&self.paths);
+        if !forced {
+            if content == self.last {
+                self.pending = None;
+                return None;
+            }
+            if self.pending.as_ref() != Some(&content) {
+                self.pending = Some(content);
+                return None;
+            }
+        }
+        self.pending = None;
+        self.last = content.clone();
+        Some(content)
+    }
 }
 
 impl Reloader {
     /// `loaded` is the content the process started with; `status` what the status pages show.
     pub fn new(path: PathBuf, loaded: Vec<u8>, apply: Apply, record: Record, status: SharedConfigStatus) -> Reloader {
-        Reloader { path, apply, record, status, last: Some(loaded), pending: None }
+        let watch = Watch::new(vec![path.clone()], Ok(vec![loaded]));
+        Reloader { path, apply, record, status, watch }
     }
 
     /// Checks the file every `interval` (> 0) and on every SIGHUP, until the process ends.
@@ -112,23 +154,9 @@ impl Reloader {
     /// Applies the file if it changed and has stayed so since the last poll, or in any case when
     /// `forced`.
     fn check(&mut self, forced: bool) {
-        let read = std::fs::read(&self.path);
-        let content = read.as_ref().ok().cloned();
-        if !forced {
-            if content == self.last {
-                self.pending = None;
-                return;
-            }
-            if self.pending.as_ref() != Some(&content) {
-                self.pending = Some(content);
-                return;
-            }
-        }
-        self.pending = None;
-        self.last = content;
-        let outcome = read
-            .map_err(|e| format!("cannot read {}: {e}", self.path.display()))
-            .and_then(|bytes| String::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_owned()))
+        let Some(content) = self.watch.changed(forced) else { return };
+        let outcome = content
+            .and_then(|mut files| String::from_utf8(files.remove(0)).map_err(|_| "the file is not UTF-8".to_owned()))
             .and_then(|text| (self.apply)(&text));
         (self.record)(outcome.is_ok());
         {

@@ -42,7 +42,7 @@ fn fresh_ledger(repository: Arc<Repository>, parent: Option<&ParentLink>, now: U
 /// Where an intermediate server gets its capacity.
 pub struct ParentLink {
     /// The parent node's replicas.
-    pub servers: Servers,
+    pub servers: Arc<Servers>,
     /// This server's id in its requests to the parent.
     pub server_id: String,
 }

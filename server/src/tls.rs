@@ -1,25 +1,42 @@
-//! TLS and mTLS for the gRPC listener, and toward a parent server (rustls, through tonic).
+//! TLS and mTLS for the gRPC listener and toward capacity servers (a parent, or the sidecar's
+//! servers), with certificates rotated in place.
 //!
 //! Every file is checked when it is loaded — PEM holding what it must hold, and a private key
 //! that belongs to its certificate — so that a wrong file stops the process at start-up with
 //! that file named, instead of failing every handshake later behind a bare "transport error".
+//! The files are then polled like the configuration ([`rotate`]): once a change has settled, new
+//! connections use the new files; one that fails the checks is logged and the old ones stay.
 //! The sidecar loads its `server.tls` and upstream CA files through the same functions.
 
-use std::path::{Path, PathBuf};
+use std::{
+    io,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
+use arc_swap::ArcSwap;
 use rustls::{
+    RootCertStore, ServerConfig,
     crypto::ring,
     pki_types::{
         CertificateDer, PrivateKeyDer,
         pem::{self, PemObject},
     },
+    server::WebPkiClientVerifier,
     sign::CertifiedKey,
 };
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::mpsc,
+};
+use tokio_rustls::{TlsAcceptor, server::TlsStream};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
-use crate::defaults::TLS_HANDSHAKE_TIMEOUT;
+use crate::{defaults::TLS_HANDSHAKE_TIMEOUT, reload::Watch};
 
-/// Where the server's certificate, key and (for mTLS) client CA are.
+/// Where the gRPC listener's certificate, key and (for mTLS) client CA are.
 #[derive(Clone, Debug)]
 pub struct TlsFiles {
     pub cert: PathBuf,
@@ -29,31 +46,142 @@ pub struct TlsFiles {
 }
 
 impl TlsFiles {
-    pub fn load(&self) -> Result<ServerTlsConfig, String> {
-        let mut config =
-            ServerTlsConfig::new().identity(identity(&self.cert, &self.key)?).timeout(TLS_HANDSHAKE_TIMEOUT);
-        if let Some(ca) = &self.client_ca {
-            config = config.client_ca_root(ca_certificate(ca)?);
-        }
+    /// The files, in the order [`TlsFiles::server_config`] takes their content.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()].into_iter().flatten().cloned().collect()
+    }
+
+    /// The listener's rustls settings from the files' content, HTTP/2 only.
+    pub fn server_config(&self, content: &[Vec<u8>]) -> Result<ServerConfig, String> {
+        let [cert, key, rest @ ..] = content else { return Err("TLS files missing".into()) };
+        let (chain, private) = parse_identity((&self.cert, cert), (&self.key, key))?;
+        let provider = Arc::new(ring::default_provider());
+        let builder = ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?;
+        let builder = match (&self.client_ca, rest) {
+            (Some(path), [ca]) => {
+                let mut roots = RootCertStore::empty();
+                for cert in parse_certificates(path, ca)? {
+                    roots.add(cert).map_err(|e| format!("{}: {e}", path.display()))?;
+                }
+                let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                    .build()
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            (None, []) => builder.with_no_client_auth(),
+            _ => return Err("TLS files missing".into()),
+        };
+        let mut config = builder.with_single_cert(chain, private).map_err(|e| format!("TLS: {e}"))?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(config)
     }
 }
 
-/// How an intermediate server verifies its parent and, for mTLS, proves who it is.
+/// How a client verifies the capacity servers it talks to and, for mTLS, proves who it is.
 #[derive(Clone, Debug)]
-pub struct ParentTlsFiles {
-    pub ca: PathBuf,
+pub struct ClientTlsFiles {
+    /// CA bundle that signs the servers' certificates; the system roots when absent.
+    pub ca: Option<PathBuf>,
+    /// Certificate chain and private key for mTLS.
     pub identity: Option<(PathBuf, PathBuf)>,
+    /// Name to verify in the servers' certificates; the address's host when absent.
+    pub server_name: Option<String>,
 }
 
-impl ParentTlsFiles {
-    pub fn load(&self) -> Result<ClientTlsConfig, String> {
-        let mut config = ClientTlsConfig::new().ca_certificate(ca_certificate(&self.ca)?);
-        if let Some((cert, key)) = &self.identity {
-            config = config.identity(identity(cert, key)?);
+impl ClientTlsFiles {
+    /// The files, in the order [`ClientTlsFiles::client_config`] takes their content.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        let identity = self.identity.iter().flat_map(|(cert, key)| [cert, key]);
+        self.ca.iter().chain(identity).cloned().collect()
+    }
+
+    pub fn client_config(&self, content: &[Vec<u8>]) -> Result<ClientTlsConfig, String> {
+        let mut content = content.iter();
+        let mut next = || content.next().ok_or("TLS files missing");
+        let mut config = ClientTlsConfig::new();
+        config = match &self.ca {
+            Some(path) => config.ca_certificate(ca_certificate(path, next()?)?),
+            None => config.with_native_roots(),
+        };
+        if let Some((cert_path, key_path)) = &self.identity {
+            let (cert, key) = (next()?, next()?);
+            parse_identity((cert_path, cert), (key_path, key))?;
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(name) = &self.server_name {
+            config = config.domain_name(name.clone());
         }
         Ok(config)
     }
+}
+
+/// Reads `paths` for their first use, as [`rotate`] will read them later.
+pub fn read(paths: &[PathBuf]) -> Result<Vec<Vec<u8>>, String> {
+    Watch::read(paths)
+}
+
+/// Polls `paths` (read as `loaded` at start-up) every `interval`; when their content changes and
+/// settles, `apply` builds and installs new settings from it, or says why it cannot and the old
+/// settings stay. `what` names the settings in the log.
+pub async fn rotate(
+    what: &'static str,
+    paths: Vec<PathBuf>,
+    loaded: Vec<Vec<u8>>,
+    interval: Duration,
+    mut apply: impl FnMut(&[Vec<u8>]) -> Result<(), String>,
+) {
+    let mut watch = Watch::new(paths, Ok(loaded));
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(content) = watch.changed(false) else { continue };
+        match content.and_then(|files| apply(&files)) {
+            Ok(()) => tracing::info!(what, "TLS files changed: new connections use them"),
+            Err(error) => tracing::error!(what, %error, "TLS files rejected; the previous ones stay in force"),
+        }
+    }
+}
+
+/// The gRPC listener's TLS connections: each accepted connection's handshake runs on its own
+/// task, with the settings in force when it came and [`TLS_HANDSHAKE_TIMEOUT`] to finish; those
+/// that fail are dropped. Accepting stops when the stream is dropped.
+pub fn incoming(
+    listener: TcpListener,
+    config: Arc<ArcSwap<ServerConfig>>,
+) -> ReceiverStream<io::Result<TlsStream<TcpStream>>> {
+    let (sender, receiver) = mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        // Out of descriptors, say: the next accept may succeed.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = sender.closed() => return,
+            };
+            let _ = stream.set_nodelay(true);
+            let acceptor = TlsAcceptor::from(config.load_full());
+            let sender = sender.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => {
+                        let _ = sender.send(Ok(tls)).await;
+                    }
+                    Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    ReceiverStream::new(receiver)
 }
 
 /// The certificates of a PEM file, at least one.
@@ -62,26 +190,29 @@ pub fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String>
 }
 
 /// A CA bundle for tonic, checked to hold certificates.
-pub fn ca_certificate(path: &Path) -> Result<Certificate, String> {
-    let pem = read_pem(path)?;
-    parse_certificates(path, &pem)?;
+fn ca_certificate(path: &Path, pem: &[u8]) -> Result<Certificate, String> {
+    parse_certificates(path, pem)?;
     Ok(Certificate::from_pem(pem))
 }
 
-/// A certificate chain and its private key for tonic, checked to belong together.
-pub fn identity(cert: &Path, key: &Path) -> Result<Identity, String> {
-    let (cert_pem, key_pem) = (read_pem(cert)?, read_pem(key)?);
-    let chain = parse_certificates(cert, &cert_pem)?;
-    let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| match e {
-        pem::Error::NoItemsFound => format!("{}: no private key in it", key.display()),
-        e => format!("{}: {e}", key.display()),
+/// A certificate chain and its private key, checked to belong together.
+fn parse_identity(
+    (cert_path, cert): (&Path, &[u8]),
+    (key_path, key): (&Path, &[u8]),
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    let chain = parse_certificates(cert_path, cert)?;
+    check_pem(key_path, key)?;
+    let private = PrivateKeyDer::from_pem_slice(key).map_err(|e| match e {
+        pem::Error::NoItemsFound => format!("{}: no private key in it", key_path.display()),
+        e => format!("{}: {e}", key_path.display()),
     })?;
-    CertifiedKey::from_der(chain, private, &ring::default_provider())
-        .map_err(|e| format!("{} and {} do not go together: {e}", cert.display(), key.display()))?;
-    Ok(Identity::from_pem(cert_pem, key_pem))
+    CertifiedKey::from_der(chain.clone(), private.clone_key(), &ring::default_provider())
+        .map_err(|e| format!("{} and {} do not go together: {e}", cert_path.display(), key_path.display()))?;
+    Ok((chain, private))
 }
 
 fn parse_certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    check_pem(path, pem)?;
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -93,8 +224,13 @@ fn parse_certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'sta
 
 fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
     let pem = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    check_pem(path, &pem)?;
+    Ok(pem)
+}
+
+fn check_pem(path: &Path, pem: &[u8]) -> Result<(), String> {
     if !pem.windows(11).any(|w| w == b"-----BEGIN ") {
         return Err(format!("{} is not PEM", path.display()));
     }
-    Ok(pem)
+    Ok(())
 }

@@ -34,7 +34,10 @@ pub async fn run(args: Args) -> Result<(), Failure> {
 
     let (cue, cues) = mpsc::unbounded_channel();
     let leasing = match &config.server {
-        Some(server) => Some(Arc::new(Leasing::new(client_id.clone(), server).map_err(Failure::Usage)?)),
+        Some(server) => {
+            let leasing = Leasing::new(client_id.clone(), server, args.config_poll_interval).map_err(Failure::Usage)?;
+            Some(Arc::new(leasing))
+        }
         None => None,
     };
     let cue = leasing.as_ref().map(|_| cue);

@@ -31,7 +31,8 @@ pub struct Args {
           value_parser = clap::value_parser!(u16).range(1..), allow_negative_numbers = true)]
     pub worker_threads: u16,
 
-    /// How often to check the configuration file for changes, e.g. "2s" or "500ms".
+    /// How often to check the configuration file and the TLS files for changes, e.g. "2s" or
+    /// "500ms".
     #[arg(long, env = "SLUICE_SIDECAR_CONFIG_POLL_INTERVAL", value_parser = poll_interval, allow_hyphen_values = true,
           default_value = defaults::CONFIG_POLL_INTERVAL)]
     pub config_poll_interval: Duration,

@@ -9,9 +9,8 @@ use std::{
 
 use arc_swap::ArcSwap;
 use sluice_proto::ReleaseCapacityRequest;
-use sluice_server::{discovery::Servers, tls};
+use sluice_server::{discovery::Servers, tls::ClientTlsFiles};
 use tokio::sync::{mpsc::UnboundedReceiver, watch};
-use tonic::transport::ClientTlsConfig;
 
 use crate::{
     config::{Config, ServerConfig},
@@ -26,13 +25,20 @@ use crate::{
 
 pub struct Leasing {
     client: Mutex<LeaseClient>,
-    servers: Servers,
+    servers: Arc<Servers>,
 }
 
 impl Leasing {
-    pub fn new(client_id: String, server: &ServerConfig) -> Result<Leasing, String> {
+    /// Must be called on a runtime: the `server.tls` files are polled every `poll`.
+    pub fn new(client_id: String, server: &ServerConfig, poll: Duration) -> Result<Leasing, String> {
         let seed = unix_now().to_bits() ^ u64::from(std::process::id());
-        let servers = Servers::new(server.addresses.clone(), tls_config(server)?, metrics::record_rpc);
+        let files = server.tls.as_ref().map(|t| ClientTlsFiles {
+            ca: t.ca.clone(),
+            identity: t.cert.clone().zip(t.key.clone()),
+            server_name: t.server_name.clone(),
+        });
+        let servers = Servers::with_tls_files(server.addresses.clone(), files, metrics::record_rpc, poll, "server.tls")
+            .map_err(|e| format!("server.tls: {e}"))?;
         Ok(Leasing { client: Mutex::new(LeaseClient::new(client_id, seed)), servers })
     }
 
@@ -146,22 +152,4 @@ impl Leasing {
 
 pub fn unix_now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// TLS toward the capacity servers, from the `server.tls` section.
-fn tls_config(config: &ServerConfig) -> Result<Option<ClientTlsConfig>, String> {
-    let Some(t) = &config.tls else { return Ok(None) };
-    let context = |e: String| format!("server.tls: {e}");
-    let mut tls = ClientTlsConfig::new();
-    tls = match &t.ca {
-        Some(ca) => tls.ca_certificate(tls::ca_certificate(ca).map_err(context)?),
-        None => tls.with_native_roots(),
-    };
-    if let (Some(cert), Some(key)) = (&t.cert, &t.key) {
-        tls = tls.identity(tls::identity(cert, key).map_err(context)?);
-    }
-    if let Some(name) = &t.server_name {
-        tls = tls.domain_name(name.clone());
-    }
-    Ok(Some(tls))
 }

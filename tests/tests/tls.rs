@@ -210,3 +210,90 @@ fn a_tls_handshake_that_never_comes_is_cut_off() {
     // The handshake timeout is 10 s; a minute would mean there is none.
     assert!(opened.elapsed() < Duration::from_secs(55), "cut off after {:?}", opened.elapsed());
 }
+
+/// Copies `pki`'s files into `dir` under the names given, as a certificate manager replacing
+/// them in place would.
+fn install(pki: &Pki, dir: &std::path::Path, files: &[(&str, &str)]) {
+    for (from, to) in files {
+        std::fs::copy(pki.path(from), dir.join(to)).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_grpc_listener_takes_rotated_certificates_without_a_restart() {
+    let (old, new) = (Pki::new(), Pki::new());
+    let dir = tempfile::tempdir().unwrap();
+    let files = [("server.pem", "cert.pem"), ("server.key", "key.pem"), ("ca.pem", "client-ca.pem")];
+    install(&old, dir.path(), &files);
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let server = Server::builder()
+        .args(["--tls-cert", &path("cert.pem"), "--tls-key", &path("key.pem")])
+        .args(["--tls-client-ca", &path("client-ca.pem"), "--config-poll-interval", "100ms"])
+        .start();
+    let url = format!("https://{}", server.grpc);
+    assert_eq!(discovery(url.clone(), Some(old.tls(true))).await, Ok(true));
+    assert!(discovery(url.clone(), Some(new.tls(true))).await.is_err(), "the new CA is not in force yet");
+
+    install(&new, dir.path(), &files);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while discovery(url.clone(), Some(new.tls(true))).await.is_err() {
+        assert!(Instant::now() < deadline, "the new files are not in use; log:\n{}", server.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(discovery(url.clone(), Some(old.tls(true))).await.is_err(), "the old CA's certificates are out");
+
+    // A file that cannot work is reported, and the files in force stay.
+    std::fs::write(dir.path().join("key.pem"), old.client_key_pem.as_bytes()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.logs().contains("TLS files rejected") {
+        assert!(
+            Instant::now() < deadline,
+            "a key that is not the certificate's went unreported; log:\n{}",
+            server.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(server.logs().contains("do not go together"), "the log says why:\n{}", server.logs());
+    assert_eq!(discovery(url, Some(new.tls(true))).await, Ok(true));
+}
+
+#[test]
+fn a_sidecar_takes_rotated_server_tls_files_without_a_restart() {
+    let (pki, other) = (Pki::new(), Pki::new());
+    let server = pki.server(true);
+    let upstream = UpstreamProcess::start(None);
+    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    // The sidecar starts trusting a CA that did not sign the server's certificate.
+    let dir = tempfile::tempdir().unwrap();
+    install(&other, dir.path(), &[("ca.pem", "ca.pem")]);
+    let ca = dir.path().join("ca.pem");
+    let tls = format!(
+        "ca: {}, cert: {}, key: {}, server_name: localhost",
+        ca.display(),
+        pki.path("client.pem"),
+        pki.path("client.key")
+    );
+    let sidecar = Sidecar::builder()
+        .config(&sidecar_config(listen, upstream.addr(), server.grpc, &tls))
+        .args(["--config-poll-interval", "100ms"])
+        .start_sidecar();
+    let failed = r#"sluice_sidecar_capacity_rpcs_total{method="Discovery",result="error"}"#;
+    let leased = r#"sluice_sidecar_mode{resource="orders",mode="leased"}"#;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sidecar.metric(failed).is_none_or(|n| n < 1.0) {
+        assert!(Instant::now() < deadline, "no failed Discovery with the wrong CA; log:\n{}", sidecar.logs());
+        // Traffic makes the sidecar ask for the resource; its fallback admits it meanwhile.
+        assert_eq!(http_get(listen, "/").map(|(status, _)| status).ok(), Some(200));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_ne!(sidecar.metric(leased), Some(1.0), "no lease through a CA that does not sign the server");
+
+    install(&pki, dir.path(), &[("ca.pem", "ca.pem")]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sidecar.metric(leased) != Some(1.0) {
+        assert!(Instant::now() < deadline, "no lease after the CA was replaced; log:\n{}", sidecar.logs());
+        assert_eq!(http_get(listen, "/").map(|(status, _)| status).ok(), Some(200));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(sidecar.logs().contains("TLS files changed"), "the rotation is logged:\n{}", sidecar.logs());
+}
