@@ -11,12 +11,11 @@ use tokio::{
     signal::unix::{SignalKind, signal},
     sync::oneshot,
 };
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{server::NamedService, transport::Server};
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
-    admin,
+    accept, admin,
     cli::Args,
     config,
     defaults::{
@@ -25,7 +24,7 @@ use crate::{
     discovery::Servers,
     election::Election,
     metrics, parent,
-    reload::{ConfigStatus, Reloader},
+    reload::{ConfigStatus, Reloader, Watch},
     service::CapacityService,
     state::{self, ParentLink, State},
     telemetry, tls,
@@ -65,7 +64,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let tls = args
         .tls()
         .map(|files| {
-            let content = tls::read(&files.paths())?;
+            let content = Watch::read(&files.paths())?;
             Ok((files.server_config(&content)?, files, content))
         })
         .transpose()
@@ -138,7 +137,6 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let reflection_v1 = reflection().build_v1().map_err(reflection_error)?;
     let reflection_v1alpha = reflection().build_v1alpha().map_err(reflection_error)?;
     let router = Server::builder()
-        .tcp_nodelay(true)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -160,9 +158,13 @@ pub async fn run(args: Args) -> Result<(), Failure> {
                 Ok(())
             };
             tokio::spawn(tls::rotate("gRPC listener", paths, content, args.config_poll_interval, apply));
-            Box::pin(router.serve_with_incoming_shutdown(tls::incoming(grpc, config), stopped))
+            let handshake = move |stream, peer| tls::handshake(config.load_full(), stream, peer);
+            Box::pin(router.serve_with_incoming_shutdown(accept::incoming(grpc, handshake), stopped))
         }
-        None => Box::pin(router.serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped)),
+        None => {
+            let plain = |stream, _| std::future::ready(Some(stream));
+            Box::pin(router.serve_with_incoming_shutdown(accept::incoming(grpc, plain), stopped))
+        }
     };
     // Told before `/readyz` turns 200, so that a probe that saw one agrees with the other.
     tell_health(&health, true).await;

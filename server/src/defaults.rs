@@ -71,6 +71,12 @@ pub const STATUS_LEASES_SHOWN: usize = 1_000;
 /// connection that stops half-way does not hold a socket for ever.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// After a failed accept on the gRPC listener (out of file descriptors, say), the pause before
+/// the next, so that the loop does not spin; a warning is logged at most once per
+/// [`ACCEPT_WARNING_INTERVAL`].
+pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+pub const ACCEPT_WARNING_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How often the gRPC health service's answer is brought in line with readiness.
 pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 

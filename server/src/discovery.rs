@@ -17,6 +17,7 @@ use tonic::{
 
 use crate::{
     defaults::{CAPACITY_CONNECT_TIMEOUT, CAPACITY_RPC_TIMEOUT},
+    reload::Watch,
     telemetry::with_causes,
     tls::{self, ClientTlsFiles},
 };
@@ -32,6 +33,8 @@ pub struct Servers {
 
 struct Current {
     tls: Option<ClientTlsConfig>,
+    /// Bumped by every [`Servers::set_tls`]: a channel made before is not kept.
+    tls_generation: u64,
     /// Index of the configured address last tried.
     index: usize,
     /// The master's address once Discovery or a redirect named it.
@@ -44,7 +47,11 @@ impl Servers {
     /// them).
     pub fn new(addresses: Vec<String>, tls: Option<ClientTlsConfig>, record: Record) -> Servers {
         assert!(!addresses.is_empty(), "a node has at least one address");
-        Servers { addresses, record, current: Mutex::new(Current { tls, index: 0, master: None, channel: None }) }
+        Servers {
+            addresses,
+            record,
+            current: Mutex::new(Current { tls, tls_generation: 0, index: 0, master: None, channel: None }),
+        }
     }
 
     /// Like [`Servers::new`], over TLS from `files` when given; the files are then polled every
@@ -59,8 +66,11 @@ impl Servers {
     ) -> Result<Arc<Servers>, String> {
         let Some(files) = files else { return Ok(Arc::new(Servers::new(addresses, None, record))) };
         let paths = files.paths();
-        let content = tls::read(&paths)?;
+        let content = Watch::read(&paths)?;
         let servers = Arc::new(Servers::new(addresses, Some(files.client_config(&content)?), record));
+        if paths.is_empty() {
+            return Ok(servers);
+        }
         let target = servers.clone();
         let apply = move |content: &[Vec<u8>]| {
             target.set_tls(files.client_config(content)?);
@@ -85,11 +95,16 @@ impl Servers {
     pub fn set_tls(&self, tls: ClientTlsConfig) {
         let mut current = self.lock();
         current.tls = Some(tls);
+        current.tls_generation += 1;
         current.channel = None;
     }
 
-    fn endpoint(&self, address: &str) -> Result<Channel, String> {
-        let tls = self.lock().tls.clone();
+    /// A channel to `address` with the TLS settings in force, and their generation.
+    fn endpoint(&self, address: &str) -> Result<(Channel, u64), String> {
+        let (tls, generation) = {
+            let current = self.lock();
+            (current.tls.clone(), current.tls_generation)
+        };
         let scheme = if tls.is_some() { "https" } else { "http" };
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
             .map_err(|e| format!("{address}: {e}"))?
@@ -99,7 +114,17 @@ impl Servers {
         if let Some(tls) = tls {
             endpoint = endpoint.tls_config(tls).map_err(|e| format!("{address}: {e}"))?;
         }
-        Ok(endpoint.connect_lazy())
+        Ok((endpoint.connect_lazy(), generation))
+    }
+
+    /// Remembers the master and, unless the TLS settings changed since it was made (files
+    /// rotated during a Discovery), its channel.
+    fn keep(&self, master: String, channel: &Channel, generation: u64) {
+        let mut current = self.lock();
+        current.master = Some(master);
+        if current.tls_generation == generation {
+            current.channel = Some(channel.clone());
+        }
     }
 
     /// A channel to the master, asking Discovery first when it is not known.
@@ -114,7 +139,7 @@ impl Servers {
                 None => (self.addresses[current.index].clone(), false),
             }
         };
-        let channel = self.endpoint(&address)?;
+        let (channel, generation) = self.endpoint(&address)?;
         let address = if known {
             address
         } else {
@@ -123,19 +148,15 @@ impl Servers {
             let response = discovered.map_err(|s| format!("Discovery at {address}: {}", described(&s)))?.into_inner();
             match response.mastership.master_address {
                 Some(master) if !response.is_master && master != address => {
-                    let channel = self.endpoint(&master)?;
-                    let mut current = self.lock();
-                    current.master = Some(master);
-                    current.channel = Some(channel.clone());
+                    let (channel, generation) = self.endpoint(&master)?;
+                    self.keep(master, &channel, generation);
                     return Ok(channel);
                 }
                 _ if !response.is_master => return Err(format!("{address} is not the master and knows none")),
                 _ => address,
             }
         };
-        let mut current = self.lock();
-        current.master = Some(address);
-        current.channel = Some(channel.clone());
+        self.keep(address, &channel, generation);
         Ok(channel)
     }
 
@@ -172,4 +193,24 @@ impl Servers {
 /// connection or a failed TLS handshake, and the cause is in its sources.
 fn described(status: &Status) -> String {
     with_causes(status.message(), status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_channel_made_before_the_tls_files_rotated_is_not_kept() {
+        let servers = Servers::new(vec!["127.0.0.1:1".into()], None, |_, _| {});
+        // A Discovery under way when the files rotate: its channel serves that call only.
+        let (channel, generation) = servers.endpoint("127.0.0.1:1").unwrap();
+        servers.set_tls(ClientTlsConfig::new());
+        servers.keep("127.0.0.1:1".into(), &channel, generation);
+        assert!(servers.lock().channel.is_none());
+        assert_eq!(servers.address(), "127.0.0.1:1", "the master is remembered all the same");
+        // One made after is kept.
+        let (channel, generation) = servers.endpoint("127.0.0.1:1").unwrap();
+        servers.keep("127.0.0.1:1".into(), &channel, generation);
+        assert!(servers.lock().channel.is_some());
+    }
 }

@@ -4,6 +4,7 @@
 //! modules put it on the network.
 #![forbid(unsafe_code)]
 
+pub mod accept;
 pub mod admin;
 pub mod app;
 pub mod cli;

@@ -9,13 +9,12 @@
 //! The sidecar loads its `server.tls` and upstream CA files through the same functions.
 
 use std::{
-    io,
+    net::SocketAddr,
     path::{Path, PathBuf},
     sync::Arc,
     time::Duration,
 };
 
-use arc_swap::ArcSwap;
 use rustls::{
     RootCertStore, ServerConfig,
     crypto::ring,
@@ -26,12 +25,8 @@ use rustls::{
     server::WebPkiClientVerifier,
     sign::CertifiedKey,
 };
-use tokio::{
-    net::{TcpListener, TcpStream},
-    sync::mpsc,
-};
+use tokio::net::TcpStream;
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 use crate::{defaults::TLS_HANDSHAKE_TIMEOUT, reload::Watch};
@@ -53,7 +48,7 @@ impl TlsFiles {
 
     /// The listener's rustls settings from the files' content, HTTP/2 only.
     pub fn server_config(&self, content: &[Vec<u8>]) -> Result<ServerConfig, String> {
-        let [cert, key, rest @ ..] = content else { return Err("TLS files missing".into()) };
+        let [cert, key, rest @ ..] = content else { return Err(files_expected(&self.paths(), content)) };
         let (chain, private) = parse_identity((&self.cert, cert), (&self.key, key))?;
         let provider = Arc::new(ring::default_provider());
         let builder = ServerConfig::builder_with_provider(provider.clone())
@@ -71,7 +66,7 @@ impl TlsFiles {
                 builder.with_client_cert_verifier(verifier)
             }
             (None, []) => builder.with_no_client_auth(),
-            _ => return Err("TLS files missing".into()),
+            _ => return Err(files_expected(&self.paths(), content)),
         };
         let mut config = builder.with_single_cert(chain, private).map_err(|e| format!("TLS: {e}"))?;
         config.alpn_protocols = vec![b"h2".to_vec()];
@@ -98,15 +93,19 @@ impl ClientTlsFiles {
     }
 
     pub fn client_config(&self, content: &[Vec<u8>]) -> Result<ClientTlsConfig, String> {
+        let paths = self.paths();
+        if content.len() != paths.len() {
+            return Err(files_expected(&paths, content));
+        }
         let mut content = content.iter();
-        let mut next = || content.next().ok_or("TLS files missing");
+        let mut next = || content.next().map_or(&[][..], Vec::as_slice);
         let mut config = ClientTlsConfig::new();
         config = match &self.ca {
-            Some(path) => config.ca_certificate(ca_certificate(path, next()?)?),
+            Some(path) => config.ca_certificate(ca_certificate(path, next())?),
             None => config.with_native_roots(),
         };
         if let Some((cert_path, key_path)) = &self.identity {
-            let (cert, key) = (next()?, next()?);
+            let (cert, key) = (next(), next());
             parse_identity((cert_path, cert), (key_path, key))?;
             config = config.identity(Identity::from_pem(cert, key));
         }
@@ -115,11 +114,6 @@ impl ClientTlsFiles {
         }
         Ok(config)
     }
-}
-
-/// Reads `paths` for their first use, as [`rotate`] will read them later.
-pub fn read(paths: &[PathBuf]) -> Result<Vec<Vec<u8>>, String> {
-    Watch::read(paths)
 }
 
 /// Polls `paths` (read as `loaded` at start-up) every `interval`; when their content changes and
@@ -145,48 +139,26 @@ pub async fn rotate(
     }
 }
 
-/// The gRPC listener's TLS connections: each accepted connection's handshake runs on its own
-/// task, with the settings in force when it came and [`TLS_HANDSHAKE_TIMEOUT`] to finish; those
-/// that fail are dropped. Accepting stops when the stream is dropped.
-pub fn incoming(
-    listener: TcpListener,
-    config: Arc<ArcSwap<ServerConfig>>,
-) -> ReceiverStream<io::Result<TlsStream<TcpStream>>> {
-    let (sender, receiver) = mpsc::channel(64);
-    tokio::spawn(async move {
-        loop {
-            let (stream, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(error) => {
-                        // Out of descriptors, say: the next accept may succeed.
-                        tracing::warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                () = sender.closed() => return,
-            };
-            let _ = stream.set_nodelay(true);
-            let acceptor = TlsAcceptor::from(config.load_full());
-            let sender = sender.clone();
-            tokio::spawn(async move {
-                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(tls)) => {
-                        let _ = sender.send(Ok(tls)).await;
-                    }
-                    Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                }
-            });
+/// Sets up a TLS connection of the gRPC listener with `config` (the settings in force when it
+/// came), within [`TLS_HANDSHAKE_TIMEOUT`]; `None` if it fails.
+pub async fn handshake(config: Arc<ServerConfig>, stream: TcpStream, peer: SocketAddr) -> Option<TlsStream<TcpStream>> {
+    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(stream)).await {
+        Ok(Ok(tls)) => Some(tls),
+        Ok(Err(error)) => {
+            tracing::debug!(%peer, %error, "TLS handshake failed");
+            None
         }
-    });
-    ReceiverStream::new(receiver)
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            None
+        }
+    }
 }
 
 /// The certificates of a PEM file, at least one.
 pub fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    parse_certificates(path, &read_pem(path)?)
+    let pem = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    parse_certificates(path, &pem)
 }
 
 /// A CA bundle for tonic, checked to hold certificates.
@@ -222,15 +194,14 @@ fn parse_certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'sta
     Ok(certs)
 }
 
-fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    check_pem(path, &pem)?;
-    Ok(pem)
-}
-
 fn check_pem(path: &Path, pem: &[u8]) -> Result<(), String> {
     if !pem.windows(11).any(|w| w == b"-----BEGIN ") {
         return Err(format!("{} is not PEM", path.display()));
     }
     Ok(())
+}
+
+/// The error for content that does not match its files, which the callers never pass.
+fn files_expected(paths: &[PathBuf], content: &[Vec<u8>]) -> String {
+    format!("{} TLS files expected, {} read", paths.len(), content.len())
 }
