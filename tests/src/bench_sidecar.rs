@@ -23,7 +23,7 @@ use clap::{Parser, ValueEnum};
 use tempfile::TempDir;
 
 use crate::{
-    harness::{Server, binary, free_port, http_get},
+    harness::{Server, binary, cpu_seconds, free_port, http_get},
     upstream::UpstreamProcess,
 };
 
@@ -34,9 +34,6 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 const WARM_UP_PASS_SECS: u64 = 2;
 /// 30 s: six refresh intervals of the benchmark's lease.
 const WARM_UP_PASSES: u32 = 15;
-/// Clock ticks per second of the CPU times in /proc/PID/stat: Linux's USER_HZ, fixed at 100 in
-/// its user-space ABI whatever the kernel's own tick rate.
-const USER_HZ: f64 = 100.0;
 
 /// A lease far above any load wrk can offer, granted at once.
 const SERVER_CONFIG: &str = r#"resources:
@@ -297,20 +294,6 @@ fn rss_mb(pid: u32) -> Result<f64, String> {
         .find_map(|line| line.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse::<f64>().ok())
         .ok_or("no VmRSS in /proc/PID/status")?;
     Ok(kib * 1024.0 / 1e6)
-}
-
-/// User and system CPU time a process has used so far, in seconds, from /proc/PID/stat.
-fn cpu_seconds(pid: u32) -> Result<(f64, f64), String> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| format!("cannot read CPU time: {e}"))?;
-    parse_cpu(&stat).ok_or_else(|| format!("no CPU times in /proc/{pid}/stat"))
-}
-
-/// utime and stime, the 14th and 15th fields; the command name before them is in parentheses
-/// and may hold spaces, so fields are counted from its closing parenthesis.
-fn parse_cpu(stat: &str) -> Option<(f64, f64)> {
-    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().skip(11);
-    let mut ticks = || fields.next()?.parse::<u64>().ok();
-    Some((ticks()? as f64 / USER_HZ, ticks()? as f64 / USER_HZ))
 }
 
 fn per_request(before: (f64, f64), after: (f64, f64), requests: u64) -> Cpu {
@@ -580,6 +563,7 @@ rules:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::parse_cpu;
 
     #[test]
     fn reads_wrk_reports() {

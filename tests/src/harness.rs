@@ -262,3 +262,21 @@ pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> 
     let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     Ok((code, body.to_owned()))
 }
+
+/// Clock ticks per second of the CPU times in /proc/PID/stat: Linux's USER_HZ, fixed at 100 in
+/// its user-space ABI whatever the kernel's own tick rate.
+const USER_HZ: f64 = 100.0;
+
+/// User and system CPU time a process has used so far, in seconds, from /proc/PID/stat.
+pub fn cpu_seconds(pid: u32) -> Result<(f64, f64), String> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| format!("cannot read CPU time: {e}"))?;
+    parse_cpu(&stat).ok_or_else(|| format!("no CPU times in /proc/{pid}/stat"))
+}
+
+/// utime and stime, the 14th and 15th fields; the command name before them is in parentheses
+/// and may hold spaces, so fields are counted from its closing parenthesis.
+pub fn parse_cpu(stat: &str) -> Option<(f64, f64)> {
+    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().skip(11);
+    let mut ticks = || fields.next()?.parse::<u64>().ok();
+    Some((ticks()? as f64 / USER_HZ, ticks()? as f64 / USER_HZ))
+}

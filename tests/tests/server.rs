@@ -453,3 +453,22 @@ fn an_admin_request_head_that_never_ends_is_cut_off() {
     assert!(opened.elapsed() < Duration::from_secs(55), "cut off after {:?}: {read:?}", opened.elapsed());
     assert!(answer.is_empty() || answer.starts_with(b"HTTP/1.1 408"), "{}", String::from_utf8_lossy(&answer));
 }
+
+#[test]
+fn a_grpc_listener_out_of_file_descriptors_pauses_instead_of_spinning() {
+    let server = Server::builder().start();
+    let pid = server.pid().to_string();
+    let limited = std::process::Command::new("prlimit").args(["--pid", &pid, "--nofile=64:64"]).status().unwrap();
+    assert!(limited.success(), "prlimit (util-linux) lowers the server's descriptor limit");
+    // More connections than descriptors: those left in the backlog make every accept fail.
+    let _held: Vec<std::net::TcpStream> =
+        (0..100).map(|_| std::net::TcpStream::connect(server.grpc).expect("connect")).collect();
+    thread::sleep(Duration::from_millis(500));
+    let cpu = || harness::cpu_seconds(server.pid()).map(|(user, system)| user + system).unwrap();
+    let before = cpu();
+    thread::sleep(Duration::from_secs(2));
+    let used = cpu() - before;
+    // A loop retrying at once burns a whole core (2 s here); one that pauses, next to nothing.
+    assert!(used < 0.4, "{used:.2} s of CPU in 2 s while out of descriptors; log:\n{}", server.logs());
+    assert!(server.logs().contains("accepting a gRPC connection failed"), "the failure is logged:\n{}", server.logs());
+}
