@@ -126,13 +126,13 @@ pub async fn rotate(
     interval: Duration,
     mut apply: impl FnMut(&[Vec<u8>]) -> Result<(), String>,
 ) {
-    let mut watch = Watch::new(paths, Ok(loaded));
+    let mut watch = Watch::new(paths, loaded.into_iter().map(Ok).collect());
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
         let Some(content) = watch.changed(false) else { continue };
-        match content.and_then(|files| apply(&files)) {
+        match content.into_iter().collect::<Result<Vec<_>, _>>().and_then(|files| apply(&files)) {
             Ok(()) => tracing::info!(what, "TLS files changed: new connections use them"),
             Err(error) => tracing::error!(what, %error, "TLS files rejected; the previous ones stay in force"),
         }
@@ -155,10 +155,9 @@ pub async fn handshake(config: Arc<ServerConfig>, stream: TcpStream, peer: Socke
     }
 }
 
-/// The certificates of a PEM file, at least one.
-pub fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    parse_certificates(path, &pem)
+/// The certificates of a PEM file (`path`, read as `pem`), at least one.
+pub fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    parse_certificates(path, pem)
 }
 
 /// A CA bundle for tonic, checked to hold certificates.

@@ -73,7 +73,10 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     match args.config.clone() {
         Some(path) => {
             let apply = reload(live.clone(), leasing.clone(), cue.clone());
-            let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload, config_status);
+            let in_force = live.clone();
+            let upstream_cas = move || in_force.load().config.upstreams.iter().filter_map(|u| u.ca.clone()).collect();
+            let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload, config_status)
+                .also_watching(Box::new(upstream_cas));
             tokio::spawn(reloader.run(args.config_poll_interval, hangup));
         }
         None => {

@@ -50,10 +50,23 @@ impl Plan {
     ) -> Result<Plan, String> {
         let mut upstreams = HashMap::new();
         for u in &config.upstreams {
-            let kept = previous.and_then(|p| p.upstream(&u.name)).filter(|c| c.config() == u);
-            let client = match kept {
-                Some(c) => c.clone(),
-                None => Arc::new(UpstreamClient::new(u).map_err(|e| format!("upstreams ({}): {e}", u.name))?),
+            let named = |e: String| format!("upstreams ({}): {e}", u.name);
+            let client = match previous.and_then(|p| p.upstream(&u.name)).filter(|c| c.config() == u) {
+                // Unchanged settings keep their pooled connections, unless the CA bundle was
+                // rotated: new connections then trust the new one, or, if it cannot be used,
+                // the old one still.
+                Some(kept) if kept.ca_changed() => match UpstreamClient::new(u) {
+                    Ok(client) => {
+                        tracing::info!(upstream = %u.name, "CA bundle changed: new connections trust it");
+                        Arc::new(client)
+                    }
+                    Err(error) => {
+                        tracing::error!(upstream = %u.name, error = %named(error), "CA bundle rejected; the previous one stays in force");
+                        kept.clone()
+                    }
+                },
+                Some(kept) => kept.clone(),
+                None => Arc::new(UpstreamClient::new(u).map_err(named)?),
             };
             upstreams.insert(u.name.clone(), client);
         }

@@ -27,6 +27,8 @@ use crate::{
 /// One configured upstream and its connection pools.
 pub struct UpstreamClient {
     config: config::Upstream,
+    /// The `ca` bundle's content it trusts, to tell when the file changed.
+    ca: Option<Vec<u8>>,
     scheme: Scheme,
     authority: Authority,
     host: HeaderValue,
@@ -39,8 +41,21 @@ impl UpstreamClient {
         let scheme = config.url.scheme().cloned().unwrap_or(Scheme::HTTP);
         let authority = config.url.authority().cloned().ok_or("the url has no authority")?;
         let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
-        let (http1, http2) = pool::pools(&config.url, &tls_config(config.ca.as_deref())?)?;
-        Ok(UpstreamClient { config: config.clone(), scheme, authority, host, http1, http2 })
+        let ca = match &config.ca {
+            Some(path) => Some(std::fs::read(path).map_err(|e| format!("ca: cannot read {}: {e}", path.display()))?),
+            None => None,
+        };
+        let trust = config.ca.as_deref().zip(ca.as_deref());
+        let (http1, http2) = pool::pools(&config.url, &tls_config(trust)?)?;
+        Ok(UpstreamClient { config: config.clone(), ca, scheme, authority, host, http1, http2 })
+    }
+
+    /// Whether its `ca` file no longer holds the bundle it trusts (rotated, or unreadable).
+    pub fn ca_changed(&self) -> bool {
+        match (&self.config.ca, &self.ca) {
+            (Some(path), Some(trusted)) => std::fs::read(path).map_or(true, |now| now != *trusted),
+            _ => false,
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -138,11 +153,11 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Trust for `https://` upstreams: the configured CA bundle, else the system's roots, else
 /// the Mozilla roots compiled in (for images without a CA store).
-fn tls_config(ca: Option<&std::path::Path>) -> Result<rustls::ClientConfig, String> {
+fn tls_config(ca: Option<(&std::path::Path, &[u8])>) -> Result<rustls::ClientConfig, String> {
     let mut roots = rustls::RootCertStore::empty();
     match ca {
-        Some(path) => {
-            for cert in sluice_server::tls::certificates(path).map_err(|e| format!("ca: {e}"))? {
+        Some((path, pem)) => {
+            for cert in sluice_server::tls::certificates(path, pem).map_err(|e| format!("ca: {e}"))? {
                 roots.add(cert).map_err(|e| format!("ca {}: {e}", path.display()))?;
             }
         }

@@ -243,6 +243,35 @@ async fn originates_tls_to_https_upstreams() {
 }
 
 #[tokio::test]
+async fn an_upstream_ca_bundle_rotated_on_disk_is_trusted_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (serving, other) = (
+        rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap(),
+        rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap(),
+    );
+    let (cert, key, ca_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"), dir.path().join("ca.pem"));
+    std::fs::write(&cert, serving.cert.pem()).unwrap();
+    std::fs::write(&key, serving.signing_key.serialize_pem()).unwrap();
+    // The sidecar starts trusting a certificate the upstream does not use.
+    std::fs::write(&ca_path, other.cert.pem()).unwrap();
+    let upstream = UpstreamProcess::start(Some((&cert, &key)));
+    let (sidecar, listen) = sidecar(&format!("https://localhost:{}", upstream.addr().port()), Some(&ca_path));
+    let status = || async {
+        let request = http::Request::get(format!("http://{listen}/echo")).body(Full::default()).unwrap();
+        http1().request(request).await.unwrap().status()
+    };
+    assert_eq!(status().await, 502, "not trusted yet");
+
+    std::fs::write(&ca_path, serving.cert.pem()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while status().await != 200 {
+        assert!(std::time::Instant::now() < deadline, "the new CA bundle is not in use; log:\n{}", sidecar.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(sidecar.logs().contains("CA bundle changed"), "the rotation is logged:\n{}", sidecar.logs());
+}
+
+#[tokio::test]
 async fn unconfigured_hosts_are_not_forwarded() {
     let upstream = UpstreamProcess::start(None);
     let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
