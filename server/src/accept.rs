@@ -1,10 +1,15 @@
 //! The gRPC listener's accept loop, feeding tonic's `serve_with_incoming_shutdown`. Each
 //! connection gets TCP_NODELAY and is set up (a TLS handshake, or nothing) on a task of its own,
 //! so that a slow handshake holds up no other. A failed accept (out of file descriptors, say)
-//! pauses the loop instead of spinning it. Accepting stops, and the socket closes, when tonic
+//! pauses the loop instead of spinning it, unless only that connection failed. Accepting stops, and the socket closes, when tonic
 //! drops the stream at shutdown.
 
-use std::{future::Future, io, net::SocketAddr, time::Instant};
+use std::{
+    future::Future,
+    io::{self, ErrorKind},
+    net::SocketAddr,
+    time::Instant,
+};
 
 use tokio::{
     net::{TcpListener, TcpStream},
@@ -31,6 +36,10 @@ where
             };
             let (stream, peer) = match accepted {
                 Ok(accepted) => accepted,
+                // One connection's failure: the next accept may well succeed.
+                Err(error) if matches!(error.kind(), ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset) => {
+                    continue;
+                }
                 Err(error) => {
                     if warned.is_none_or(|at| at.elapsed() >= ACCEPT_WARNING_INTERVAL) {
                         tracing::warn!(%error, "accepting a gRPC connection failed; retrying");

@@ -64,7 +64,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let tls = args
         .tls()
         .map(|files| {
-            let content = Watch::read_all(&files.paths())?;
+            let content = Watch::read(&files.paths())?;
             Ok((files.server_config(&content)?, files, content))
         })
         .transpose()

@@ -66,7 +66,7 @@ impl Servers {
     ) -> Result<Arc<Servers>, String> {
         let Some(files) = files else { return Ok(Arc::new(Servers::new(addresses, None, record))) };
         let paths = files.paths();
-        let content = Watch::read_all(&paths)?;
+        let content = Watch::read(&paths)?;
         let servers = Arc::new(Servers::new(addresses, Some(files.client_config(&content)?), record));
         if paths.is_empty() {
             return Ok(servers);

@@ -73,13 +73,7 @@ pub struct Reloader {
     record: Record,
     status: SharedConfigStatus,
     watch: Watch,
-    /// Files the configuration in force names whose change also reapplies it (the sidecar's
-    /// upstream CA bundles), asked again after each change.
-    also: Option<Also>,
 }
-
-/// See [`Reloader::also_watching`].
-pub type Also = Box<dyn Fn() -> Vec<PathBuf> + Send>;
 
 /// Files polled for a change, which is reported once it has settled: a poll reports a change
 /// only once the poll before saw the same, so that a file caught half-written by a tool writing
@@ -87,15 +81,15 @@ pub type Also = Box<dyn Fn() -> Vec<PathBuf> + Send>;
 /// interval; a forced poll (SIGHUP) reports at once.
 pub struct Watch {
     paths: Vec<PathBuf>,
-    /// The files' content at the last change reported, so that unchanged files are neither
-    /// taken again nor counted again.
+    /// The files' content at the last change reported (`Err`: why one could not be read), so
+    /// that unchanged files are neither taken again nor counted again.
     last: Content,
     /// A change seen by the last poll, not yet reported.
     pending: Option<Content>,
 }
 
-/// Each file's bytes, in the order of the paths, or why it could not be read.
-pub type Content = Vec<Result<Vec<u8>, String>>;
+/// Each file's bytes, in the order of the paths, or why one could not be read.
+pub type Content = Result<Vec<Vec<u8>>, String>;
 
 impl Watch {
     /// `paths` whose content in force is `loaded`.
@@ -106,25 +100,6 @@ impl Watch {
     /// Reads the files as they are now.
     pub fn read(paths: &[PathBuf]) -> Content {
         paths.iter().map(|p| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))).collect()
-    }
-
-    /// Every file's bytes, or why the first that failed could not be read.
-    pub fn read_all(paths: &[PathBuf]) -> Result<Vec<Vec<u8>>, String> {
-        Watch::read(paths).into_iter().collect()
-    }
-
-    /// Watches `paths` too, as they are now.
-    fn add(&mut self, paths: Vec<PathBuf>) {
-        self.last.extend(Watch::read(&paths));
-        self.paths.extend(paths);
-    }
-
-    /// Replaces the paths after the first with `paths`, as they are now.
-    fn set_also(&mut self, paths: Vec<PathBuf>) {
-        self.paths.truncate(1);
-        self.last.truncate(1);
-        self.pending = None;
-        self.add(paths);
     }
 
     /// The files' content if it changed since the last change reported and has stayed so since
@@ -150,16 +125,8 @@ impl Watch {
 impl Reloader {
     /// `loaded` is the content the process started with; `status` what the status pages show.
     pub fn new(path: PathBuf, loaded: Vec<u8>, apply: Apply, record: Record, status: SharedConfigStatus) -> Reloader {
-        let watch = Watch::new(vec![path.clone()], vec![Ok(loaded)]);
-        Reloader { path, apply, record, status, watch, also: None }
-    }
-
-    /// Watches also the files `also` names (asked now and after each change): a change to one
-    /// reapplies the configuration as it is.
-    pub fn also_watching(mut self, also: Also) -> Reloader {
-        self.watch.add(also());
-        self.also = Some(also);
-        self
+        let watch = Watch::new(vec![path.clone()], Ok(vec![loaded]));
+        Reloader { path, apply, record, status, watch }
     }
 
     /// Checks the file every `interval` (> 0) and on every SIGHUP, until the process ends.
@@ -187,14 +154,10 @@ impl Reloader {
     /// Applies the file if it changed and has stayed so since the last poll, or in any case when
     /// `forced`.
     fn check(&mut self, forced: bool) {
-        let Some(mut content) = self.watch.changed(forced) else { return };
+        let Some(content) = self.watch.changed(forced) else { return };
         let outcome = content
-            .swap_remove(0)
-            .and_then(|bytes| String::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_owned()))
+            .and_then(|mut files| String::from_utf8(files.remove(0)).map_err(|_| "the file is not UTF-8".to_owned()))
             .and_then(|text| (self.apply)(&text));
-        if let Some(also) = &self.also {
-            self.watch.set_also(also());
-        }
         (self.record)(outcome.is_ok());
         {
             let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
@@ -218,9 +181,11 @@ mod tests {
 
     use super::*;
 
-    /// A reloader of `path` (holding "a") that records the texts it applies.
-    fn recording(path: &std::path::Path) -> (Reloader, Arc<Mutex<Vec<String>>>) {
-        std::fs::write(path, "a").unwrap();
+    #[test]
+    fn a_change_is_applied_once_two_polls_see_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, "a").unwrap();
         let applied = Arc::new(Mutex::new(Vec::new()));
         let apply: Apply = Box::new({
             let applied = applied.clone();
@@ -229,14 +194,7 @@ mod tests {
                 Ok(String::new())
             }
         });
-        (Reloader::new(path.to_owned(), b"a".to_vec(), apply, |_| {}, ConfigStatus::shared(None)), applied)
-    }
-
-    #[test]
-    fn a_change_is_applied_once_two_polls_see_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("config.yaml");
-        let (mut reloader, applied) = recording(&path);
+        let mut reloader = Reloader::new(path.clone(), b"a".to_vec(), apply, |_| {}, ConfigStatus::shared(None));
         let applied = || applied.lock().unwrap().clone();
         reloader.check(false);
         assert!(applied().is_empty(), "unchanged");
@@ -254,37 +212,5 @@ mod tests {
         std::fs::write(&path, "c").unwrap();
         reloader.check(true);
         assert_eq!(applied(), ["b: [1]", "c"]);
-    }
-
-    #[test]
-    fn a_change_to_a_file_the_configuration_names_reapplies_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let (path, ca, other) = (dir.path().join("config.yaml"), dir.path().join("ca.pem"), dir.path().join("b.pem"));
-        std::fs::write(&ca, "one").unwrap();
-        let (reloader, applied) = recording(&path);
-        let names = Arc::new(Mutex::new(vec![ca.clone()]));
-        let mut reloader = reloader.also_watching(Box::new({
-            let names = names.clone();
-            move || names.lock().unwrap().clone()
-        }));
-        let applied = || applied.lock().unwrap().clone();
-        reloader.check(false);
-        assert!(applied().is_empty(), "unchanged");
-        std::fs::write(&ca, "two").unwrap();
-        reloader.check(false);
-        reloader.check(false);
-        assert_eq!(applied(), ["a"], "the same text, applied again");
-        // The configuration now names another file: that one is watched, the old one no more.
-        *names.lock().unwrap() = vec![other.clone()];
-        std::fs::write(&path, "b").unwrap();
-        reloader.check(true);
-        std::fs::write(&ca, "three").unwrap();
-        reloader.check(false);
-        reloader.check(false);
-        assert_eq!(applied(), ["a", "b"]);
-        std::fs::write(&other, "new").unwrap();
-        reloader.check(false);
-        reloader.check(false);
-        assert_eq!(applied(), ["a", "b", "b"]);
     }
 }

@@ -57,7 +57,7 @@ impl TlsFiles {
         let builder = match (&self.client_ca, rest) {
             (Some(path), [ca]) => {
                 let mut roots = RootCertStore::empty();
-                for cert in parse_certificates(path, ca)? {
+                for cert in certificates(path, ca)? {
                     roots.add(cert).map_err(|e| format!("{}: {e}", path.display()))?;
                 }
                 let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
@@ -126,13 +126,13 @@ pub async fn rotate(
     interval: Duration,
     mut apply: impl FnMut(&[Vec<u8>]) -> Result<(), String>,
 ) {
-    let mut watch = Watch::new(paths, loaded.into_iter().map(Ok).collect());
+    let mut watch = Watch::new(paths, Ok(loaded));
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
         let Some(content) = watch.changed(false) else { continue };
-        match content.into_iter().collect::<Result<Vec<_>, _>>().and_then(|files| apply(&files)) {
+        match content.and_then(|files| apply(&files)) {
             Ok(()) => tracing::info!(what, "TLS files changed: new connections use them"),
             Err(error) => tracing::error!(what, %error, "TLS files rejected; the previous ones stay in force"),
         }
@@ -155,14 +155,9 @@ pub async fn handshake(config: Arc<ServerConfig>, stream: TcpStream, peer: Socke
     }
 }
 
-/// The certificates of a PEM file (`path`, read as `pem`), at least one.
-pub fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
-    parse_certificates(path, pem)
-}
-
 /// A CA bundle for tonic, checked to hold certificates.
 fn ca_certificate(path: &Path, pem: &[u8]) -> Result<Certificate, String> {
-    parse_certificates(path, pem)?;
+    certificates(path, pem)?;
     Ok(Certificate::from_pem(pem))
 }
 
@@ -171,7 +166,7 @@ fn parse_identity(
     (cert_path, cert): (&Path, &[u8]),
     (key_path, key): (&Path, &[u8]),
 ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
-    let chain = parse_certificates(cert_path, cert)?;
+    let chain = certificates(cert_path, cert)?;
     check_pem(key_path, key)?;
     let private = PrivateKeyDer::from_pem_slice(key).map_err(|e| match e {
         pem::Error::NoItemsFound => format!("{}: no private key in it", key_path.display()),
@@ -182,7 +177,8 @@ fn parse_identity(
     Ok((chain, private))
 }
 
-fn parse_certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+/// The certificates of a PEM file (`path`, read as `pem`), at least one.
+pub fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
     check_pem(path, pem)?;
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()

@@ -1,7 +1,7 @@
 //! Wires the sidecar together: configuration, leases, listeners, the admin listener, reload and
 //! a graceful shutdown that releases the leases.
 
-use std::sync::{Arc, atomic::Ordering};
+use std::sync::{Arc, Mutex, atomic::Ordering};
 
 use arc_swap::ArcSwap;
 use sluice_server::{
@@ -17,12 +17,14 @@ use tokio::{
 
 use crate::{
     admin::{self, Admin},
+    ca_rotation,
     cli::Args,
     config::{self, Config},
     defaults::EMBEDDED_CONFIG,
     leasing::Leasing,
     listener, metrics,
     plan::Plan,
+    sync,
 };
 
 pub async fn run(args: Args) -> Result<(), Failure> {
@@ -70,13 +72,13 @@ pub async fn run(args: Args) -> Result<(), Failure> {
 
     // Installed before serving: SIGHUP's default action would end the process.
     let hangup = signal(SignalKind::hangup()).map_err(|e| Failure::Runtime(format!("SIGHUP handler: {e}")))?;
+    // Held while a new plan is built and put in force, by a reload or a CA bundle's rotation.
+    let applying = Arc::new(Mutex::new(()));
+    tokio::spawn(ca_rotation::run(live.clone(), applying.clone(), cue.clone(), args.config_poll_interval));
     match args.config.clone() {
         Some(path) => {
-            let apply = reload(live.clone(), leasing.clone(), cue.clone());
-            let in_force = live.clone();
-            let upstream_cas = move || in_force.load().config.upstreams.iter().filter_map(|u| u.ca.clone()).collect();
-            let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload, config_status)
-                .also_watching(Box::new(upstream_cas));
+            let apply = reload(live.clone(), applying, leasing.clone(), cue.clone());
+            let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload, config_status);
             tokio::spawn(reloader.run(args.config_poll_interval, hangup));
         }
         None => {
@@ -124,11 +126,13 @@ pub async fn run(args: Args) -> Result<(), Failure> {
 /// the leases of resources it drops, then put it in force in one swap.
 fn reload(
     live: Arc<ArcSwap<Plan>>,
+    applying: Arc<Mutex<()>>,
     leasing: Option<Arc<Leasing>>,
     cue: Option<mpsc::UnboundedSender<Arc<str>>>,
 ) -> sluice_server::reload::Apply {
     Box::new(move |text: &str| {
         let next: Config = config::parse(text)?;
+        let _applying = sync::lock(&applying);
         let current = live.load_full();
         if let Some(why) = current.config.restart_needed(&next) {
             return Err(why);

@@ -11,6 +11,7 @@ pub mod admin;
 pub mod admission;
 pub mod app;
 pub mod body;
+pub mod ca_rotation;
 pub mod classify;
 pub mod cli;
 pub mod config;

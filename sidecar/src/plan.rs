@@ -1,6 +1,7 @@
 //! A configuration made ready for the data path: each listener's target and compiled rules, a
 //! gate per resource and a client per upstream. A reload builds a new plan that keeps the
-//! upstream clients whose settings did not change, with their pooled connections, and the gate
+//! upstream clients whose settings did not change, with their pooled connections (a CA bundle
+//! rotated on disk renews its upstream's client: `ca_rotation`), and the gate
 //! of every resource whose kind did not change, its other settings changed in place: tokens,
 //! in-flight counts, queued requests and demand history carry over, so a reload never lets a
 //! resource's limit lapse. (A resource that changes kind starts afresh: rate tokens and
@@ -48,25 +49,37 @@ impl Plan {
         previous: Option<&Plan>,
         cue: Option<&UnboundedSender<Arc<str>>>,
     ) -> Result<Plan, String> {
+        Plan::assemble(config, previous, cue, HashMap::new())
+    }
+
+    /// This plan with `renewed` upstream clients in place of theirs (CA bundles rotated), each
+    /// only if its upstream's settings are still those it was made for.
+    pub fn renew(
+        &self,
+        mut renewed: HashMap<String, Arc<UpstreamClient>>,
+        cue: Option<&UnboundedSender<Arc<str>>>,
+    ) -> Result<Plan, String> {
+        renewed.retain(|name, client| self.upstream(name).is_some_and(|c| c.config() == client.config()));
+        Plan::assemble(Config::clone(&self.config), Some(self), cue, renewed)
+    }
+
+    /// The upstream clients.
+    pub fn upstreams(&self) -> impl Iterator<Item = &Arc<UpstreamClient>> {
+        self.upstreams.values()
+    }
+
+    fn assemble(
+        config: Config,
+        previous: Option<&Plan>,
+        cue: Option<&UnboundedSender<Arc<str>>>,
+        mut renewed: HashMap<String, Arc<UpstreamClient>>,
+    ) -> Result<Plan, String> {
         let mut upstreams = HashMap::new();
         for u in &config.upstreams {
-            let named = |e: String| format!("upstreams ({}): {e}", u.name);
-            let client = match previous.and_then(|p| p.upstream(&u.name)).filter(|c| c.config() == u) {
-                // Unchanged settings keep their pooled connections, unless the CA bundle was
-                // rotated: new connections then trust the new one, or, if it cannot be used,
-                // the old one still.
-                Some(kept) if kept.ca_changed() => match UpstreamClient::new(u) {
-                    Ok(client) => {
-                        tracing::info!(upstream = %u.name, "CA bundle changed: new connections trust it");
-                        Arc::new(client)
-                    }
-                    Err(error) => {
-                        tracing::error!(upstream = %u.name, error = %named(error), "CA bundle rejected; the previous one stays in force");
-                        kept.clone()
-                    }
-                },
-                Some(kept) => kept.clone(),
-                None => Arc::new(UpstreamClient::new(u).map_err(named)?),
+            let kept = previous.and_then(|p| p.upstream(&u.name)).filter(|c| c.config() == u).cloned();
+            let client = match renewed.remove(&u.name).or(kept) {
+                Some(c) => c,
+                None => Arc::new(UpstreamClient::new(u).map_err(|e| format!("upstreams ({}): {e}", u.name))?),
             };
             upstreams.insert(u.name.clone(), client);
         }

@@ -38,24 +38,25 @@ pub struct UpstreamClient {
 
 impl UpstreamClient {
     pub fn new(config: &config::Upstream) -> Result<UpstreamClient, String> {
-        let scheme = config.url.scheme().cloned().unwrap_or(Scheme::HTTP);
-        let authority = config.url.authority().cloned().ok_or("the url has no authority")?;
-        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
         let ca = match &config.ca {
             Some(path) => Some(std::fs::read(path).map_err(|e| format!("ca: cannot read {}: {e}", path.display()))?),
             None => None,
         };
-        let trust = config.ca.as_deref().zip(ca.as_deref());
-        let (http1, http2) = pool::pools(&config.url, &tls_config(trust)?)?;
+        UpstreamClient::trusting(config, ca)
+    }
+
+    /// A client for `config` that trusts `ca`, the content of its `ca` file.
+    pub fn trusting(config: &config::Upstream, ca: Option<Vec<u8>>) -> Result<UpstreamClient, String> {
+        let scheme = config.url.scheme().cloned().unwrap_or(Scheme::HTTP);
+        let authority = config.url.authority().cloned().ok_or("the url has no authority")?;
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
+        let (http1, http2) = pool::pools(&config.url, &tls_config(config.ca.as_deref().zip(ca.as_deref()))?)?;
         Ok(UpstreamClient { config: config.clone(), ca, scheme, authority, host, http1, http2 })
     }
 
-    /// Whether its `ca` file no longer holds the bundle it trusts (rotated, or unreadable).
-    pub fn ca_changed(&self) -> bool {
-        match (&self.config.ca, &self.ca) {
-            (Some(path), Some(trusted)) => std::fs::read(path).map_or(true, |now| now != *trusted),
-            _ => false,
-        }
+    /// Its `ca` file and the bundle it trusts from it.
+    pub fn ca(&self) -> Option<(&std::path::Path, &[u8])> {
+        self.config.ca.as_deref().zip(self.ca.as_deref())
     }
 
     pub fn name(&self) -> &str {

@@ -262,6 +262,9 @@ async fn an_upstream_ca_bundle_rotated_on_disk_is_trusted_without_a_restart() {
     };
     assert_eq!(status().await, 502, "not trusted yet");
 
+    // The configuration file is being edited (a rejected state) while the bundle rotates: the
+    // rotation does not wait for it.
+    sidecar.write_config("listeners: [");
     std::fs::write(&ca_path, serving.cert.pem()).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while status().await != 200 {
@@ -269,6 +272,7 @@ async fn an_upstream_ca_bundle_rotated_on_disk_is_trusted_without_a_restart() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(sidecar.logs().contains("CA bundle changed"), "the rotation is logged:\n{}", sidecar.logs());
+    assert!(sidecar.logs().contains("configuration rejected"), "the edit was seen:\n{}", sidecar.logs());
 }
 
 #[tokio::test]
