@@ -1,8 +1,8 @@
 //! The gRPC listener's accept loop, feeding tonic's `serve_with_incoming_shutdown`. Each
 //! connection gets TCP_NODELAY and is set up (a TLS handshake, or nothing) on a task of its own,
 //! so that a slow handshake holds up no other. A failed accept (out of file descriptors, say)
-//! pauses the loop instead of spinning it, unless only that connection failed. Accepting stops, and the socket closes, when tonic
-//! drops the stream at shutdown.
+//! pauses the loop instead of spinning it, unless only that connection failed. Accepting stops,
+//! and the socket closes, when tonic drops the stream at shutdown.
 
 use std::{
     future::Future,
