@@ -3,8 +3,6 @@
 
 use std::{fmt, future::Future, pin::Pin, sync::Arc};
 
-use arc_swap::ArcSwap;
-
 use sluice_proto::{FILE_DESCRIPTOR_SET, capacity_server::CapacityServer};
 use tokio::{
     net::TcpListener,
@@ -24,7 +22,7 @@ use crate::{
     discovery::Servers,
     election::Election,
     metrics, parent,
-    reload::{ConfigStatus, Reloader, Watch},
+    reload::{ConfigStatus, Reloader},
     service::CapacityService,
     state::{self, ParentLink, State},
     telemetry, tls,
@@ -60,12 +58,12 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     telemetry::init(args.log_format, &args.log).map_err(Failure::Usage)?;
     let (source, text) = read_config(args.config.as_deref(), EMBEDDED_CONFIG)?;
     let repository = config::parse(&text).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
-    // Each TLS setting with the files' content it was built from, which rotation starts from.
     let tls = args
         .tls()
         .map(|files| {
-            let content = Watch::read(&files.paths())?;
-            Ok((files.server_config(&content)?, files, content))
+            tls::rotating("gRPC listener", files.paths(), args.config_poll_interval, move |content| {
+                files.server_config(content)
+            })
         })
         .transpose()
         .map_err(Failure::Usage)?;
@@ -150,14 +148,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         let _ = stopped.await;
     };
     let mut serve: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>>>> = match tls {
-        Some((config, files, content)) => {
-            let config = Arc::new(ArcSwap::from_pointee(config));
-            let (installed, paths) = (config.clone(), files.paths());
-            let apply = move |content: &[Vec<u8>]| {
-                installed.store(Arc::new(files.server_config(content)?));
-                Ok(())
-            };
-            tokio::spawn(tls::rotate("gRPC listener", paths, content, args.config_poll_interval, apply));
+        Some(config) => {
             let handshake = move |stream, peer| tls::handshake(config.load_full(), stream, peer);
             Box::pin(router.serve_with_incoming_shutdown(accept::incoming(grpc, handshake), stopped))
         }

@@ -9,6 +9,7 @@ use std::{
     time::Duration,
 };
 
+use arc_swap::ArcSwap;
 use sluice_proto::{DiscoveryRequest, capacity_client::CapacityClient};
 use tonic::{
     Response, Status,
@@ -17,7 +18,6 @@ use tonic::{
 
 use crate::{
     defaults::{CAPACITY_CONNECT_TIMEOUT, CAPACITY_RPC_TIMEOUT},
-    reload::Watch,
     telemetry::with_causes,
     tls::{self, ClientTlsFiles},
 };
@@ -27,31 +27,28 @@ pub type Record = fn(&'static str, bool);
 
 pub struct Servers {
     addresses: Vec<String>,
+    /// The TLS settings in force (rotated files replace them); `None`: plaintext.
+    tls: Option<Arc<ArcSwap<ClientTlsConfig>>>,
     record: Record,
     current: Mutex<Current>,
 }
 
 struct Current {
-    tls: Option<ClientTlsConfig>,
-    /// Bumped by every [`Servers::set_tls`]: a channel made before is not kept.
-    tls_generation: u64,
     /// Index of the configured address last tried.
     index: usize,
     /// The master's address once Discovery or a redirect named it.
     master: Option<String>,
-    channel: Option<Channel>,
+    /// The channel to it, and the TLS settings it was made with: once they are no longer in
+    /// force, the next call connects anew.
+    channel: Option<(Channel, Option<Arc<ClientTlsConfig>>)>,
 }
 
 impl Servers {
     /// `addresses`: at least one host:port of the node's replicas (or a name balancing over
     /// them).
-    pub fn new(addresses: Vec<String>, tls: Option<ClientTlsConfig>, record: Record) -> Servers {
+    pub fn new(addresses: Vec<String>, tls: Option<Arc<ArcSwap<ClientTlsConfig>>>, record: Record) -> Servers {
         assert!(!addresses.is_empty(), "a node has at least one address");
-        Servers {
-            addresses,
-            record,
-            current: Mutex::new(Current { tls, tls_generation: 0, index: 0, master: None, channel: None }),
-        }
+        Servers { addresses, tls, record, current: Mutex::new(Current { index: 0, master: None, channel: None }) }
     }
 
     /// Like [`Servers::new`], over TLS from `files` when given; the files are then polled every
@@ -64,20 +61,10 @@ impl Servers {
         poll: Duration,
         what: &'static str,
     ) -> Result<Arc<Servers>, String> {
-        let Some(files) = files else { return Ok(Arc::new(Servers::new(addresses, None, record))) };
-        let paths = files.paths();
-        let content = Watch::read(&paths)?;
-        let servers = Arc::new(Servers::new(addresses, Some(files.client_config(&content)?), record));
-        if paths.is_empty() {
-            return Ok(servers);
-        }
-        let target = servers.clone();
-        let apply = move |content: &[Vec<u8>]| {
-            target.set_tls(files.client_config(content)?);
-            Ok(())
-        };
-        tokio::spawn(tls::rotate(what, paths, content, poll, apply));
-        Ok(servers)
+        let tls = files
+            .map(|files| tls::rotating(what, files.paths(), poll, move |content| files.client_config(content)))
+            .transpose()?;
+        Ok(Arc::new(Servers::new(addresses, tls, record)))
     }
 
     fn lock(&self) -> MutexGuard<'_, Current> {
@@ -90,56 +77,45 @@ impl Servers {
         current.master.clone().unwrap_or_else(|| self.addresses[current.index].clone())
     }
 
-    /// New TLS settings (rotated files), for the connections made from now on: the next call
-    /// connects anew.
-    pub fn set_tls(&self, tls: ClientTlsConfig) {
-        let mut current = self.lock();
-        current.tls = Some(tls);
-        current.tls_generation += 1;
-        current.channel = None;
-    }
-
-    /// A channel to `address` with the TLS settings in force, and their generation.
-    fn endpoint(&self, address: &str) -> Result<(Channel, u64), String> {
-        let (tls, generation) = {
-            let current = self.lock();
-            (current.tls.clone(), current.tls_generation)
-        };
+    /// A channel to `address` with the TLS settings in force, and those settings.
+    fn endpoint(&self, address: &str) -> Result<(Channel, Option<Arc<ClientTlsConfig>>), String> {
+        let tls = self.tls.as_ref().map(|t| t.load_full());
         let scheme = if tls.is_some() { "https" } else { "http" };
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
             .map_err(|e| format!("{address}: {e}"))?
             .connect_timeout(CAPACITY_CONNECT_TIMEOUT)
             .timeout(CAPACITY_RPC_TIMEOUT)
             .tcp_nodelay(true);
-        if let Some(tls) = tls {
-            endpoint = endpoint.tls_config(tls).map_err(|e| format!("{address}: {e}"))?;
+        if let Some(tls) = &tls {
+            endpoint = endpoint.tls_config(ClientTlsConfig::clone(tls)).map_err(|e| format!("{address}: {e}"))?;
         }
-        Ok((endpoint.connect_lazy(), generation))
+        Ok((endpoint.connect_lazy(), tls))
     }
 
-    /// Remembers the master and, unless the TLS settings changed since it was made (files
-    /// rotated during a Discovery), its channel.
-    fn keep(&self, master: String, channel: &Channel, generation: u64) {
-        let mut current = self.lock();
-        current.master = Some(master);
-        if current.tls_generation == generation {
-            current.channel = Some(channel.clone());
-        }
+    /// The channel to the master, unless the TLS settings it was made with were replaced.
+    fn cached(&self, current: &Current) -> Option<Channel> {
+        let (channel, made_with) = current.channel.as_ref()?;
+        let in_force = self.tls.as_ref().map(|t| t.load());
+        let still = match (made_with, &in_force) {
+            (Some(made_with), Some(in_force)) => Arc::ptr_eq(made_with, in_force),
+            (made_with, in_force) => made_with.is_none() && in_force.is_none(),
+        };
+        still.then(|| channel.clone())
     }
 
     /// A channel to the master, asking Discovery first when it is not known.
     async fn master(&self) -> Result<Channel, String> {
         let (address, known) = {
             let current = self.lock();
-            if let Some(channel) = &current.channel {
-                return Ok(channel.clone());
+            if let Some(channel) = self.cached(&current) {
+                return Ok(channel);
             }
             match &current.master {
                 Some(master) => (master.clone(), true),
                 None => (self.addresses[current.index].clone(), false),
             }
         };
-        let (channel, generation) = self.endpoint(&address)?;
+        let (channel, made_with) = self.endpoint(&address)?;
         let address = if known {
             address
         } else {
@@ -148,15 +124,19 @@ impl Servers {
             let response = discovered.map_err(|s| format!("Discovery at {address}: {}", described(&s)))?.into_inner();
             match response.mastership.master_address {
                 Some(master) if !response.is_master && master != address => {
-                    let (channel, generation) = self.endpoint(&master)?;
-                    self.keep(master, &channel, generation);
+                    let (channel, made_with) = self.endpoint(&master)?;
+                    let mut current = self.lock();
+                    current.master = Some(master);
+                    current.channel = Some((channel.clone(), made_with));
                     return Ok(channel);
                 }
                 _ if !response.is_master => return Err(format!("{address} is not the master and knows none")),
                 _ => address,
             }
         };
-        self.keep(address, &channel, generation);
+        let mut current = self.lock();
+        current.master = Some(address);
+        current.channel = Some((channel.clone(), made_with));
         Ok(channel)
     }
 
@@ -200,17 +180,14 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn a_channel_made_before_the_tls_files_rotated_is_not_kept() {
-        let servers = Servers::new(vec!["127.0.0.1:1".into()], None, |_, _| {});
-        // A Discovery under way when the files rotate: its channel serves that call only.
-        let (channel, generation) = servers.endpoint("127.0.0.1:1").unwrap();
-        servers.set_tls(ClientTlsConfig::new());
-        servers.keep("127.0.0.1:1".into(), &channel, generation);
-        assert!(servers.lock().channel.is_none());
-        assert_eq!(servers.address(), "127.0.0.1:1", "the master is remembered all the same");
-        // One made after is kept.
-        let (channel, generation) = servers.endpoint("127.0.0.1:1").unwrap();
-        servers.keep("127.0.0.1:1".into(), &channel, generation);
-        assert!(servers.lock().channel.is_some());
+    async fn a_channel_made_before_the_tls_files_rotated_is_not_used_again() {
+        let tls = Arc::new(ArcSwap::from_pointee(ClientTlsConfig::new()));
+        let servers = Servers::new(vec!["127.0.0.1:1".into()], Some(tls.clone()), |_, _| {});
+        let (channel, made_with) = servers.endpoint("127.0.0.1:1").unwrap();
+        servers.lock().channel = Some((channel, made_with));
+        assert!(servers.cached(&servers.lock()).is_some(), "made with the settings in force");
+        // The files rotate (during a Discovery, say): the next call connects anew.
+        tls.store(Arc::new(ClientTlsConfig::new()));
+        assert!(servers.cached(&servers.lock()).is_none());
     }
 }

@@ -4,7 +4,7 @@
 //! Every file is checked when it is loaded — PEM holding what it must hold, and a private key
 //! that belongs to its certificate — so that a wrong file stops the process at start-up with
 //! that file named, instead of failing every handshake later behind a bare "transport error".
-//! The files are then polled like the configuration ([`rotate`]): once a change has settled, new
+//! The files are then polled like the configuration ([`rotating`]): once a change has settled, new
 //! connections use the new files; one that fails the checks is logged and the old ones stay.
 //! The sidecar loads its `server.tls` and upstream CA files through the same functions.
 
@@ -15,6 +15,7 @@ use std::{
     time::Duration,
 };
 
+use arc_swap::ArcSwap;
 use rustls::{
     RootCertStore, ServerConfig,
     crypto::ring,
@@ -116,27 +117,39 @@ impl ClientTlsFiles {
     }
 }
 
-/// Polls `paths` (read as `loaded` at start-up) every `interval`; when their content changes and
-/// settles, `apply` builds and installs new settings from it, or says why it cannot and the old
-/// settings stay. `what` names the settings in the log.
-pub async fn rotate(
+/// Settings that `build` makes from the content of `paths`, kept up to date as the files rotate:
+/// they are polled every `interval`, and when their content changes and settles, `build` makes
+/// new settings from it, or says why it cannot and the old settings stay. `what` names the
+/// settings in the log. Must be called on a runtime.
+pub fn rotating<T: Send + Sync + 'static>(
     what: &'static str,
     paths: Vec<PathBuf>,
-    loaded: Vec<Vec<u8>>,
     interval: Duration,
-    mut apply: impl FnMut(&[Vec<u8>]) -> Result<(), String>,
-) {
-    let mut watch = Watch::new(paths, Ok(loaded));
-    let mut ticks = tokio::time::interval(interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
-        let Some(content) = watch.changed(false) else { continue };
-        match content.and_then(|files| apply(&files)) {
-            Ok(()) => tracing::info!(what, "TLS files changed: new connections use them"),
-            Err(error) => tracing::error!(what, %error, "TLS files rejected; the previous ones stay in force"),
-        }
+    build: impl Fn(&[Vec<u8>]) -> Result<T, String> + Send + 'static,
+) -> Result<Arc<ArcSwap<T>>, String> {
+    let loaded = Watch::read(&paths)?;
+    let settings = Arc::new(ArcSwap::from_pointee(build(&loaded)?));
+    if paths.is_empty() {
+        return Ok(settings);
     }
+    let installed = settings.clone();
+    let mut watch = Watch::new(paths, Ok(loaded));
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let Some(content) = watch.changed(false) else { continue };
+            match content.and_then(|files| build(&files)) {
+                Ok(new) => {
+                    installed.store(Arc::new(new));
+                    tracing::info!(what, "TLS files changed: new connections use them");
+                }
+                Err(error) => tracing::error!(what, %error, "TLS files rejected; the previous ones stay in force"),
+            }
+        }
+    });
+    Ok(settings)
 }
 
 /// Sets up a TLS connection of the gRPC listener with `config` (the settings in force when it
