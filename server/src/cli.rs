@@ -1,8 +1,8 @@
 //! Command-line flags; each can also come from a `SLUICE_*` environment variable.
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
-use clap::{Parser, ValueEnum};
+use clap::{Parser, ValueEnum, error::ErrorKind};
 
 use crate::{
     defaults, election,
@@ -212,14 +212,25 @@ fn election_key(text: &str) -> Result<String, String> {
     if text.is_empty() { Err("must not be empty".into()) } else { Ok(text.to_owned()) }
 }
 
-/// Parses the command line; on a usage error, the one line to print (exit code 64).
-pub fn parse() -> Result<Args, clap::Error> {
-    Args::try_parse()
+/// The flags of the binary `name` (the server, the sidecar and the test tools alike): `Err`
+/// with the code to exit with once clap printed `--help` or `--version` (0), or once one line
+/// said what is wrong (64, EX_USAGE).
+pub fn parse<A: Parser>(name: &str) -> Result<A, ExitCode> {
+    A::try_parse().map_err(|e| match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            print!("{e}");
+            ExitCode::SUCCESS
+        }
+        _ => {
+            eprintln!("{name}: {}", usage_line(&e));
+            ExitCode::from(64)
+        }
+    })
 }
 
 /// A clap error's first paragraph on one line, without its "error: " prefix: the missing
 /// arguments clap lists under its first line stay in it.
-pub fn usage_line(error: &clap::Error) -> String {
+fn usage_line(error: &clap::Error) -> String {
     let text = error.to_string();
     let paragraph: Vec<&str> = text.lines().map(str::trim).take_while(|l| !l.is_empty()).collect();
     let line = paragraph.join(" ");

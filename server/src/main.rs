@@ -3,20 +3,12 @@
 
 use std::process::ExitCode;
 
-use clap::error::ErrorKind;
 use sluice_server::{app, cli};
 
 fn main() -> ExitCode {
-    let args = match cli::parse() {
+    let args: cli::Args = match cli::parse("sluice-server") {
         Ok(args) => args,
-        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
-            print!("{e}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("sluice-server: {}", cli::usage_line(&e));
-            return ExitCode::from(64);
-        }
+        Err(code) => return code,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,

@@ -52,7 +52,3 @@ pub struct Args {
     #[arg(long, env = "SLUICE_SIDECAR_LOG", default_value = "info")]
     pub log: String,
 }
-
-pub fn parse() -> Result<Args, clap::Error> {
-    Args::try_parse()
-}

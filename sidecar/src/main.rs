@@ -3,21 +3,12 @@
 
 use std::process::ExitCode;
 
-use clap::error::ErrorKind;
-use sluice_server::cli::usage_line;
 use sluice_sidecar::{app, cli};
 
 fn main() -> ExitCode {
-    let args = match cli::parse() {
+    let args: cli::Args = match sluice_server::cli::parse("sluice-sidecar") {
         Ok(args) => args,
-        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
-            print!("{e}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("sluice-sidecar: {}", usage_line(&e));
-            return ExitCode::from(64);
-        }
+        Err(code) => return code,
     };
     // One worker: the current-thread scheduler, whose tasks wake each other without the
     // cross-thread queues and atomics of the work-stealing one.

@@ -1,24 +1,15 @@
-//! What the tool binaries share with the product's: a bad flag prints one line and exits with
-//! code 64 (EX_USAGE); any other failure prints the tool's name and why, and exits with 1.
+//! What the tool binaries share: their flags parsed as the product's binaries parse theirs
+//! (`sluice_server::cli::parse`: a bad flag prints one line and exits with 64), and any other
+//! failure printed with the tool's name, exit code 1.
 
 use std::process::ExitCode;
 
-use clap::{Parser, error::ErrorKind};
+use clap::Parser;
 
 pub fn main<A: Parser>(name: &str, run: impl FnOnce(A) -> Result<(), String>) -> ExitCode {
-    let args = match A::try_parse() {
+    let args = match sluice_server::cli::parse(name) {
         Ok(args) => args,
-        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
-            print!("{e}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            let text = e.to_string();
-            let paragraph: Vec<&str> = text.lines().map(str::trim).take_while(|l| !l.is_empty()).collect();
-            let line = paragraph.join(" ");
-            eprintln!("{name}: {}", line.strip_prefix("error: ").unwrap_or(&line));
-            return ExitCode::from(64);
-        }
+        Err(code) => return code,
     };
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
