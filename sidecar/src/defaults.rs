@@ -89,8 +89,7 @@ pub const EARLY_REFRESH: f64 = 0.25;
 /// Demand that has grown past what was last asked for by more than this fraction, and by more
 /// than [`SURGE_FLOOR`] times it in cost units, is a surge, as after a lull that let the lease
 /// dwindle: a larger lease is on its way (see [`DEMAND_CHANGE`]), so a request in delay mode
-/// waits for it rather than being refused by the lease in force, and the lease client hears of
-/// it at once instead of at its next look.
+/// waits for it rather than being refused by the lease in force.
 pub const SURGE: f64 = 1.0;
 
 /// A low rate's estimate jumps by a unit or two with a couple of close arrivals: below this

@@ -43,7 +43,7 @@ pub struct Gate {
     /// Wakes the waiters when the capacity changes, so that each sleeps until its new turn.
     retimed: Notify,
     /// The lease client's cue (`None` in standalone mode): it hears of the resource's first
-    /// request, and of demand surging past what it last asked for.
+    /// request.
     cue: Option<UnboundedSender<Arc<str>>>,
     pub metrics: GateMetrics,
 }
@@ -53,8 +53,6 @@ struct State {
     waiters: HashMap<Ticket, oneshot::Sender<()>>,
     applied: Applied,
     settings: Resource,
-    /// The lease client has been told that demand outgrew what it last asked for.
-    nudged: bool,
     /// Answers from the capacity servers so far: a waiter queued before the latest knows
     /// whether the lease it may have waited for came.
     answers: u64,
@@ -81,7 +79,6 @@ impl Gate {
                 waiters: HashMap::new(),
                 applied: Applied { capacity, mode, expiry: None },
                 settings,
-                nudged: false,
                 answers: 0,
             }),
             origin: Instant::now(),
@@ -138,11 +135,7 @@ impl Gate {
         let (ticket, receiver, answers) = {
             let mut state = self.lock();
             let now = self.now();
-            let offer = state.limiter.offer(now, cost, max_wait.as_secs_f64());
-            if offer != Offer::Admitted {
-                self.nudge(&mut state, now);
-            }
-            match offer {
+            match state.limiter.offer(now, cost, max_wait.as_secs_f64()) {
                 Offer::Admitted => return Ok(Duration::ZERO),
                 Offer::Rejected { retry_after } => return Err(self.refusal(retry_after)),
                 Offer::Queued(ticket) => {
@@ -178,9 +171,6 @@ impl Gate {
     pub fn apply(&self, applied: Applied) {
         {
             let mut state = self.lock();
-            if applied.mode.starts_with("fallback") {
-                state.limiter.unleased();
-            }
             if state.applied == applied {
                 return;
             }
@@ -229,26 +219,15 @@ impl Gate {
         self.lock().applied.clone()
     }
 
-    /// A request could not pass at once: if demand surged past what was last asked for, the
-    /// lease client hears of it now (once per request it sends), not at its next look.
-    fn nudge(&self, state: &mut State, now: Seconds) {
-        if let Some(cue) = &self.cue
-            && !state.nudged
-            && state.limiter.surged(now)
-        {
-            state.nudged = true;
-            let _ = cue.send(self.id.clone());
-        }
+    /// No lease holds (the lease client is on the fallback): nothing is on its way to wait for.
+    pub fn unleased(&self) {
+        self.lock().limiter.unleased();
     }
 
     /// What to ask the capacity server for, as a request to it is built.
     pub fn ask(&self) -> f64 {
         let now = self.now();
-        let wants = {
-            let mut state = self.lock();
-            state.nudged = false;
-            state.limiter.ask(now)
-        };
+        let wants = self.lock().limiter.ask(now);
         self.metrics.wants(wants);
         wants
     }

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc::UnboundedReceiver, watch};
 
 use crate::{
     config::{Config, ServerConfig},
-    core::{Answer, LeaseClient, ResourceSpec},
+    core::{Answer, LeaseClient, Mode, ResourceSpec},
     defaults,
     gate::Applied,
     listener::stopped,
@@ -66,6 +66,9 @@ impl Leasing {
         let client = self.lock();
         for gate in &plan.gates {
             if let Some(effective) = client.effective(now, &gate.id) {
+                if effective.mode == Mode::Fallback {
+                    gate.unleased();
+                }
                 gate.apply(Applied { capacity: effective.capacity, mode: effective.label(), expiry: effective.expiry });
             }
         }
@@ -110,15 +113,17 @@ impl Leasing {
                     _ = stopped(&mut stop) => break,
                 };
                 let now = unix_now();
-                answered = answer.is_ok();
                 match answer {
                     Ok(response) => {
                         for r in &response.response {
                             let (capacity, refresh) = (r.gets.capacity, r.gets.refresh_interval);
                             tracing::debug!(resource = %r.resource_id, capacity, refresh, "leased");
                         }
-                        if let Answer::Redirect(master) = self.lock().on_response(now, response) {
-                            self.servers.redirect(master);
+                        // Leases came, or none at all: a redirect is not an answer to wait on.
+                        let taken = self.lock().on_response(now, response);
+                        match taken {
+                            Answer::Updated => answered = true,
+                            Answer::Redirect(master) => self.servers.redirect(master),
                         }
                     }
                     Err(error) => {

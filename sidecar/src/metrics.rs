@@ -113,11 +113,11 @@ impl GateMetrics {
     }
 
     pub fn wants(&self, wants: f64) {
-        gauge!(WANTS, "resource" => self.resource.to_string()).set(wants);
+        gauge!(WANTS, "resource" => self.resource.clone()).set(wants);
     }
 
     pub fn applied(&self, applied: &Applied) {
-        let resource = || self.resource.to_string();
+        let resource = || self.resource.clone();
         gauge!(CAPACITY, "resource" => resource()).set(applied.capacity);
         gauge!(EXPIRY, "resource" => resource()).set(applied.expiry.map_or(0.0, |e| e as f64));
         for mode in MODES {

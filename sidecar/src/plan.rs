@@ -56,10 +56,9 @@ impl Plan {
     /// only if its upstream's settings are still those it was made for.
     pub fn renew(
         &self,
-        mut renewed: HashMap<String, Arc<UpstreamClient>>,
+        renewed: HashMap<String, Arc<UpstreamClient>>,
         cue: Option<&UnboundedSender<Arc<str>>>,
     ) -> Result<Plan, String> {
-        renewed.retain(|name, client| self.upstream(name).is_some_and(|c| c.config() == client.config()));
         Plan::assemble(Config::clone(&self.config), Some(self), cue, renewed)
     }
 
@@ -77,7 +76,7 @@ impl Plan {
         let mut upstreams = HashMap::new();
         for u in &config.upstreams {
             let kept = previous.and_then(|p| p.upstream(&u.name)).filter(|c| c.config() == u).cloned();
-            let client = match renewed.remove(&u.name).or(kept) {
+            let client = match renewed.remove(&u.name).filter(|c| c.config() == u).or(kept) {
                 Some(c) => c,
                 None => Arc::new(UpstreamClient::new(u).map_err(|e| format!("upstreams ({}): {e}", u.name))?),
             };

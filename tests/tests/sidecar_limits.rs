@@ -286,18 +286,18 @@ async fn a_server_back_in_learning_mode_grants_what_the_fallback_held() {
     .await;
     // Back, and learning for 30 s (the sidecar's backoff may take some of that).
     let learning = doorman(1000.0, 3, 1).replace("learning_mode_duration: 0", "learning_mode_duration: 30");
-    let _back = Server::builder().config(&learning).start_at(grpc);
+    let back = Server::builder().config(&learning).start_at(grpc);
     // It grants what the sidecar reports holding, its fallback's 7 (or less: its wants), not 0.
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let status = loop {
-        let status = resource_status(&sidecar, "orders");
-        if status["mode"] == "leased" {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "not leased again: {status}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    eventually(Duration::from_secs(40), "leased again", || resource_status(&sidecar, "orders")["mode"] == "leased")
+        .await;
+    let learning = |server: &Server| {
+        let (_, body) = server.get("/debug/status.json");
+        let status: serde_json::Value = serde_json::from_str(&body).expect("status JSON");
+        status["resources"].as_array().is_some_and(|r| r.iter().any(|r| r["id"] == "orders" && r["learning"] == true))
     };
-    assert!(status["capacity"].as_f64().unwrap() > 0.0, "{status}");
+    let capacity = resource_status(&sidecar, "orders")["capacity"].as_f64().unwrap();
+    assert!(learning(&back), "the lease came while the server was still learning");
+    assert!(capacity > 0.0 && capacity <= 7.0, "what the fallback held, not 0: {capacity}");
     traffic.abort();
 }
 

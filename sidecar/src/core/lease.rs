@@ -110,7 +110,10 @@ impl Entry {
         match self.valid_lease(now) {
             Some(lease) => Some(Lease { capacity: lease.capacity.min(MAX_AMOUNT), ..*lease }),
             None if self.asked => Some(Lease {
-                capacity: self.fallback_capacity().min(self.safe_capacity()).min(MAX_AMOUNT),
+                capacity: match self.spec.fallback {
+                    Fallback::Pessimistic => 0.0,
+                    Fallback::Safe | Fallback::Optimistic => self.safe_capacity().min(MAX_AMOUNT),
+                },
                 expiry_time: now as i64,
                 refresh_interval: 0,
             }),
