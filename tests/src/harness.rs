@@ -7,6 +7,7 @@ use std::{
     net::{SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
     thread,
     time::{Duration, Instant},
 };
@@ -31,9 +32,48 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, handed out once per test process.
+///
+/// It is taken below the kernel's ephemeral range: a port the kernel picked for `bind(0)` is
+/// also a candidate source port for every outgoing connection, so between this call and the
+/// binary's own `bind` a client elsewhere in the run could take it (CI saw "Address already in
+/// use"). Below the range only explicit binds land, and a counter keeps this process's ports
+/// apart; the start depends on the process id so that test binaries run side by side start
+/// apart too.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let (low, high) = explicit_port_range();
+    let span = high - low;
+    let start = (std::process::id().wrapping_mul(PORT_STRIDE)) % span;
+    let _ = NEXT.compare_exchange(u32::MAX, start, Ordering::Relaxed, Ordering::Relaxed);
+    for _ in 0..span {
+        let port = (low + NEXT.fetch_add(1, Ordering::Relaxed) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {low}..{high}");
+}
+
+/// Spacing between the first ports of processes with consecutive ids: a prime, so that starts
+/// spread over the whole range.
+const PORT_STRIDE: u32 = 7_919;
+
+/// Lowest port handed out: above the well-known and commonly configured service ports.
+const LOWEST_TEST_PORT: u32 = 10_000;
+
+/// The ports from [`LOWEST_TEST_PORT`] up to the start of the kernel's ephemeral range; if that
+/// range starts too low to leave room, the ports above it.
+fn explicit_port_range() -> (u32, u32) {
+    let ephemeral = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok().and_then(|text| {
+        let mut bounds = text.split_whitespace().map(|n| n.parse::<u32>().ok());
+        Some((bounds.next()??, bounds.next()??))
+    });
+    match ephemeral {
+        Some((first, _)) if first >= LOWEST_TEST_PORT + 1_000 => (LOWEST_TEST_PORT, first),
+        Some((_, last)) if last + 1_000 < 65_536 => (last + 1, 65_536),
+        _ => (LOWEST_TEST_PORT, 30_000),
+    }
 }
 
 /// Runs a binary to completion, for tests of start-up failures. One still running after
