@@ -41,6 +41,8 @@ struct Current {
     /// The channel to it, and the TLS settings it was made with: once they are no longer in
     /// force, the next call connects anew.
     channel: Option<(Channel, Option<Arc<ClientTlsConfig>>)>,
+    /// The TLS settings in force when the last call failed, until a call succeeds.
+    failed_with: Option<Arc<ClientTlsConfig>>,
 }
 
 impl Servers {
@@ -48,7 +50,12 @@ impl Servers {
     /// them).
     pub fn new(addresses: Vec<String>, tls: Option<Arc<ArcSwap<ClientTlsConfig>>>, record: Record) -> Servers {
         assert!(!addresses.is_empty(), "a node has at least one address");
-        Servers { addresses, tls, record, current: Mutex::new(Current { index: 0, master: None, channel: None }) }
+        Servers {
+            addresses,
+            tls,
+            record,
+            current: Mutex::new(Current { index: 0, master: None, channel: None, failed_with: None }),
+        }
     }
 
     /// Like [`Servers::new`], over TLS from `files` when given; the files are then polled every
@@ -146,10 +153,33 @@ impl Servers {
         F: FnOnce(CapacityClient<Channel>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
-        let channel = self.master().await?;
-        let answer = rpc(CapacityClient::new(channel)).await;
-        (self.record)(method, answer.is_ok());
-        answer.map(Response::into_inner).map_err(|s| format!("{method}: {:?}: {}", s.code(), described(&s)))
+        let settings = self.tls.as_ref().map(|t| t.load_full());
+        let answer = match self.master().await {
+            Ok(channel) => {
+                let answer = rpc(CapacityClient::new(channel)).await;
+                (self.record)(method, answer.is_ok());
+                answer.map(Response::into_inner).map_err(|s| format!("{method}: {:?}: {}", s.code(), described(&s)))
+            }
+            Err(error) => Err(error),
+        };
+        self.lock().failed_with = answer.is_err().then_some(settings).flatten();
+        answer
+    }
+
+    /// Whether the TLS settings were replaced since the last call failed with the old ones
+    /// (true once per replacement). The failure may have been theirs, an expired or untrusted
+    /// certificate, so the caller asks again at once instead of waiting out its backoff.
+    pub fn renewed_since_failure(&self) -> bool {
+        let mut current = self.lock();
+        let in_force = self.tls.as_ref().map(|t| t.load());
+        let renewed = match (&current.failed_with, &in_force) {
+            (Some(failed_with), Some(in_force)) => !Arc::ptr_eq(failed_with, in_force),
+            _ => false,
+        };
+        if renewed {
+            current.failed_with = None;
+        }
+        renewed
     }
 
     /// Follows a master redirect; an unknown master means asking Discovery again.
@@ -189,5 +219,21 @@ mod tests {
         // The files rotate (during a Discovery, say): the next call connects anew.
         tls.store(Arc::new(ClientTlsConfig::new()));
         assert!(servers.cached(&servers.lock()).is_none());
+    }
+
+    #[tokio::test]
+    async fn new_tls_settings_after_a_failure_are_reported_once() {
+        let tls = Arc::new(ArcSwap::from_pointee(ClientTlsConfig::new()));
+        // Nothing listens on port 1 of the loopback: every call fails at once.
+        let servers = Servers::new(vec!["127.0.0.1:1".into()], Some(tls.clone()), |_, _| {});
+        let discovery = || servers.call("Discovery", |mut c| async move { c.discovery(DiscoveryRequest {}).await });
+        assert!(discovery().await.is_err());
+        assert!(!servers.renewed_since_failure(), "the settings that failed are still in force");
+        tls.store(Arc::new(ClientTlsConfig::new()));
+        assert!(servers.renewed_since_failure());
+        assert!(!servers.renewed_since_failure(), "once per replacement");
+        // Replaced with no failure since: nothing to retry.
+        tls.store(Arc::new(ClientTlsConfig::new()));
+        assert!(!servers.renewed_since_failure());
     }
 }

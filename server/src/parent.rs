@@ -15,6 +15,9 @@ use crate::{
 pub async fn run(state: Arc<State>) {
     let Some(link) = state.parent() else { return };
     loop {
+        if link.servers.renewed_since_failure() {
+            state.ledger().retry_parent();
+        }
         let now = state::precise_now();
         let due = state.ledger().parent_due();
         let wait = due.map_or(PARENT_CHECK_INTERVAL, |due| {

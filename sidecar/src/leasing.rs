@@ -82,6 +82,9 @@ impl Leasing {
         mut stop: watch::Receiver<bool>,
     ) {
         loop {
+            if self.servers.renewed_since_failure() {
+                self.lock().retry_now();
+            }
             let now = unix_now();
             let due = self.lock().next_due();
             let until_due = due.map_or(Duration::MAX, |d| Duration::from_secs_f64((d - now).max(0.0)));

@@ -258,7 +258,7 @@ async fn the_grpc_listener_takes_rotated_certificates_without_a_restart() {
 }
 
 #[test]
-fn a_sidecar_takes_rotated_server_tls_files_without_a_restart() {
+fn a_sidecar_takes_rotated_server_tls_files_at_once_without_a_restart() {
     let (pki, other) = (Pki::new(), Pki::new());
     let server = pki.server(true);
     let upstream = UpstreamProcess::start(None);
@@ -279,8 +279,10 @@ fn a_sidecar_takes_rotated_server_tls_files_without_a_restart() {
         .start_sidecar();
     let failed = r#"sluice_sidecar_capacity_rpcs_total{method="Discovery",result="error"}"#;
     let leased = r#"sluice_sidecar_mode{resource="orders",mode="leased"}"#;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while sidecar.metric(failed).is_none_or(|n| n < 1.0) {
+    // After the fifth failure in a row the sidecar backs off for 8–16 s (BACKOFF_BASE · 2⁴ with
+    // equal jitter).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sidecar.metric(failed).is_none_or(|n| n < 5.0) {
         assert!(Instant::now() < deadline, "no failed Discovery with the wrong CA; log:\n{}", sidecar.logs());
         // Traffic makes the sidecar ask for the resource; its fallback admits it meanwhile.
         assert_eq!(http_get(listen, "/").map(|(status, _)| status).ok(), Some(200));
@@ -288,10 +290,12 @@ fn a_sidecar_takes_rotated_server_tls_files_without_a_restart() {
     }
     assert_ne!(sidecar.metric(leased), Some(1.0), "no lease through a CA that does not sign the server");
 
+    // New files end the backoff: the sidecar asks as soon as it has them (two polls, 0.2 s),
+    // not 8 s or more later.
     install(&pki, dir.path(), &[("ca.pem", "ca.pem")]);
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(5);
     while sidecar.metric(leased) != Some(1.0) {
-        assert!(Instant::now() < deadline, "no lease after the CA was replaced; log:\n{}", sidecar.logs());
+        assert!(Instant::now() < deadline, "no lease soon after the CA was replaced; log:\n{}", sidecar.logs());
         assert_eq!(http_get(listen, "/").map(|(status, _)| status).ok(), Some(200));
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -163,6 +163,14 @@ impl Ledger {
         }
     }
 
+    /// What made requests to the parent fail may be gone (new TLS settings): the next one goes
+    /// at once instead of after the backoff.
+    pub fn retry_parent(&mut self) {
+        if let Some(parent) = self.parent.as_mut() {
+            parent.wake();
+        }
+    }
+
     /// The request in flight to the parent failed.
     pub fn on_parent_error(&mut self, now: f64) {
         if let Some(parent) = self.parent.as_mut() {

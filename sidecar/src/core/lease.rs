@@ -171,6 +171,12 @@ impl LeaseClient {
         }
     }
 
+    /// What made requests fail may be gone (new TLS settings): the next one goes at once
+    /// instead of after the backoff.
+    pub fn retry_now(&mut self) {
+        self.schedule.wake();
+    }
+
     /// Unix time the next request is due (−∞: at once); `None` while one is in flight or no
     /// resource is in use.
     pub fn next_due(&self) -> Option<f64> {
