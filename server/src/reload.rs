@@ -2,7 +2,7 @@
 //! goes into force atomically; an invalid or unreadable one is logged and counted, and the
 //! configuration in force stays. Shared by the server and the sidecar, which differ only in how
 //! a file's text is applied.
-//! [`Watch`], the polling itself, also serves the rotation of TLS files (`tls::rotate`).
+//! [`Watch`], the polling itself, also serves the rotation of TLS files (`tls::rotating`).
 
 use std::{
     path::PathBuf,

@@ -7,7 +7,10 @@ use std::{
     net::{SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
-    sync::atomic::{AtomicU32, Ordering},
+    sync::{
+        LazyLock,
+        atomic::{AtomicU32, Ordering},
+    },
     thread,
     time::{Duration, Instant},
 };
@@ -41,13 +44,13 @@ pub fn binary(name: &str) -> PathBuf {
 /// apart; the start depends on the process id so that test binaries run side by side start
 /// apart too.
 pub fn free_port() -> u16 {
-    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
-    let (low, high) = explicit_port_range();
-    let span = high - low;
-    let start = (std::process::id().wrapping_mul(PORT_STRIDE)) % span;
-    let _ = NEXT.compare_exchange(u32::MAX, start, Ordering::Relaxed, Ordering::Relaxed);
-    for _ in 0..span {
-        let port = (low + NEXT.fetch_add(1, Ordering::Relaxed) % span) as u16;
+    static PORTS: LazyLock<(u32, u32, AtomicU32)> = LazyLock::new(|| {
+        let (low, high) = explicit_port_range();
+        (low, high, AtomicU32::new(std::process::id().wrapping_mul(PORT_STRIDE) % (high - low)))
+    });
+    let (low, high, next) = &*PORTS;
+    for _ in *low..*high {
+        let port = (low + next.fetch_add(1, Ordering::Relaxed) % (high - low)) as u16;
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
