@@ -43,6 +43,9 @@ struct Current {
     channel: Option<(Channel, Option<Arc<ClientTlsConfig>>)>,
     /// The TLS settings in force when the last call failed, until a call succeeds.
     failed_with: Option<Arc<ClientTlsConfig>>,
+    /// Addresses that failed in a row since the last call that succeeded or the last full
+    /// round (see [`Servers::move_on`]).
+    failed_in_round: usize,
 }
 
 impl Servers {
@@ -54,7 +57,13 @@ impl Servers {
             addresses,
             tls,
             record,
-            current: Mutex::new(Current { index: 0, master: None, channel: None, failed_with: None }),
+            current: Mutex::new(Current {
+                index: 0,
+                master: None,
+                channel: None,
+                failed_with: None,
+                failed_in_round: 0,
+            }),
         }
     }
 
@@ -162,7 +171,12 @@ impl Servers {
             }
             Err(error) => Err(error),
         };
-        self.lock().failed_with = answer.is_err().then_some(settings).flatten();
+        let mut current = self.lock();
+        current.failed_with = answer.is_err().then_some(settings).flatten();
+        if answer.is_ok() {
+            current.failed_in_round = 0;
+        }
+        drop(current);
         answer
     }
 
@@ -190,12 +204,21 @@ impl Servers {
         current.master = master;
     }
 
-    /// After an error: forget the master and try the next configured address.
-    pub fn next(&self) {
+    /// After an error: forget the master and try the next configured address. Returns whether
+    /// that address is untried since the last call that succeeded or the last full round of
+    /// failures — the caller asks it at once, and backs off only once every address has failed
+    /// in a row.
+    pub fn move_on(&self) -> bool {
         let mut current = self.lock();
         current.channel = None;
         current.master = None;
         current.index = (current.index + 1) % self.addresses.len();
+        current.failed_in_round += 1;
+        let untried = current.failed_in_round < self.addresses.len();
+        if !untried {
+            current.failed_in_round = 0;
+        }
+        untried
     }
 }
 
@@ -219,6 +242,17 @@ mod tests {
         // The files rotate (during a Discovery, say): the next call connects anew.
         tls.store(Arc::new(ClientTlsConfig::new()));
         assert!(servers.cached(&servers.lock()).is_none());
+    }
+
+    #[test]
+    fn after_an_error_the_other_addresses_are_tried_before_a_backoff() {
+        let servers = Servers::new(vec!["a:1".into(), "b:1".into(), "c:1".into()], None, |_, _| {});
+        let rounds: Vec<(bool, String)> = (0..6).map(|_| (servers.move_on(), servers.address())).collect();
+        let expected = [(true, "b:1"), (true, "c:1"), (false, "a:1"), (true, "b:1"), (true, "c:1"), (false, "a:1")];
+        assert_eq!(rounds, expected.map(|(untried, address)| (untried, address.to_string())));
+        // A single address (a name balancing over the replicas): every error backs off.
+        let one = Servers::new(vec!["a:1".into()], None, |_, _| {});
+        assert!(!one.move_on() && !one.move_on());
     }
 
     #[tokio::test]

@@ -42,8 +42,8 @@ pub async fn run(state: Arc<State>) {
             }
             Err(error) => {
                 tracing::warn!(%error, parent = link.servers.address(), "asking the parent failed; leases stay until they expire");
-                state.ledger().on_parent_error(now);
-                link.servers.next();
+                let untried = link.servers.move_on();
+                state.ledger().on_parent_error(now, untried);
             }
         }
     }

@@ -91,7 +91,7 @@ fn child_leases_are_capped_by_the_own_lease_and_refresh_decays_per_level() {
     ask(&mut leaf, 0, "client", 0, 30.0);
     let leaf_request = leaf.parent_request(0.0).unwrap();
     service::get_server_capacity(&mut region, 0, &leaf_request, MAX_RESOURCES).unwrap();
-    leaf.on_parent_error(0.0);
+    leaf.on_parent_error(0.0, false);
     let to_root = refresh(&mut region, &mut root, 0);
     let root_lease = &to_root.response[0].gets;
     assert_eq!((root_lease.capacity, root_lease.expiry_time, root_lease.refresh_interval), (30.0, 60, 8));
@@ -129,7 +129,7 @@ fn without_a_valid_own_lease_a_server_hands_out_safe_capacity() {
     // The lease from the root expires at 60 and the root is gone: from then on each client gets
     // at most the root's safe capacity of 4.
     leaf.parent_request(50.0).unwrap();
-    leaf.on_parent_error(50.0);
+    leaf.on_parent_error(50.0, false);
     assert_eq!(ask(&mut leaf, 59, "a", 0, 10.0).0, 10.0, "the lease still holds");
     // The sweep forgets the clients' expired leases, but not the parent's safe capacity.
     leaf.expire(60, usize::MAX);
@@ -138,24 +138,27 @@ fn without_a_valid_own_lease_a_server_hands_out_safe_capacity() {
 }
 
 #[test]
-fn a_failed_request_backs_off_but_retries_before_the_own_lease_expires() {
+fn a_failed_request_tries_the_next_address_then_backs_off_but_retries_before_the_own_lease_expires() {
     let mut root = root(100.0);
     let mut leaf = intermediate("leaf");
     ask(&mut leaf, 0, "a", 0, 10.0);
     refresh(&mut leaf, &mut root, 0);
     assert_eq!(leaf.parent_due(), Some(8.0), "the next refresh after the root's interval");
     leaf.parent_request(8.0).unwrap();
-    leaf.on_parent_error(8.0);
+    leaf.on_parent_error(8.0, true);
+    assert_eq!(leaf.parent_due(), Some(f64::NEG_INFINITY), "another of the parent's addresses at once");
+    leaf.parent_request(8.0).unwrap();
+    leaf.on_parent_error(8.0, false);
     let due = leaf.parent_due().unwrap();
     assert!((8.5..=9.0).contains(&due), "first retry after half to one backoff base: {due}");
     let mut retries = Vec::new();
     while let Some(due) = leaf.parent_due().filter(|&due| due < 60.0) {
         retries.push(due);
         leaf.parent_request(due).unwrap();
-        leaf.on_parent_error(due);
+        leaf.on_parent_error(due, false);
     }
     assert!(retries.windows(2).all(|w| w[0] < w[1]));
-    // Backing off from 1 s, capped at 30 s, it still retries in the last 2 s of the lease.
+    // Backing off from 1 s, capped at 10 s, it still retries in the last 2 s of the lease.
     assert!(retries.iter().any(|&t| (58.0..60.0).contains(&t)), "retries: {retries:?}");
 }
 

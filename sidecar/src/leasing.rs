@@ -131,8 +131,8 @@ impl Leasing {
                     }
                     Err(error) => {
                         tracing::warn!(%error, "no lease from the capacity servers; current leases stay until they expire");
-                        self.lock().on_error(now);
-                        self.servers.next();
+                        let untried = self.servers.move_on();
+                        self.lock().on_error(now, untried);
                     }
                 }
             }

@@ -1,6 +1,7 @@
 //! The Doorman client half, in conversations with a fake server on a fake clock.
 
 use sluice_proto::{GetCapacityResponse, Lease, Mastership, ResourceResponse};
+use sluice_server::defaults::BACKOFF_CAP;
 use sluice_sidecar::core::{Answer, Effective, Fallback, LeaseClient, Mode, ResourceSpec};
 
 const T0: f64 = 1_700_000_000.0;
@@ -120,7 +121,7 @@ fn backoffs(seed: u64, errors: usize) -> Vec<f64> {
     (0..errors)
         .map(|_| {
             client.request(now, |_| 1.0).unwrap();
-            client.on_error(now);
+            client.on_error(now, false);
             let due = client.next_due().unwrap();
             let delay = due - now;
             now = due;
@@ -133,7 +134,7 @@ fn backoffs(seed: u64, errors: usize) -> Vec<f64> {
 fn errors_back_off_exponentially_with_jitter() {
     let delays = backoffs(1, 9);
     for (i, delay) in delays.iter().enumerate() {
-        let ceiling = f64::min(2f64.powi(i as i32), 30.0);
+        let ceiling = f64::min(2f64.powi(i as i32), BACKOFF_CAP);
         assert!(
             (ceiling / 2.0..=ceiling).contains(delay),
             "attempt {i}: {delay} outside [{}, {ceiling}]",
@@ -145,15 +146,29 @@ fn errors_back_off_exponentially_with_jitter() {
 }
 
 #[test]
+fn an_error_moves_on_to_an_untried_address_at_once_and_backs_off_after_the_round() {
+    let mut client = asking(&[("a", Fallback::Safe)]);
+    // One address failed (a dead replica) and another is untried: asked at once.
+    client.on_error(T0 + 5.0, true);
+    assert!(is_due(&client, T0 + 5.0));
+    assert_eq!(client.effective(T0 + 5.0, "a").unwrap().mode, Mode::Fallback, "no lease meanwhile");
+    // The other failed too: the backoff starts from its base, as after a first error.
+    client.request(T0 + 5.0, |_| 1.0).unwrap();
+    client.on_error(T0 + 6.0, false);
+    let delay = client.next_due().unwrap() - (T0 + 6.0);
+    assert!((0.5..=1.0).contains(&delay), "{delay}");
+}
+
+#[test]
 fn a_success_resets_the_backoff() {
     let mut client = asking(&[("a", Fallback::Safe)]);
     for _ in 0..5 {
-        client.on_error(T0);
+        client.on_error(T0, false);
         client.request(T0, |_| 1.0).unwrap();
     }
     client.on_response(T0, answer(vec![grant("a", 1.0, T0 + 60.0, 10, None)]));
     client.request(T0 + 10.0, |_| 1.0).unwrap();
-    client.on_error(T0 + 10.0);
+    client.on_error(T0 + 10.0, false);
     let delay = client.next_due().unwrap() - (T0 + 10.0);
     assert!((0.5..=1.0).contains(&delay), "{delay}");
 }
@@ -165,7 +180,7 @@ fn a_retry_comes_before_a_valid_lease_expires() {
     let mut now = T0 + 10.0;
     for _ in 0..6 {
         client.request(now, |_| 1.0).unwrap();
-        client.on_error(now);
+        client.on_error(now, false);
         let due = client.next_due().unwrap();
         assert!(due <= (T0 + 18.0).max(now + 0.5) && due >= now + 0.5, "{due}");
         now = due;
@@ -241,7 +256,7 @@ fn a_safe_capacity_of_minus_one_means_no_limit() {
 #[test]
 fn an_error_before_any_answer_decides_the_fallback() {
     let mut client = asking(&[("a", Fallback::Pessimistic)]);
-    client.on_error(T0 + 5.0);
+    client.on_error(T0 + 5.0, false);
     let effective = client.effective(T0 + 5.0, "a").unwrap();
     assert_eq!((effective.capacity, effective.label()), (0.0, "fallback_pessimistic"));
 }

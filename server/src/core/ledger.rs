@@ -171,10 +171,12 @@ impl Ledger {
         }
     }
 
-    /// The request in flight to the parent failed.
-    pub fn on_parent_error(&mut self, now: f64) {
+    /// The request in flight to the parent failed; `untried`: at one of its addresses, and
+    /// another is still untried in this round, so it is asked at once rather than after a
+    /// backoff (see [`Schedule::failed_over`](crate::core::Schedule::failed_over)).
+    pub fn on_parent_error(&mut self, now: f64, untried: bool) {
         if let Some(parent) = self.parent.as_mut() {
-            parent.on_error(now, &self.resources);
+            if untried { parent.on_failover() } else { parent.on_error(now, &self.resources) }
         }
     }
 }

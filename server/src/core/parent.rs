@@ -151,6 +151,12 @@ impl Parent {
     pub fn on_error(&mut self, now: f64, resources: &HashMap<String, Resource>) {
         self.schedule.failed(now, earliest_expiry(now, resources));
     }
+
+    /// The request in flight failed and another of the parent's addresses is untried: ask it
+    /// at once (see [`Schedule::failed_over`]).
+    pub fn on_failover(&mut self) {
+        self.schedule.failed_over();
+    }
 }
 
 /// A resource's wants summed per band: one aggregate per priority, as Doorman sends them —

@@ -100,6 +100,18 @@ impl Schedule {
         self.due = due;
     }
 
+    /// The request in flight failed at one address of a replicated node, and another has not
+    /// been tried since the last answer or backoff: ask there at once, without adding to the
+    /// backoff. A dead replica — a crashed master's address — then costs its timeout and not a
+    /// backoff as well, as a gRPC channel tries every address before it backs off; the backoff
+    /// grows once every address has failed in a row (see [`Self::failed`]).
+    pub fn failed_over(&mut self) {
+        self.end();
+        self.woken = false;
+        self.redirected = false;
+        self.due = f64::NEG_INFINITY;
+    }
+
     /// The server was not the master. A named master is asked at once, failures before or not:
     /// after an outage or a failover, the replica that answered is alive and knows who leads,
     /// and a backoff would only keep the caller away from a new master's learning mode. An
@@ -177,11 +189,28 @@ mod tests {
             );
         }
         s.begin();
-        s.failed(0.0, Some(10.0));
-        assert_eq!(s.due(), Some(10.0 - EXPIRY_MARGIN));
+        s.failed(0.0, Some(4.0));
+        assert_eq!(s.due(), Some(4.0 - EXPIRY_MARGIN));
         s.begin();
         s.failed(0.0, Some(1.0));
         assert_eq!(s.due(), Some(BACKOFF_BASE / 2.0), "never a tight loop");
+    }
+
+    #[test]
+    fn a_failover_to_an_untried_address_goes_at_once_and_leaves_the_backoff_as_it_was() {
+        let mut s = Schedule::new(7);
+        for _ in 0..3 {
+            s.begin();
+            s.failed(0.0, None);
+        }
+        s.begin();
+        s.failed_over();
+        assert_eq!(s.due(), Some(f64::NEG_INFINITY));
+        assert_eq!(s.failures(), 3);
+        s.begin();
+        s.failed(10.0, None);
+        let ceiling = BACKOFF_BASE * 8.0;
+        assert!((10.0 + ceiling / 2.0..=10.0 + ceiling).contains(&s.due().unwrap()), "the fourth failure's backoff");
     }
 
     #[test]

@@ -265,10 +265,16 @@ impl LeaseClient {
     }
 
     /// The request in flight failed (transport error, timeout, error status); the next one
-    /// backs off (see [`Schedule::failed`]).
-    pub fn on_error(&mut self, now: f64) {
+    /// backs off (see [`Schedule::failed`]) — unless `untried`: the failure was at one of the
+    /// servers' addresses and another is still untried in this round, which is asked at once
+    /// (see [`Schedule::failed_over`]).
+    pub fn on_error(&mut self, now: f64, untried: bool) {
         self.conclude(true);
-        self.schedule.failed(now, self.earliest_expiry(now));
+        if untried {
+            self.schedule.failed_over();
+        } else {
+            self.schedule.failed(now, self.earliest_expiry(now));
+        }
     }
 
     /// What a resource should enforce now; `None` if it is not configured.

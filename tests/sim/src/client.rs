@@ -194,6 +194,7 @@ impl Client {
                 return outgoing;
             }
             (Settled::Answered, Reply::GetCapacity(Ok(response))) => {
+                self.link.answered();
                 if let Answer::Redirect(master) = self.lease.on_response(now, response) {
                     self.link.redirect(master, server);
                 }
@@ -213,8 +214,8 @@ impl Client {
     }
 
     fn fail(&mut self, now: Time) {
-        self.lease.on_error(now);
-        self.link.next();
+        let untried = self.link.move_on();
+        self.lease.on_error(now, untried);
         self.apply(now);
     }
 

@@ -14,6 +14,8 @@ pub struct Link<R> {
     /// The address tried when no master is known.
     index: usize,
     master: Option<usize>,
+    /// Addresses that failed in a row since the last answer or the last full round.
+    failed_in_round: usize,
     /// The RPC awaited, if any.
     pending: Option<Pending<R>>,
     /// Never reset, so that an answer meant for an earlier incarnation is never taken.
@@ -42,7 +44,7 @@ pub enum Settled<R> {
 impl<R: Into<Request>> Link<R> {
     /// A link to a server with `replicas` addresses, none known as master yet.
     pub fn new(replicas: usize) -> Link<R> {
-        Link { replicas, index: 0, master: None, pending: None, attempts: 0 }
+        Link { replicas, index: 0, master: None, failed_in_round: 0, pending: None, attempts: 0 }
     }
 
     /// Whether an RPC is awaited.
@@ -79,15 +81,27 @@ impl<R: Into<Request>> Link<R> {
         Some(self.send(master, request.into(), None))
     }
 
+    /// The request was answered (leases or a redirect): the next failure starts a new round.
+    pub fn answered(&mut self) {
+        self.failed_in_round = 0;
+    }
+
     /// Follows a master redirect; an unknown master means asking Discovery again.
     pub fn redirect(&mut self, master: Option<String>, server: &Server) {
         self.master = master.and_then(|address| server.replica_at(&address));
     }
 
-    /// After an error: forget the master and try the next address.
-    pub fn next(&mut self) {
+    /// After an error: forget the master and try the next address. Returns whether it is
+    /// untried in this round, as `Servers::move_on` does.
+    pub fn move_on(&mut self) -> bool {
         self.master = None;
         self.index = (self.index + 1) % self.replicas;
+        self.failed_in_round += 1;
+        let untried = self.failed_in_round < self.replicas;
+        if !untried {
+            self.failed_in_round = 0;
+        }
+        untried
     }
 
     /// Where a message that awaits no answer goes: the master if known, else the current

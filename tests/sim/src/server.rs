@@ -157,20 +157,19 @@ impl Server {
             (Settled::Discovering { asked, request }, Reply::Discovery(found)) => {
                 let outgoing = self.uplink.follow(asked, request, found, parent);
                 if outgoing.is_none() {
-                    ledger.on_parent_error(now);
-                    self.uplink.next();
+                    ledger.on_parent_error(now, self.uplink.move_on());
                 }
                 return outgoing;
             }
             (Settled::Answered, Reply::GetServerCapacity(Ok(response))) => {
+                self.uplink.answered();
                 if let Answer::Redirect(master) = ledger.on_parent_response(now, response) {
                     self.uplink.redirect(master, parent);
                 }
             }
             // An error status, or an answer of the wrong kind.
             _ => {
-                ledger.on_parent_error(now);
-                self.uplink.next();
+                ledger.on_parent_error(now, self.uplink.move_on());
             }
         }
         None
@@ -181,8 +180,7 @@ impl Server {
         if self.uplink.settle(attempt).is_some()
             && let Some(ledger) = &mut self.ledger
         {
-            ledger.on_parent_error(now);
-            self.uplink.next();
+            ledger.on_parent_error(now, self.uplink.move_on());
         }
     }
 
