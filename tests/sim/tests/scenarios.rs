@@ -170,7 +170,7 @@ fn scenario_7_utilization_target() {
 /// over the hour: 34 s at most with this seed (14, 0, 5, 8 and 44 s with seeds 1–4 and 11). The
 /// one miss is a single sample 2.02% short, 33 s after a spike that came 30 s after a subtree's
 /// outage ended; Σ has was within 2% from 5 s before the spike until then. Over seeds 1–25, 21
-/// of the 23 misses follow a failure by less than a minute. Failures are reported apart and have
+/// of the 23 misses follow a failure by a minute or less. Failures are reported apart and have
 /// no such target: a failover holds a subtree's grants for the new master's learning mode and a
 /// cut-off subtree lives on safe capacity until its outage ends (README, "Simulation").
 #[test]
