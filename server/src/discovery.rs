@@ -17,6 +17,7 @@ use tonic::{
 };
 
 use crate::{
+    core::Round,
     defaults::{CAPACITY_CONNECT_TIMEOUT, CAPACITY_RPC_TIMEOUT},
     telemetry::with_causes,
     tls::{self, ClientTlsFiles},
@@ -43,9 +44,8 @@ struct Current {
     channel: Option<(Channel, Option<Arc<ClientTlsConfig>>)>,
     /// The TLS settings in force when the last call failed, until a call succeeds.
     failed_with: Option<Arc<ClientTlsConfig>>,
-    /// Addresses that failed in a row since the last call that succeeded or the last full
-    /// round (see [`Servers::move_on`]).
-    failed_in_round: usize,
+    /// How far through the addresses the failures since the last answer have gone.
+    round: Round,
 }
 
 impl Servers {
@@ -62,7 +62,7 @@ impl Servers {
                 master: None,
                 channel: None,
                 failed_with: None,
-                failed_in_round: 0,
+                round: Round::default(),
             }),
         }
     }
@@ -174,9 +174,8 @@ impl Servers {
         let mut current = self.lock();
         current.failed_with = answer.is_err().then_some(settings).flatten();
         if answer.is_ok() {
-            current.failed_in_round = 0;
+            current.round.answered();
         }
-        drop(current);
         answer
     }
 
@@ -205,20 +204,14 @@ impl Servers {
     }
 
     /// After an error: forget the master and try the next configured address. Returns whether
-    /// that address is untried since the last call that succeeded or the last full round of
-    /// failures — the caller asks it at once, and backs off only once every address has failed
-    /// in a row.
+    /// it is untried in this round ([`Round`]): the caller asks it at once, and backs off only
+    /// once every address has failed in a row.
     pub fn move_on(&self) -> bool {
         let mut current = self.lock();
         current.channel = None;
         current.master = None;
         current.index = (current.index + 1) % self.addresses.len();
-        current.failed_in_round += 1;
-        let untried = current.failed_in_round < self.addresses.len();
-        if !untried {
-            current.failed_in_round = 0;
-        }
-        untried
+        current.round.failed(self.addresses.len())
     }
 }
 
@@ -250,9 +243,6 @@ mod tests {
         let rounds: Vec<(bool, String)> = (0..6).map(|_| (servers.move_on(), servers.address())).collect();
         let expected = [(true, "b:1"), (true, "c:1"), (false, "a:1"), (true, "b:1"), (true, "c:1"), (false, "a:1")];
         assert_eq!(rounds, expected.map(|(untried, address)| (untried, address.to_string())));
-        // A single address (a name balancing over the replicas): every error backs off.
-        let one = Servers::new(vec!["a:1".into()], None, |_, _| {});
-        assert!(!one.move_on() && !one.move_on());
     }
 
     #[tokio::test]

@@ -176,7 +176,7 @@ impl Ledger {
     /// backoff (see [`Schedule::failed_over`](crate::core::Schedule::failed_over)).
     pub fn on_parent_error(&mut self, now: f64, untried: bool) {
         if let Some(parent) = self.parent.as_mut() {
-            if untried { parent.on_failover() } else { parent.on_error(now, &self.resources) }
+            parent.on_error(now, untried, &self.resources);
         }
     }
 }

@@ -28,6 +28,6 @@ pub use ledger::Ledger;
 pub use parent::{Answer, Parent};
 pub use priority::{Bands, PriorityMode, Wants};
 pub use resource::{Claim, Grant, ParentLease, Resource, Supply};
-pub use schedule::Schedule;
+pub use schedule::{Round, Schedule};
 pub use store::{Holds, LeaseStore, LeaseView, UnixSeconds};
 pub use template::{Repository, Template, TemplateError};

@@ -147,15 +147,15 @@ impl Parent {
         Answer::Updated
     }
 
-    /// The request in flight failed (transport error, error status).
-    pub fn on_error(&mut self, now: f64, resources: &HashMap<String, Resource>) {
-        self.schedule.failed(now, earliest_expiry(now, resources));
-    }
-
-    /// The request in flight failed and another of the parent's addresses is untried: ask it
-    /// at once (see [`Schedule::failed_over`]).
-    pub fn on_failover(&mut self) {
-        self.schedule.failed_over();
+    /// The request in flight failed (transport error, error status): the next one backs off,
+    /// unless `untried`, another of the parent's addresses, which is asked at once (see
+    /// [`Schedule::failed_over`]).
+    pub fn on_error(&mut self, now: f64, untried: bool, resources: &HashMap<String, Resource>) {
+        if untried {
+            self.schedule.failed_over();
+        } else {
+            self.schedule.failed(now, earliest_expiry(now, resources));
+        }
     }
 }
 

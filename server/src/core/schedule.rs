@@ -8,6 +8,33 @@ use crate::defaults::{BACKOFF_BASE, BACKOFF_CAP, EXPIRY_MARGIN};
 /// Refreshes come at least this far apart, whatever interval a server names.
 const MIN_REFRESH: f64 = 1.0;
 
+/// How far a caller has got through a replicated node's addresses since its last answer: after
+/// an error it moves on to the next address and asks at once while one is untried in this round
+/// ([`Schedule::failed_over`]); once every address has failed in a row, the round starts over
+/// and the caller backs off ([`Schedule::failed`]). The binaries' `discovery::Servers` and the
+/// simulator's links share it.
+#[derive(Debug, Default)]
+pub struct Round {
+    failed: usize,
+}
+
+impl Round {
+    /// An address of the `addresses` failed; returns whether another is untried in this round.
+    pub fn failed(&mut self, addresses: usize) -> bool {
+        self.failed += 1;
+        let untried = self.failed < addresses;
+        if !untried {
+            self.failed = 0;
+        }
+        untried
+    }
+
+    /// A call was answered: the next failure starts a new round.
+    pub fn answered(&mut self) {
+        self.failed = 0;
+    }
+}
+
 #[derive(Debug)]
 pub struct Schedule {
     /// When the next request is due; −∞: at once.
@@ -194,6 +221,16 @@ mod tests {
         s.begin();
         s.failed(0.0, Some(1.0));
         assert_eq!(s.due(), Some(BACKOFF_BASE / 2.0), "never a tight loop");
+    }
+
+    #[test]
+    fn a_round_ends_when_every_address_failed_in_a_row_or_one_answered() {
+        let mut round = Round::default();
+        assert_eq!([round.failed(3), round.failed(3), round.failed(3), round.failed(3)], [true, true, false, true]);
+        round.answered();
+        assert_eq!([round.failed(3), round.failed(3), round.failed(3)], [true, true, false]);
+        // One address (a name balancing over the replicas): every error backs off.
+        assert!(!round.failed(1) && !round.failed(1));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! intermediate servers share it.
 
 use sluice_proto::DiscoveryResponse;
+use sluice_server::core::Round;
 
 use crate::{protocol::Request, server::Server};
 
@@ -14,8 +15,8 @@ pub struct Link<R> {
     /// The address tried when no master is known.
     index: usize,
     master: Option<usize>,
-    /// Addresses that failed in a row since the last answer or the last full round.
-    failed_in_round: usize,
+    /// How far through the addresses the failures since the last answer have gone.
+    round: Round,
     /// The RPC awaited, if any.
     pending: Option<Pending<R>>,
     /// Never reset, so that an answer meant for an earlier incarnation is never taken.
@@ -44,7 +45,7 @@ pub enum Settled<R> {
 impl<R: Into<Request>> Link<R> {
     /// A link to a server with `replicas` addresses, none known as master yet.
     pub fn new(replicas: usize) -> Link<R> {
-        Link { replicas, index: 0, master: None, failed_in_round: 0, pending: None, attempts: 0 }
+        Link { replicas, index: 0, master: None, round: Round::default(), pending: None, attempts: 0 }
     }
 
     /// Whether an RPC is awaited.
@@ -83,7 +84,7 @@ impl<R: Into<Request>> Link<R> {
 
     /// The request was answered (leases or a redirect): the next failure starts a new round.
     pub fn answered(&mut self) {
-        self.failed_in_round = 0;
+        self.round.answered();
     }
 
     /// Follows a master redirect; an unknown master means asking Discovery again.
@@ -92,16 +93,11 @@ impl<R: Into<Request>> Link<R> {
     }
 
     /// After an error: forget the master and try the next address. Returns whether it is
-    /// untried in this round, as `Servers::move_on` does.
+    /// untried in this round ([`Round`]), as `Servers::move_on` does.
     pub fn move_on(&mut self) -> bool {
         self.master = None;
         self.index = (self.index + 1) % self.replicas;
-        self.failed_in_round += 1;
-        let untried = self.failed_in_round < self.replicas;
-        if !untried {
-            self.failed_in_round = 0;
-        }
-        untried
+        self.round.failed(self.replicas)
     }
 
     /// Where a message that awaits no answer goes: the master if known, else the current
