@@ -223,7 +223,8 @@ impl Summary {
 /// run); 0 if it caused none. A shortfall is caused by the last shift before it began if it
 /// began within `horizon` seconds of it (the longest a consequence can wait to show: a lease
 /// outliving its server), else by the first shift that comes while it lasts; each shortfall is
-/// charged once, and a shift answers for the first it caused.
+/// charged once, and a shift answers for the first it caused — a later one it caused is
+/// charged to no shift (the README measures how charging the last instead would read).
 fn reconvergence(
     samples: &[Sample],
     mut shifts: Vec<(Time, Cause, String)>,
