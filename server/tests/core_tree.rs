@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use sluice_proto::{
-    GetCapacityRequest, GetServerCapacityResponse, PriorityBandAggregate, ReleaseCapacityRequest, ResourceRequest,
+    GetCapacityRequest, GetServerCapacityResponse, Mastership, PriorityBandAggregate, ReleaseCapacityRequest,
+    ResourceRequest,
 };
 use sluice_server::{
     core::{Algorithm, Answer, Kind, Ledger, Parameter, Repository, Template, UnixSeconds},
@@ -160,6 +161,43 @@ fn a_failed_request_tries_the_next_address_then_backs_off_but_retries_before_the
     assert!(retries.windows(2).all(|w| w[0] < w[1]));
     // Backing off from 1 s, capped at 10 s, it still retries in the last 2 s of the lease.
     assert!(retries.iter().any(|&t| (58.0..60.0).contains(&t)), "retries: {retries:?}");
+}
+
+/// What a replica that is not the master answers a GetServerCapacity with.
+fn not_master(master: Option<&str>) -> GetServerCapacityResponse {
+    GetServerCapacityResponse {
+        response: vec![],
+        mastership: Some(Mastership { master_address: master.map(str::to_string) }),
+    }
+}
+
+#[test]
+fn a_redirect_leaves_the_lease_alone_and_asks_a_named_master_at_once_but_not_twice_in_a_row() {
+    let mut root = root(100.0);
+    let mut leaf = intermediate("leaf");
+    ask(&mut leaf, 0, "a", 0, 10.0);
+    refresh(&mut leaf, &mut root, 0);
+    let lease = |leaf: &Ledger| leaf.resource("r").and_then(|r| r.parent_lease(8)).map(|l| (l.capacity, l.expiry));
+    let before = lease(&leaf);
+    assert_eq!(before, Some((10.0, 60)));
+
+    leaf.parent_request(8.0).unwrap();
+    assert_eq!(
+        leaf.on_parent_response(8.0, not_master(Some("root-1:8081"))),
+        Answer::Redirect(Some("root-1:8081".into()))
+    );
+    assert_eq!(lease(&leaf), before, "a redirect carries no lease");
+    assert_eq!(leaf.parent_due(), Some(f64::NEG_INFINITY), "the named master at once");
+    // Replicas naming each other: the second redirect in a row backs off.
+    leaf.parent_request(8.0).unwrap();
+    leaf.on_parent_response(8.0, not_master(Some("root-0:8081")));
+    assert!(leaf.parent_due().unwrap() > 8.0);
+    // The master answers; then a replica that knows no master: Discovery again, after a backoff.
+    refresh(&mut leaf, &mut root, 9);
+    leaf.parent_request(17.0).unwrap();
+    assert_eq!(leaf.on_parent_response(17.0, not_master(None)), Answer::Redirect(None));
+    assert!(leaf.parent_due().unwrap() > 17.0);
+    assert_eq!(lease(&leaf).map(|(capacity, _)| capacity), Some(10.0));
 }
 
 #[test]
