@@ -60,6 +60,15 @@ fn refresh(child: &mut Ledger, parent: &mut Ledger, now: UnixSeconds) -> GetServ
     response
 }
 
+/// A root of 100 and a leaf whose one client wants 10, after the leaf's first round trip at 0.
+fn leased_leaf() -> (Ledger, Ledger) {
+    let mut root = root(100.0);
+    let mut leaf = intermediate("leaf");
+    ask(&mut leaf, 0, "a", 0, 10.0);
+    refresh(&mut leaf, &mut root, 0);
+    (root, leaf)
+}
+
 fn granted_to_children(ledger: &Ledger) -> f64 {
     ledger.resource("r").map_or(0.0, |r| r.bands().sums().has)
 }
@@ -140,10 +149,7 @@ fn without_a_valid_own_lease_a_server_hands_out_safe_capacity() {
 
 #[test]
 fn a_failed_request_tries_the_next_address_then_backs_off_but_retries_before_the_own_lease_expires() {
-    let mut root = root(100.0);
-    let mut leaf = intermediate("leaf");
-    ask(&mut leaf, 0, "a", 0, 10.0);
-    refresh(&mut leaf, &mut root, 0);
+    let (_, mut leaf) = leased_leaf();
     assert_eq!(leaf.parent_due(), Some(8.0), "the next refresh after the root's interval");
     leaf.parent_request(8.0).unwrap();
     leaf.on_parent_error(8.0, true);
@@ -173,10 +179,7 @@ fn not_master(master: Option<&str>) -> GetServerCapacityResponse {
 
 #[test]
 fn a_redirect_leaves_the_lease_alone_and_asks_a_named_master_at_once_but_not_twice_in_a_row() {
-    let mut root = root(100.0);
-    let mut leaf = intermediate("leaf");
-    ask(&mut leaf, 0, "a", 0, 10.0);
-    refresh(&mut leaf, &mut root, 0);
+    let (mut root, mut leaf) = leased_leaf();
     let lease = |leaf: &Ledger| leaf.resource("r").and_then(|r| r.parent_lease(8)).map(|l| (l.capacity, l.expiry));
     let before = lease(&leaf);
     assert_eq!(before, Some((10.0, 60)));
