@@ -196,9 +196,9 @@ async fn a_sidecar_follows_its_servers_master_across_a_failover() {
     replicas[master].signal("KILL");
     // Through the failover and the new master's learning mode, the sidecar keeps its lease
     // (it reports it as `has`, which a learning master grants again) and every request passes.
-    // At half the pace of before: a learning master grants no more than the client holds, and
-    // the lease taken at ~5 requests a second, from an estimate still warming up, may be
-    // below that rate; demand that grows meanwhile is refused by design (SPEC §3.4).
+    // At half the pace of before: the lease, taken at about 5 requests a second, is only some
+    // 5–15% above that rate, and a learning master grants no more than the client holds, so a
+    // loop that sped up meanwhile would be refused — by design (SPEC §3.4).
     let killed = Instant::now();
     while killed.elapsed() < Duration::from_secs(TTL + LEARNING + 3) {
         assert_eq!(mode(), "leased");
