@@ -108,15 +108,18 @@ impl Servers {
         Ok((endpoint.connect_lazy(), tls))
     }
 
+    /// Whether `settings` (`None`: plaintext) are the TLS settings in force.
+    fn in_force(&self, settings: Option<&Arc<ClientTlsConfig>>) -> bool {
+        match (settings, self.tls.as_ref().map(|t| t.load())) {
+            (Some(settings), Some(in_force)) => Arc::ptr_eq(settings, &in_force),
+            (settings, in_force) => settings.is_none() && in_force.is_none(),
+        }
+    }
+
     /// The channel to the master, unless the TLS settings it was made with were replaced.
     fn cached(&self, current: &Current) -> Option<Channel> {
         let (channel, made_with) = current.channel.as_ref()?;
-        let in_force = self.tls.as_ref().map(|t| t.load());
-        let still = match (made_with, &in_force) {
-            (Some(made_with), Some(in_force)) => Arc::ptr_eq(made_with, in_force),
-            (made_with, in_force) => made_with.is_none() && in_force.is_none(),
-        };
-        still.then(|| channel.clone())
+        self.in_force(made_with.as_ref()).then(|| channel.clone())
     }
 
     /// A channel to the master, asking Discovery first when it is not known.
@@ -131,7 +134,7 @@ impl Servers {
                 None => (self.addresses[current.index].clone(), false),
             }
         };
-        let (channel, made_with) = self.endpoint(&address)?;
+        let (mut channel, mut made_with) = self.endpoint(&address)?;
         let address = if known {
             address
         } else {
@@ -140,11 +143,8 @@ impl Servers {
             let response = discovered.map_err(|s| format!("Discovery at {address}: {}", described(&s)))?.into_inner();
             match response.mastership.master_address {
                 Some(master) if !response.is_master && master != address => {
-                    let (channel, made_with) = self.endpoint(&master)?;
-                    let mut current = self.lock();
-                    current.master = Some(master);
-                    current.channel = Some((channel.clone(), made_with));
-                    return Ok(channel);
+                    (channel, made_with) = self.endpoint(&master)?;
+                    master
                 }
                 _ if !response.is_master => return Err(format!("{address} is not the master and knows none")),
                 _ => address,
@@ -184,11 +184,7 @@ impl Servers {
     /// certificate, so the caller asks again at once instead of waiting out its backoff.
     pub fn renewed_since_failure(&self) -> bool {
         let mut current = self.lock();
-        let in_force = self.tls.as_ref().map(|t| t.load());
-        let renewed = match (&current.failed_with, &in_force) {
-            (Some(failed_with), Some(in_force)) => !Arc::ptr_eq(failed_with, in_force),
-            _ => false,
-        };
+        let renewed = current.failed_with.as_ref().is_some_and(|failed_with| !self.in_force(Some(failed_with)));
         if renewed {
             current.failed_with = None;
         }
