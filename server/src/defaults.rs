@@ -48,6 +48,12 @@ pub const MAX_AMOUNT: f64 = 1e15;
 /// floating-point numbers, exact well beyond this.
 pub const MAX_SUBCLIENTS: i64 = 1_000_000_000;
 
+/// Most client groups in one band's wants profile (`PriorityBandAggregate.profile`), sent or
+/// accepted: a band of up to this many clients is described exactly, a larger one in this many
+/// groups of clients that want about as much each. Each group is one demand at the parent, so
+/// this bounds what one child adds to a grant's cost (a few hundred bytes, 32 tree insertions).
+pub const MAX_PROFILE_GROUPS: usize = 32;
+
 /// How often expired leases are swept (they never count once expired; sweeping frees memory
 /// and keeps the gauges current).
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
@@ -97,8 +103,10 @@ pub const MIN_REFRESH_INTERVAL: i64 = 1;
 
 /// A grant more than this fraction away from its share (waiting for others to give capacity
 /// back, or above what the claimant's clients still hold) is in transit: the claimant is asked
-/// back at [`MIN_REFRESH_INTERVAL`].
-pub const TRANSIT_SHARE: f64 = 0.02;
+/// back at [`MIN_REFRESH_INTERVAL`]. Small, because a region's few percent of a large lease is
+/// many clients' worth: over seeds 1–25 of the simulator's scenario 7, 0.5% instead of 2% took
+/// the lowest utilization from 97.9% to 98.0% (scenario 5: 99.0% to 99.1%) for 4% more RPCs.
+pub const TRANSIT_SHARE: f64 = 0.005;
 
 /// A child server's lease that ran out without a release stays reserved as its subtree's
 /// safe capacity for this many lease lengths more (see `LeaseStore::expire`): long enough to

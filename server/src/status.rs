@@ -6,7 +6,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::{
-    core::{Ledger, PriorityMode, Resource, UnixSeconds},
+    core::{Choice, Ledger, PriorityMode, Resource, SubtreeWants, UnixSeconds},
     reload::ConfigStatus,
     state::{Role, State},
 };
@@ -65,6 +65,7 @@ pub struct ResourceStatus {
     pub template: String,
     pub algorithm: &'static str,
     pub priority_mode: &'static str,
+    pub subtree_wants: &'static str,
     /// What the resource shares now; `None` at an intermediate server without a valid lease
     /// from its parent (it hands out safe capacity).
     pub capacity: Option<f64>,
@@ -191,10 +192,8 @@ fn resource(ledger: &Ledger, id: &str, r: &Resource, now: UnixSeconds) -> Resour
         id: id.to_owned(),
         template: r.template().identifier_glob.clone(),
         algorithm: algorithm.kind.name(),
-        priority_mode: match PriorityMode::of(algorithm) {
-            PriorityMode::Strict => "strict",
-            PriorityMode::Ignore => "ignore",
-        },
+        priority_mode: PriorityMode::of(algorithm).name(),
+        subtree_wants: SubtreeWants::of(algorithm).name(),
         capacity: r.capacity(now),
         parent_lease: r.parent_lease(now).map(|l| OwnLease {
             capacity: l.capacity,
@@ -339,14 +338,15 @@ fn capacity(r: &ResourceStatus) -> String {
     r.capacity.map_or_else(|| "no lease: safe".to_owned(), |c| c.to_string())
 }
 
-/// The bands as "priority: has/wants" from the most important down, with the priority mode.
+/// The bands as "priority: has/wants" from the most important down, with the priority mode and
+/// how children's wants are counted.
 fn bands(r: &ResourceStatus) -> String {
     let list: Vec<String> = r
         .bands
         .iter()
         .map(|b| format!("{}: {:.3}/{:.3} ({} clients)", b.priority, b.has, b.wants, b.subclients))
         .collect();
-    format!("{} [{}]", r.priority_mode, escape(&list.join(", ")))
+    format!("{}, subtree {} [{}]", r.priority_mode, r.subtree_wants, escape(&list.join(", ")))
 }
 
 fn page_head(title: &str) -> String {

@@ -3,14 +3,16 @@
 
 use std::collections::HashSet;
 
-use sluice_proto::{GetCapacityRequest, GetServerCapacityRequest, Lease, ReleaseCapacityRequest};
+use sluice_proto::{
+    GetCapacityRequest, GetServerCapacityRequest, Lease, PriorityBandAggregate, ReleaseCapacityRequest,
+};
 use tonic::Status;
 
 use smallvec::SmallVec;
 
 use crate::{
     core::{Claim, Holds, Wants},
-    defaults::{MAX_AMOUNT, MAX_ID_BYTES, MAX_RESOURCES_PER_REQUEST, MAX_SUBCLIENTS},
+    defaults::{MAX_AMOUNT, MAX_ID_BYTES, MAX_PROFILE_GROUPS, MAX_RESOURCES_PER_REQUEST, MAX_SUBCLIENTS},
 };
 
 /// A validated claim on one resource.
@@ -29,8 +31,9 @@ pub fn get_capacity(req: &GetCapacityRequest) -> Result<Vec<ResourceClaim<'_>>, 
     )
 }
 
-/// A child server (an intermediate server below this one) claims for all its clients, one entry per priority band. A resource
-/// without bands counts as one subclient wanting nothing.
+/// A child server (an intermediate server below this one) claims for all its clients: per
+/// priority band, one entry, or one per group of its profile. A resource without bands counts
+/// as one subclient wanting nothing.
 pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<ResourceClaim<'_>>, Status> {
     id("server_id", &req.server_id)?;
     claims(
@@ -53,7 +56,7 @@ pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<Resourc
                         band.priority
                     )));
                 }
-                bands.push(Wants { priority: band.priority, wants: band.wants, subclients: band.num_clients as f64 });
+                groups(&format!("resource[{i}].wants[{j}]"), band, &mut bands)?;
             }
             let has = reported(&format!("resource[{i}].has"), r.has.as_ref())?;
             // A server that leaves out `has` does not know what its clients hold (a new master,
@@ -66,6 +69,44 @@ pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<Resourc
             Ok(claim)
         },
     )
+}
+
+/// Files a band (already checked, `field` its name) as demands: one per group of its profile
+/// (`field.profile.group[k]`), which must add up to the band, or the band as one without.
+fn groups(field: &str, band: &PriorityBandAggregate, into: &mut SmallVec<[Wants; 1]>) -> Result<(), Status> {
+    let wants = |wants, num_clients: i64| Wants { priority: band.priority, wants, subclients: num_clients as f64 };
+    let Some(profile) = &band.profile else {
+        into.push(wants(band.wants, band.num_clients));
+        return Ok(());
+    };
+    let field = format!("{field}.profile");
+    if !(1..=MAX_PROFILE_GROUPS).contains(&profile.group.len()) {
+        return Err(invalid(format!(
+            "{field}: must have 1 to {MAX_PROFILE_GROUPS} groups, got {}",
+            profile.group.len()
+        )));
+    }
+    let (mut num_clients, mut sum) = (0i64, 0.0);
+    for (k, group) in profile.group.iter().enumerate() {
+        amount(&format!("{field}.group[{k}].wants"), group.wants)?;
+        if !(1..=MAX_SUBCLIENTS).contains(&group.num_clients) {
+            return Err(invalid(format!(
+                "{field}.group[{k}].num_clients: must be 1 to {MAX_SUBCLIENTS}, got {}",
+                group.num_clients
+            )));
+        }
+        num_clients = num_clients.saturating_add(group.num_clients);
+        sum += group.wants;
+    }
+    // The sender sums in its own order: allow for the rounding of a few dozen additions.
+    if num_clients != band.num_clients || (sum - band.wants).abs() > 1e-9 * band.wants.max(1.0) {
+        return Err(invalid(format!(
+            "{field}: the groups add up to {num_clients} clients wanting {sum}, the band to {} wanting {}",
+            band.num_clients, band.wants
+        )));
+    }
+    into.extend(profile.group.iter().map(|group| wants(group.wants, group.num_clients)));
+    Ok(())
 }
 
 /// Validates the resource ids of a request, then each resource's claim (`i` is its position).
@@ -152,7 +193,7 @@ fn invalid(message: String) -> Status {
 
 #[cfg(test)]
 mod tests {
-    use sluice_proto::{PriorityBandAggregate, ResourceRequest, ServerCapacityResourceRequest};
+    use sluice_proto::{ClientGroup, ResourceRequest, ServerCapacityResourceRequest, WantsProfile};
     use tonic::Code;
 
     use super::*;
@@ -213,7 +254,8 @@ mod tests {
 
     #[test]
     fn server_requests_keep_their_bands() {
-        let band = |num_clients, wants| PriorityBandAggregate { priority: num_clients, num_clients, wants };
+        let band =
+            |num_clients, wants| PriorityBandAggregate { priority: num_clients, num_clients, wants, profile: None };
         let mut req = GetServerCapacityRequest {
             server_id: "leaf".into(),
             resource: vec![ServerCapacityResourceRequest {
@@ -237,7 +279,51 @@ mod tests {
             message(get_server_capacity(&req)),
             "resource[0].wants[1].num_clients: must be 1 to 1000000000, got 0"
         );
-        req.resource[0].wants[1] = PriorityBandAggregate { priority: 2, num_clients: 1, wants: 1.0 };
+        req.resource[0].wants[1] = PriorityBandAggregate { priority: 2, num_clients: 1, wants: 1.0, profile: None };
         assert_eq!(message(get_server_capacity(&req)), "resource[0].wants[1].priority: band 2 appears twice");
+    }
+
+    #[test]
+    fn a_profile_becomes_one_demand_per_group_and_must_add_up_to_its_band() {
+        let group = |num_clients, wants| ClientGroup { num_clients, wants };
+        let with = |groups: Vec<ClientGroup>| GetServerCapacityRequest {
+            server_id: "leaf".into(),
+            resource: vec![ServerCapacityResourceRequest {
+                resource_id: "r".into(),
+                has: None,
+                wants: vec![PriorityBandAggregate {
+                    priority: 1,
+                    num_clients: 3,
+                    wants: 30.0,
+                    profile: Some(WantsProfile { group: groups }),
+                }],
+            }],
+        };
+        let req = with(vec![group(2, 4.0), group(1, 26.0)]);
+        let claims = get_server_capacity(&req).unwrap();
+        let wants = |wants, subclients| Wants { priority: 1, wants, subclients };
+        assert_eq!(claims[0].1.wants.as_slice(), [wants(4.0, 2.0), wants(26.0, 1.0)]);
+        assert_eq!(
+            message(get_server_capacity(&with(vec![group(2, 4.0), group(2, 26.0)]))),
+            "resource[0].wants[0].profile: the groups add up to 4 clients wanting 30, the band to 3 wanting 30"
+        );
+        assert_eq!(
+            message(get_server_capacity(&with(vec![group(2, 4.0), group(1, 25.0)]))),
+            "resource[0].wants[0].profile: the groups add up to 3 clients wanting 29, the band to 3 wanting 30"
+        );
+        assert_eq!(
+            message(get_server_capacity(&with(vec![group(3, 30.0), group(0, 0.0)]))),
+            "resource[0].wants[0].profile.group[1].num_clients: must be 1 to 1000000000, got 0"
+        );
+        assert_eq!(
+            message(get_server_capacity(&with(vec![group(3, f64::NAN)]))),
+            "resource[0].wants[0].profile.group[0].wants: must be 0 to 1e15, got NaN"
+        );
+        assert_eq!(
+            message(get_server_capacity(&with(Vec::new()))),
+            format!("resource[0].wants[0].profile: must have 1 to {MAX_PROFILE_GROUPS} groups, got 0")
+        );
+        let many = (0..=MAX_PROFILE_GROUPS).map(|_| group(1, 1.0)).collect();
+        assert!(message(get_server_capacity(&with(many))).ends_with(&format!("got {}", MAX_PROFILE_GROUPS + 1)));
     }
 }

@@ -17,6 +17,10 @@ use sluice_server::{
 const MAX_RESOURCES: usize = 1_000;
 
 fn repository(capacity: f64, safe_capacity: Option<f64>, mode: &str) -> Arc<Repository> {
+    repository_with(capacity, safe_capacity, &[("priority_mode", mode)])
+}
+
+fn repository_with(capacity: f64, safe_capacity: Option<f64>, parameters: &[(&str, &str)]) -> Arc<Repository> {
     let template = Template {
         identifier_glob: "*".into(),
         capacity,
@@ -26,7 +30,10 @@ fn repository(capacity: f64, safe_capacity: Option<f64>, mode: &str) -> Arc<Repo
             kind: Kind::FairShare,
             lease_length: 60,
             refresh_interval: 8,
-            parameters: vec![Parameter { name: "priority_mode".into(), value: Some(mode.into()) }],
+            parameters: parameters
+                .iter()
+                .map(|&(name, value)| Parameter { name: name.into(), value: Some(value.into()) })
+                .collect(),
             learning_mode_duration: Some(0),
         },
     };
@@ -88,7 +95,7 @@ fn requests_aggregate_clients_per_band_and_new_resources_are_asked_at_once() {
     let r = &request.resource[0];
     assert_eq!(r.resource_id, "r");
     assert_eq!(r.has.as_ref().map(|h| h.capacity), Some(0.0), "no lease yet: what its clients hold");
-    let band = |priority, num_clients, wants| PriorityBandAggregate { priority, num_clients, wants };
+    let band = |priority, num_clients, wants| PriorityBandAggregate { priority, num_clients, wants, profile: None };
     assert_eq!(r.wants, [band(2, 2, 15.0), band(0, 1, 7.0)], "most important band first");
 }
 
@@ -205,9 +212,15 @@ fn a_redirect_leaves_the_lease_alone_and_asks_a_named_master_at_once_but_not_twi
 
 #[test]
 fn a_two_level_tree_never_hands_out_more_than_the_root_capacity() {
+    for subtree_wants in ["sum", "profile"] {
+        never_more_than_the_root_capacity(subtree_wants);
+    }
+}
+
+fn never_more_than_the_root_capacity(subtree_wants: &str) {
     // Two leaves, each with clients at two priorities, under a root of capacity 100, refreshed
     // in turns for a few minutes of fake time with changing demand.
-    let mut root = root(100.0);
+    let mut root = Ledger::new(repository_with(100.0, None, &[("subtree_wants", subtree_wants)]), 0);
     let mut leaves = [intermediate("leaf-0"), intermediate("leaf-1")];
     let mut rng = fastrand::Rng::with_seed(5);
     for now in 0..300 {
@@ -222,11 +235,11 @@ fn a_two_level_tree_never_hands_out_more_than_the_root_capacity() {
             root.expire(now, usize::MAX);
         }
         let reserved = granted_to_children(&root);
-        assert!(reserved <= 100.0 + 1e-9, "{now}: the root reserved {reserved}");
+        assert!(reserved <= 100.0 + 1e-9, "{subtree_wants}, {now}: the root reserved {reserved}");
         // What the end clients hold: never more than the root's capacity, even while a leaf's
         // lease shrinks and its clients have not all refreshed yet.
         let held: f64 = leaves.iter().map(granted_to_children).sum();
-        assert!(held <= 100.0 + 1e-9, "{now}: clients hold {held}");
+        assert!(held <= 100.0 + 1e-9, "{subtree_wants}, {now}: clients hold {held}");
     }
 }
 
@@ -254,6 +267,57 @@ fn strict_priority_through_two_levels_serves_the_high_band_first() {
     assert_eq!(ask(&mut b, now, "b-high", 5, 20.0).0, 20.0);
     let low = ask(&mut b, now, "b-low-1", 1, 100.0).0 + ask(&mut b, now, "b-low-2", 1, 100.0).0;
     assert!((low - 10.0).abs() < 1e-9, "the low band shares what is left: {low}");
+}
+
+/// What end clients get from a root of 100 over two leaves once settled: leaf A's clients want
+/// 5 and 95, leaf B's one client 95; the root's template says `subtree_wants`.
+fn settled_tree(subtree_wants: &str) -> [f64; 3] {
+    let mut root = Ledger::new(repository_with(100.0, None, &[("subtree_wants", subtree_wants)]), 0);
+    let (mut a, mut b) = (intermediate("a"), intermediate("b"));
+    let mut got = [0.0; 3];
+    for round in 0..5 {
+        let now = round * 10;
+        got = [
+            ask(&mut a, now, "a-small", 0, 5.0).0,
+            ask(&mut a, now, "a-large", 0, 95.0).0,
+            ask(&mut b, now, "b", 0, 95.0).0,
+        ];
+        refresh(&mut a, &mut root, now);
+        refresh(&mut b, &mut root, now);
+    }
+    got
+}
+
+#[test]
+fn with_subtree_wants_profile_a_tree_shares_max_min_over_its_end_clients() {
+    // Max-min over 5, 95, 95 with 100: 5, 47.5, 47.5.
+    assert_eq!(settled_tree("profile"), [5.0, 47.5, 47.5]);
+    // Doorman's sums: leaf A counts as two clients wanting 100, B as one wanting 95; the level
+    // is 100/3, so A gets 66.67 and its large client 61.67, against B's 33.33.
+    let [small, large, b] = settled_tree("sum");
+    assert_eq!(small, 5.0);
+    assert!((large - 185.0 / 3.0).abs() < 1e-9 && (b - 100.0 / 3.0).abs() < 1e-9, "{large} {b}");
+}
+
+#[test]
+fn a_child_sends_its_profile_once_its_parent_names_subtree_wants_profile() {
+    let mut root = Ledger::new(repository_with(100.0, None, &[("subtree_wants", "profile")]), 0);
+    let mut leaf = intermediate("leaf");
+    for (client, wants) in [("x", 5.0), ("y", 95.0), ("z", 95.0)] {
+        ask(&mut leaf, 0, client, 0, wants);
+    }
+    // Before the parent's first answer the leaf's own template (sum) is in force.
+    let profile = |request: &sluice_proto::GetServerCapacityRequest| request.resource[0].wants[0].profile.clone();
+    let first = leaf.parent_request(0.0).unwrap();
+    assert_eq!((first.resource[0].wants[0].num_clients, profile(&first)), (3, None));
+    let response = service::get_server_capacity(&mut root, 0, &first, MAX_RESOURCES).unwrap();
+    leaf.on_parent_response(0.0, response);
+    leaf.retry_parent();
+    let next = leaf.parent_request(1.0).unwrap();
+    let groups: Vec<(i64, f64)> =
+        profile(&next).expect("a profile").group.iter().map(|g| (g.num_clients, g.wants)).collect();
+    assert_eq!(groups, [(1, 5.0), (2, 190.0)], "by level, equal levels together");
+    assert_eq!((next.resource[0].wants[0].num_clients, next.resource[0].wants[0].wants), (3, 195.0));
 }
 
 /// Held at the root for a leaf: what its lease keeps reserved there.

@@ -17,6 +17,7 @@ struct Case {
     algorithm: String,
     capacity: f64,
     priority_mode: Option<String>,
+    subtree_wants: Option<String>,
     #[serde(default)]
     preload: Vec<Preload>,
     steps: Vec<Step>,
@@ -29,7 +30,8 @@ struct Preload {
     demand: DemandDoc,
 }
 
-/// One band (`wants`, `subclients`, `priority`), or a server's `bands`.
+/// One band (`wants`, `subclients`, `priority`), or a server's `bands` (several with one
+/// priority: the groups of that band's profile).
 #[derive(Deserialize)]
 struct DemandDoc {
     #[serde(default)]
@@ -98,7 +100,7 @@ fn every_algorithm_vector_passes() {
 
 #[test]
 fn every_priority_vector_passes() {
-    run(&load("priorities.yaml", 6));
+    run(&load("priorities.yaml", 8));
 }
 
 /// Reads a vectors file, checking that it still has at least `least` cases.
@@ -123,10 +125,9 @@ fn run(vectors: &Vectors) {
                 kind: kind(&case.algorithm),
                 lease_length: 3_600,
                 refresh_interval: 1,
-                parameters: case
-                    .priority_mode
-                    .iter()
-                    .map(|mode| Parameter { name: "priority_mode".into(), value: Some(mode.clone()) })
+                parameters: [("priority_mode", &case.priority_mode), ("subtree_wants", &case.subtree_wants)]
+                    .into_iter()
+                    .filter_map(|(name, value)| value.clone().map(|v| Parameter { name: name.into(), value: Some(v) }))
                     .collect(),
                 learning_mode_duration: None,
             },

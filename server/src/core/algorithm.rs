@@ -49,6 +49,39 @@ pub struct Parameter {
     pub value: Option<String>,
 }
 
+/// A template parameter that picks one of a few named behaviours; a repository only holds
+/// valid values (`Repository::new` checks them with [`Choice::parse`]).
+pub trait Choice: Copy + Default + PartialEq + 'static {
+    /// The parameter's name.
+    const NAME: &'static str;
+    /// Each value as written, and what it stands for.
+    const VALUES: &'static [(&'static str, Self)];
+
+    fn parse(value: Option<&str>) -> Result<Self, String> {
+        let expected = Self::VALUES.iter().map(|(name, _)| format!("{name:?}")).collect::<Vec<_>>().join(" or ");
+        let found = Self::VALUES.iter().find(|(name, _)| Some(*name) == value).map(|&(_, choice)| choice);
+        found.ok_or_else(|| match value {
+            Some(other) => format!("must be {expected}, got {other:?}"),
+            None => format!("must be {expected}, got no value"),
+        })
+    }
+
+    /// The behaviour `algorithm` names, else the default.
+    fn of(algorithm: &Algorithm) -> Self {
+        algorithm
+            .parameters
+            .iter()
+            .find(|p| p.name == Self::NAME)
+            .and_then(|p| Self::parse(p.value.as_deref()).ok())
+            .unwrap_or_default()
+    }
+
+    /// The value as written.
+    fn name(self) -> &'static str {
+        Self::VALUES.iter().find(|(_, choice)| *choice == self).map_or("", |(name, _)| name)
+    }
+}
+
 /// How a template's resources are shared, and for how long a grant holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Algorithm {

@@ -159,22 +159,11 @@ impl Band {
         if total.wants <= capacity {
             return None;
         }
-        // Walk down to the last demand j (in level order) that is fully satisfied at its own
-        // level, i.e. Σ_{i≤j} wants_i + level_j · Σ_{i>j} subclients_i ≤ capacity. That
-        // quantity only grows along the order, so the walk is a binary search.
-        let mut below = Sums::default();
-        let mut at = self.root;
-        while at != NIL {
-            let node = &self.nodes[at as usize];
-            let through = below.plus(self.sums_of(node.left)).plus(Sums::of(&node.demand));
-            let filled = through.wants + node.demand.level() * (total.subclients - through.subclients);
-            if filled <= capacity {
-                below = through;
-                at = node.right;
-            } else {
-                at = node.left;
-            }
-        }
+        // The demands fully satisfied at their own level: those j with Σ_{i≤j} wants_i +
+        // level_j · Σ_{i>j} subclients_i ≤ capacity, a quantity that only grows along the order.
+        let below = self.prefix_while(|through, demand| {
+            through.wants + demand.level() * (total.subclients - through.subclients) <= capacity
+        });
         let rest = total.subclients - below.subclients;
         // Rounding can make every demand look satisfied; then they all are, to within ulps.
         (rest > 0.0).then(|| (capacity - below.wants) / rest)
@@ -182,18 +171,81 @@ impl Band {
 
     /// Sums over the demands whose level is at most `level`.
     pub fn sums_up_to(&self, level: f64) -> Sums {
+        self.prefix_while(|_, demand| demand.level() <= level)
+    }
+
+    /// The demands in level order as at most `max` groups (≥ 1), each group's sums: what a
+    /// server passes up so that its parent can share by who wants what, not by the total alone
+    /// (`PriorityBandAggregate.profile`). A band of at most `max` demands gives one group per
+    /// level, exactly. A larger one is cut where the running share of the subclients plus that
+    /// of the wants passes a multiple of 2 / `max`, so that neither many modest clients nor a
+    /// few large ones are lumped together; O(`max` · log n) either way, never a walk over all.
+    pub fn groups(&self, max: usize) -> Vec<Sums> {
+        let max = max.max(1);
+        let mut groups: Vec<Sums> = Vec::new();
+        if self.len <= max {
+            let mut last_level = f64::NAN;
+            self.in_order(self.root, &mut |demand| {
+                match groups.last_mut() {
+                    Some(group) if demand.level() == last_level => *group = group.plus(Sums::of(demand)),
+                    _ => groups.push(Sums::of(demand)),
+                }
+                last_level = demand.level();
+            });
+            return groups;
+        }
+        let total = self.sums();
+        let share = |s: &Sums| {
+            let of_wants = if total.wants > 0.0 { s.wants / total.wants } else { 0.0 };
+            s.subclients / total.subclients + of_wants
+        };
+        let mut before = Sums::default();
+        for k in 1..=max {
+            let through = if k == max {
+                total
+            } else {
+                let cut = 2.0 * k as f64 / max as f64;
+                self.prefix_while(|through, _| share(through) <= cut)
+            };
+            // Subclients are whole numbers, so an empty stretch differs by exactly 0.
+            if through.subclients > before.subclients {
+                groups.push(Sums {
+                    wants: (through.wants - before.wants).max(0.0),
+                    subclients: through.subclients - before.subclients,
+                    has: through.has - before.has,
+                });
+                before = through;
+            }
+        }
+        groups
+    }
+
+    /// Sums over the longest prefix (in level order) of demands that `keep` accepts, given the
+    /// sums through each demand and the demand; `keep` must hold for a prefix and fail after, so
+    /// that one walk down finds where.
+    fn prefix_while(&self, keep: impl Fn(&Sums, &Demand) -> bool) -> Sums {
         let mut below = Sums::default();
         let mut at = self.root;
         while at != NIL {
             let node = &self.nodes[at as usize];
-            if node.demand.level() <= level {
-                below = below.plus(self.sums_of(node.left)).plus(Sums::of(&node.demand));
+            let through = below.plus(self.sums_of(node.left)).plus(Sums::of(&node.demand));
+            if keep(&through, &node.demand) {
+                below = through;
                 at = node.right;
             } else {
                 at = node.left;
             }
         }
         below
+    }
+
+    fn in_order(&self, at: NodeId, visit: &mut impl FnMut(&Demand)) {
+        if at != NIL {
+            let node = &self.nodes[at as usize];
+            self.in_order(node.left, visit);
+            visit(&node.demand);
+            self.in_order(node.right, visit);
+        }
     }
 
     /// The longest path from the root, for tests of the balance.
@@ -336,6 +388,40 @@ mod tests {
         assert_eq!(band.water_level(100.0), Some(29.0));
         assert_eq!(band.water_level(101.0), Some(30.0));
         assert_eq!(band.water_level(121.0), None, "everyone fits");
+    }
+
+    #[test]
+    fn a_small_band_is_profiled_exactly_one_group_per_level() {
+        let mut band = Band::default();
+        for (w, s) in [(20.0, 1.0), (5.0, 1.0), (10.0, 2.0), (20.0, 1.0), (50.0, 1.0)] {
+            band.insert(demand(w, s));
+        }
+        let groups: Vec<(f64, f64)> = band.groups(8).iter().map(|g| (g.subclients, g.wants)).collect();
+        // Levels 5, 5 (10 over 2), 20, 20, 50: equal levels share a group.
+        assert_eq!(groups, [(3.0, 15.0), (2.0, 40.0), (1.0, 50.0)]);
+        assert_eq!(band.groups(1).iter().map(|g| (g.subclients, g.wants)).collect::<Vec<_>>(), [(6.0, 105.0)]);
+    }
+
+    #[test]
+    fn a_large_band_is_profiled_in_bounded_groups_that_keep_large_demands_apart() {
+        let mut band = Band::default();
+        // 10,000 clients wanting 1 to 10 each, and ten wanting 1,000 each.
+        for i in 0..10_000 {
+            band.insert(demand(1.0 + f64::from(i % 10), 1.0));
+        }
+        for _ in 0..10 {
+            band.insert(demand(1_000.0, 1.0));
+        }
+        let groups = band.groups(32);
+        assert!(groups.len() <= 32, "{} groups", groups.len());
+        let sum = groups.iter().fold(Sums::default(), |a, g| a.plus(*g));
+        assert_eq!(sum.subclients, 10_010.0);
+        assert!((sum.wants - band.sums().wants).abs() < 1e-6);
+        // Half the wants are the ten large clients': they get groups of their own rather than
+        // being averaged into many modest ones.
+        let large: Vec<&Sums> = groups.iter().filter(|g| g.wants / g.subclients > 100.0).collect();
+        assert!(large.iter().map(|g| g.subclients).sum::<f64>() <= 10.0 + 1e-9, "{groups:?}");
+        assert!(large.iter().all(|g| g.wants / g.subclients == 1_000.0), "{groups:?}");
     }
 
     #[test]

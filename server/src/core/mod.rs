@@ -22,11 +22,11 @@ pub mod schedule;
 pub mod store;
 pub mod template;
 
-pub use algorithm::{Algorithm, Kind, Parameter};
+pub use algorithm::{Algorithm, Choice, Kind, Parameter};
 pub use band::{Band, Demand, Sums};
 pub use ledger::Ledger;
 pub use parent::{Answer, Parent};
-pub use priority::{Bands, PriorityMode, Wants};
+pub use priority::{Bands, PriorityMode, SubtreeWants, Wants};
 pub use resource::{Claim, Grant, ParentLease, Resource, Supply};
 pub use schedule::{Round, Schedule};
 pub use store::{Holds, LeaseStore, LeaseView, UnixSeconds};

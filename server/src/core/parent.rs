@@ -4,17 +4,20 @@
 
 use hashbrown::HashMap;
 use sluice_proto::{
-    self as proto, GetServerCapacityRequest, GetServerCapacityResponse, PriorityBandAggregate,
-    ServerCapacityResourceRequest,
+    self as proto, ClientGroup, GetServerCapacityRequest, GetServerCapacityResponse, PriorityBandAggregate,
+    ServerCapacityResourceRequest, WantsProfile,
 };
 
 use super::{
-    algorithm::{Algorithm, Kind, Parameter},
+    algorithm::{Algorithm, Choice, Kind, Parameter},
+    priority::SubtreeWants,
     resource::{ParentLease, Reported, Resource},
     schedule::Schedule,
     store::UnixSeconds,
 };
-use crate::defaults::{MAX_AMOUNT, MAX_SUBCLIENTS, MAX_TEMPLATE_SECONDS, REFRESH_DECAY, REPORT_CHANGE};
+use crate::defaults::{
+    MAX_AMOUNT, MAX_PROFILE_GROUPS, MAX_SUBCLIENTS, MAX_TEMPLATE_SECONDS, REFRESH_DECAY, REPORT_CHANGE,
+};
 
 /// How a response was taken.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,7 +68,7 @@ impl Parent {
     }
 
     /// One request for `resources` (those with clients, and those with a lease to give back), each with what this server holds and
-    /// its clients' wants summed per band; `None` if one is in flight or there is nothing to
+    /// its clients' wants per band; `None` if one is in flight or there is nothing to
     /// ask for. What it holds is its valid lease, or what its clients actually hold when that
     /// is more (its capacity was cut and they have not all refreshed yet, or it handed out
     /// safe capacity without a lease), so that the parent keeps that much reserved meanwhile.
@@ -159,22 +162,32 @@ impl Parent {
     }
 }
 
-/// A resource's wants summed per band: one aggregate per priority, as Doorman sends them —
-/// within what a parent accepts (`validate`) however many clients add up here: the bands'
-/// total wants at most [`MAX_AMOUNT`] (scaled down together, keeping their proportions).
+/// A resource's wants per band: one aggregate per priority, as Doorman sends them — with its
+/// profile under `subtree_wants: profile` when it has more than one group
+/// ([`Band::groups`](super::Band::groups)) — within what a parent accepts (`validate`) however
+/// many clients add up here: the bands' total wants at most [`MAX_AMOUNT`] (scaled down
+/// together, keeping their proportions).
 fn aggregates(r: &Resource) -> Vec<PriorityBandAggregate> {
     let total = r.bands().sums().wants;
     let scale = if total > MAX_AMOUNT { MAX_AMOUNT / total } else { 1.0 };
+    let groups = if SubtreeWants::of(r.algorithm()) == SubtreeWants::Profile { MAX_PROFILE_GROUPS } else { 1 };
     r.bands()
         .iter()
         .map(|(priority, band)| {
-            let sums = band.sums();
-            PriorityBandAggregate {
-                priority,
-                // Subclients are whole clients; rounding only undoes float sums.
-                num_clients: (sums.subclients.round() as i64).clamp(1, MAX_SUBCLIENTS),
-                wants: (sums.wants * scale).min(MAX_AMOUNT),
-            }
+            let group: Vec<ClientGroup> = band
+                .groups(groups)
+                .into_iter()
+                .map(|g| ClientGroup {
+                    // Subclients are whole clients; rounding only undoes float sums.
+                    num_clients: (g.subclients.round() as i64).clamp(1, MAX_SUBCLIENTS),
+                    wants: (g.wants * scale).min(MAX_AMOUNT),
+                })
+                .collect();
+            let num_clients = group.iter().map(|g| g.num_clients).fold(0, i64::saturating_add);
+            // Summed from the groups, so that the parent finds they add up.
+            let wants = group.iter().map(|g| g.wants).sum::<f64>().min(MAX_AMOUNT);
+            let profile = (group.len() > 1 && num_clients <= MAX_SUBCLIENTS).then_some(WantsProfile { group });
+            PriorityBandAggregate { priority, num_clients: num_clients.min(MAX_SUBCLIENTS), wants, profile }
         })
         .collect()
 }

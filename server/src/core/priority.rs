@@ -3,19 +3,18 @@
 //!
 //! Sharing is always strict over the bands present; `priority_mode: ignore` (Doorman's
 //! behaviour) simply files every demand in one band, so one code path serves both modes. A
-//! child server's claim may span several bands, one per priority of its clients.
+//! child server's claim may span several bands, one per priority of its clients, and, under
+//! `subtree_wants: profile`, hold several demands in one band: groups of its clients that want
+//! about as much each, so that the water level cuts each group where it would cut its clients.
 
 use std::{collections::BTreeMap, ops::Bound};
 
 use super::{
-    algorithm::{self, Algorithm, Kind},
+    algorithm::{self, Choice, Kind},
     band::{Band, Demand, Sums},
 };
 
-/// The template parameter that chooses the mode.
-pub const PRIORITY_MODE: &str = "priority_mode";
-
-/// How a resource treats its clients' priorities.
+/// How a resource treats its clients' priorities (the template parameter `priority_mode`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PriorityMode {
     /// Higher priorities are served in full before lower ones get anything. The default: a
@@ -27,44 +26,53 @@ pub enum PriorityMode {
     Ignore,
 }
 
-impl PriorityMode {
-    pub fn parse(value: Option<&str>) -> Result<PriorityMode, String> {
-        match value {
-            Some("strict") => Ok(PriorityMode::Strict),
-            Some("ignore") => Ok(PriorityMode::Ignore),
-            Some(other) => Err(format!("must be \"strict\" or \"ignore\", got {other:?}")),
-            None => Err("must be \"strict\" or \"ignore\", got no value".to_owned()),
-        }
-    }
-
-    /// The mode an algorithm's parameters name; a repository only holds valid values.
-    pub fn of(algorithm: &Algorithm) -> PriorityMode {
-        algorithm
-            .parameters
-            .iter()
-            .find(|p| p.name == PRIORITY_MODE)
-            .and_then(|p| PriorityMode::parse(p.value.as_deref()).ok())
-            .unwrap_or_default()
-    }
+impl Choice for PriorityMode {
+    const NAME: &'static str = "priority_mode";
+    const VALUES: &'static [(&'static str, Self)] = &[("strict", Self::Strict), ("ignore", Self::Ignore)];
 }
 
-/// What a client wants in one priority band.
+/// What a client, or one group of a child server's clients, wants in one priority band.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Wants {
     /// Higher is more important.
     pub priority: i64,
     /// Finite and ≥ 0.
     pub wants: f64,
-    /// The weight: 1 for an end client, the number of clients behind a server; > 0.
+    /// The weight: 1 for an end client, the number of clients in a server's group; > 0.
     pub subclients: f64,
 }
 
-/// Files a claim's wants under `mode`: one entry per priority, most important first.
-pub fn file(mode: PriorityMode, wants: &[Wants]) -> smallvec::SmallVec<[Wants; 1]> {
+/// How a parent counts a child server's demand in a band (the template parameter
+/// `subtree_wants`; the parent's algorithm, and so the setting, holds for the whole tree).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SubtreeWants {
+    /// Doorman's: as its number of clients wanting its band's total. A child's clients then
+    /// share a level of their own: where some want little, the others get more than the level
+    /// elsewhere in the tree. Each child's share moves only when its total does, so capacity
+    /// rarely has to cross the tree.
+    #[default]
+    Sum,
+    /// By its profile (`PriorityBandAggregate.profile`, which children then send): max-min
+    /// fairness over every end client of the tree, to within the profile's groups. Every change
+    /// of a modest client's wants then moves capacity between subtrees, and a pull protocol
+    /// leaves capacity in transit meanwhile: the README's simulation section measures the cost.
+    Profile,
+}
+
+impl Choice for SubtreeWants {
+    const NAME: &'static str = "subtree_wants";
+    const VALUES: &'static [(&'static str, Self)] = &[("sum", Self::Sum), ("profile", Self::Profile)];
+}
+
+/// Files a claim's wants: one demand per entry, most important first. Under `priority_mode:
+/// ignore` every entry goes to band 0. Entries that land in one band are summed into one
+/// demand, as Doorman counts them — except a child's groups under `subtree_wants: profile`,
+/// each cut at the water level on its own.
+pub fn file(mode: PriorityMode, subtree: SubtreeWants, wants: &[Wants]) -> smallvec::SmallVec<[Wants; 1]> {
     let mut filed = smallvec::SmallVec::<[Wants; 1]>::new();
     for w in wants {
         let priority = if mode == PriorityMode::Ignore { 0 } else { w.priority };
-        match filed.iter_mut().find(|f| f.priority == priority) {
+        match filed.iter_mut().find(|f| f.priority == priority).filter(|_| subtree == SubtreeWants::Sum) {
             Some(f) => {
                 f.wants += w.wants;
                 f.subclients += w.subclients;
@@ -130,7 +138,7 @@ impl Bands {
     }
 
     /// The algorithm's target for a client whose demands (`mine`, already in the bands) may
-    /// span several bands: in each band, its share of what the bands above leave.
+    /// span several bands and groups: for each, its share of what the bands above leave.
     pub fn target(&self, kind: Kind, capacity: f64, mine: &[(i64, Demand)]) -> f64 {
         let wants: f64 = mine.iter().map(|(_, d)| d.wants).sum();
         match kind {

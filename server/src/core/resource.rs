@@ -6,9 +6,9 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::{
-    algorithm::{Algorithm, Kind},
+    algorithm::{Algorithm, Choice, Kind},
     band::Demand,
-    priority::{self, Bands, PriorityMode, Wants},
+    priority::{self, Bands, PriorityMode, SubtreeWants, Wants},
     store::{Holds, LeaseStore, UnixSeconds},
     template::Template,
 };
@@ -71,6 +71,7 @@ struct Terms {
     capacity: f64,
     kind: Kind,
     mode: PriorityMode,
+    subtree: SubtreeWants,
     expiry: UnixSeconds,
     refresh_interval: i64,
 }
@@ -187,13 +188,14 @@ impl Resource {
 
     fn terms(&self, now: UnixSeconds) -> Option<Terms> {
         let algorithm = self.algorithm();
-        let (kind, mode) = (algorithm.kind, PriorityMode::of(algorithm));
+        let (kind, mode, subtree) = (algorithm.kind, PriorityMode::of(algorithm), SubtreeWants::of(algorithm));
         let own_expiry = now.saturating_add(algorithm.lease_length);
         match &self.supply {
             Supply::Template => Some(Terms {
                 capacity: self.template.capacity,
                 kind,
                 mode,
+                subtree,
                 expiry: own_expiry,
                 refresh_interval: algorithm.refresh_interval,
             }),
@@ -201,6 +203,7 @@ impl Resource {
                 capacity: lease.capacity,
                 kind,
                 mode,
+                subtree,
                 // A client's lease never outlives this server's own.
                 expiry: own_expiry.min(lease.expiry),
                 // One level further from the root, clients refresh twice as often, so that the
@@ -216,10 +219,10 @@ impl Resource {
     /// intermediate server without a valid lease from its parent hands out safe capacity.
     pub fn claim(&mut self, client: &str, claim: &Claim, now: UnixSeconds, learning: bool) -> Grant {
         let reported = claim.has.unwrap_or(0.0);
-        let Some(Terms { capacity, kind, mode, expiry, refresh_interval }) = self.terms(now) else {
+        let Some(Terms { capacity, kind, mode, subtree, expiry, refresh_interval }) = self.terms(now) else {
             return self.claim_safe(client, claim, now, learning.then_some(reported));
         };
-        let filed = priority::file(mode, &claim.wants);
+        let filed = priority::file(mode, subtree, &claim.wants);
         let mut due = 0.0;
         let capacity = self.leases.claim(client, &filed, claim.holds, now, expiry, |bands, mine, others| {
             let wants: f64 = mine.iter().map(|(_, d)| d.wants).sum();
@@ -248,7 +251,7 @@ impl Resource {
         let safe_capacity = self.safe_capacity(now);
         let algorithm = &self.template.algorithm;
         let expiry = now.saturating_add(algorithm.lease_length);
-        let filed = priority::file(PriorityMode::of(algorithm), &claim.wants);
+        let filed = priority::file(PriorityMode::of(algorithm), SubtreeWants::of(algorithm), &claim.wants);
         let capacity = self.leases.claim(client, &filed, claim.holds, now, expiry, |_, mine, _| {
             let (wants, subclients) = mine.iter().fold((0.0, 0.0), |(w, s), (_, d)| (w + d.wants, s + d.subclients));
             match learned {

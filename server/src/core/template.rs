@@ -7,7 +7,8 @@ use globset::{GlobBuilder, GlobMatcher};
 
 use super::{
     algorithm::Algorithm,
-    priority::{PRIORITY_MODE, PriorityMode},
+    algorithm::Choice,
+    priority::{PriorityMode, SubtreeWants},
 };
 use crate::defaults::MAX_TEMPLATE_SECONDS;
 
@@ -90,17 +91,21 @@ impl Repository {
                     format!("must be at most {MAX_TEMPLATE_SECONDS} s (a year), got {value}"),
                 ));
             }
-            // `priority_mode` is the one parameter: a misspelt or repeated one would silently
-            // leave the default in force.
+            // A misspelt or repeated parameter would silently leave the default in force.
+            let known: [(&str, fn(Option<&str>) -> Result<(), String>); 2] = [
+                (PriorityMode::NAME, |v| PriorityMode::parse(v).map(drop)),
+                (SubtreeWants::NAME, |v| SubtreeWants::parse(v).map(drop)),
+            ];
             for (j, p) in a.parameters.iter().enumerate() {
                 let field = format!("algorithm.parameters[{j}]");
-                if p.name != PRIORITY_MODE {
-                    return Err(fail(&field, format!("unknown parameter {:?} (known: {PRIORITY_MODE})", p.name)));
-                }
+                let Some((_, check)) = known.iter().find(|(name, _)| *name == p.name) else {
+                    let names = known.map(|(name, _)| name).join(", ");
+                    return Err(fail(&field, format!("unknown parameter {:?} (known: {names})", p.name)));
+                };
                 if a.parameters[..j].iter().any(|q| q.name == p.name) {
-                    return Err(fail(&field, format!("{PRIORITY_MODE} is given twice")));
+                    return Err(fail(&field, format!("{} is given twice", p.name)));
                 }
-                PriorityMode::parse(p.value.as_deref()).map_err(|why| fail(&format!("{field}.value"), why))?;
+                check(p.value.as_deref()).map_err(|why| fail(&format!("{field}.value"), why))?;
             }
             let glob = GlobBuilder::new(&t.identifier_glob)
                 .literal_separator(false)
@@ -232,7 +237,7 @@ mod tests {
         };
         assert_eq!(
             parameters(&[("priorty_mode", Some("ignore"))]),
-            "resources[0] (\"*\"): algorithm.parameters[0]: unknown parameter \"priorty_mode\" (known: priority_mode)"
+            "resources[0] (\"*\"): algorithm.parameters[0]: unknown parameter \"priorty_mode\" (known: priority_mode, subtree_wants)"
         );
         assert_eq!(
             parameters(&[("priority_mode", Some("ignore")), ("priority_mode", Some("strict"))]),
