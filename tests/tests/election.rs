@@ -105,7 +105,7 @@ async fn one_master_and_followers_redirect_to_it() {
             resource: vec![ServerCapacityResourceRequest {
                 resource_id: "db".into(),
                 has: None,
-                wants: vec![PriorityBandAggregate { priority: 0, num_clients: 1, wants: 10.0 }],
+                wants: vec![PriorityBandAggregate { priority: 0, num_clients: 1, wants: 10.0, profile: None }],
             }],
         })
         .await

@@ -234,7 +234,7 @@ async fn bad_requests_get_invalid_argument_and_change_nothing() {
         resource: vec![ServerCapacityResourceRequest {
             resource_id: "db".into(),
             has: None,
-            wants: vec![PriorityBandAggregate { priority: 1, num_clients, wants: 10.0 }],
+            wants: vec![PriorityBandAggregate { priority: 1, num_clients, wants: 10.0, profile: None }],
         }],
     };
     for num_clients in [0, -3] {
@@ -288,8 +288,8 @@ async fn a_lower_level_server_gets_capacity_for_its_bands() {
                 resource_id: "db".into(),
                 has: None,
                 wants: vec![
-                    PriorityBandAggregate { priority: 0, num_clients: 3, wants: 30.0 },
-                    PriorityBandAggregate { priority: 1, num_clients: 2, wants: 20.0 },
+                    PriorityBandAggregate { priority: 0, num_clients: 3, wants: 30.0, profile: None },
+                    PriorityBandAggregate { priority: 1, num_clients: 2, wants: 20.0, profile: None },
                 ],
             }],
         })

@@ -46,6 +46,9 @@ pub struct Repository {
     exact: HashMap<String, usize>,
 }
 
+/// Checks a template parameter's value: `Err` says what is wrong.
+type CheckValue = fn(Option<&str>) -> Result<(), String>;
+
 impl Repository {
     /// Validates the templates (SPEC §3.1) and builds the lookup.
     pub fn new(templates: Vec<Template>) -> Result<Repository, TemplateError> {
@@ -92,7 +95,7 @@ impl Repository {
                 ));
             }
             // A misspelt or repeated parameter would silently leave the default in force.
-            let known: [(&str, fn(Option<&str>) -> Result<(), String>); 2] = [
+            let known: [(&str, CheckValue); 2] = [
                 (PriorityMode::NAME, |v| PriorityMode::parse(v).map(drop)),
                 (SubtreeWants::NAME, |v| SubtreeWants::parse(v).map(drop)),
             ];
