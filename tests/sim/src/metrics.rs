@@ -27,7 +27,7 @@
 //!   without it, clients below the fair level would count as favoured by the headroom alone.
 //!   Beside it, the same index for the split a tree would make with perfect knowledge
 //!   ([`fairness::tree_split`]): how fair a tree can be at all when each server sees only its
-//!   children's Σ wants;
+//!   children's Σ wants (`subtree_wants: sum`; under `profile` the fair split is the ideal);
 //! - server RPCs per second: all servers, and the root alone.
 
 use sluice_sidecar::core::HEADROOM;
@@ -59,7 +59,8 @@ pub struct Sample {
     pub admitted: f64,
     /// Jain's index against the fair split, after the first learning mode.
     pub jain: Option<f64>,
-    /// Jain's index of the ideal tree split against the fair split (1 for a lone root).
+    /// Jain's index of the ideal tree split against the fair split (1 for a lone root; `None`
+    /// for a tree that passes up profiles).
     pub tree_jain: Option<f64>,
     /// Jain's index of the clients' `has` against the ideal tree split.
     pub jain_vs_tree: Option<f64>,
@@ -93,16 +94,19 @@ pub struct ClientState {
     pub has: f64,
 }
 
-/// Jain's index of the clients' `has` against the fair split of `capacity`, and that of the
-/// ideal split of a tree (`parents`, see [`fairness::tree_split`]).
+/// Jain's index of the clients' `has` against the fair split of `capacity`; and, for a tree
+/// whose servers pass up sums (`parents`: `Some`, see [`fairness::tree_split`]), that of its
+/// ideal split and of `has` against it. A tree that passes up profiles has the fair split as
+/// its ideal.
 pub fn jain(
     capacity: f64,
-    parents: &[Option<usize>],
+    parents: Option<&[Option<usize>]>,
     clients: &[ClientState],
 ) -> (Option<f64>, Option<f64>, Option<f64>) {
     let demands: Vec<f64> = clients.iter().map(|c| c.demand * HEADROOM).collect();
     let grants: Vec<f64> = clients.iter().map(|c| c.has).collect();
     let fair = fairness::max_min(&demands, capacity);
+    let Some(parents) = parents else { return (fairness::jain(&grants, &fair), None, None) };
     let placed: Vec<(usize, f64)> = clients.iter().zip(&demands).map(|(c, &d)| (c.server, d)).collect();
     let tree = fairness::tree_split(capacity, parents, &placed);
     (fairness::jain(&grants, &fair), fairness::jain(&tree, &fair), fairness::jain(&grants, &tree))

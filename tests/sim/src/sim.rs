@@ -6,7 +6,10 @@
 //! resource, as `wake_parent_if_due` wakes the binary's parent task). Every message crosses the
 //! simulated network, and a loss window at either end loses it.
 
-use sluice_server::defaults::{CAPACITY_RPC_TIMEOUT, MIN_REFRESH_INTERVAL, REFRESH_DECAY, SWEEP_INTERVAL};
+use sluice_server::{
+    core::{Choice, SubtreeWants},
+    defaults::{CAPACITY_RPC_TIMEOUT, MIN_REFRESH_INTERVAL, REFRESH_DECAY, SWEEP_INTERVAL},
+};
 use sluice_sidecar::defaults::LEASE_CHECK_INTERVAL;
 
 use crate::{
@@ -94,6 +97,8 @@ struct Simulation {
     clients: Vec<Client>,
     resource: String,
     capacity: f64,
+    /// The servers pass up one Σ wants per band (`subtree_wants: sum`), not profiles.
+    sums_up: bool,
     learning_end: Time,
     sample_every: Time,
     samples: Vec<Sample>,
@@ -121,6 +126,7 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, String> {
         clients: Vec::with_capacity(scenario.client_count()),
         resource: scenario.resource.clone(),
         capacity: template.capacity,
+        sums_up: SubtreeWants::of(&template.algorithm) == SubtreeWants::Sum,
         learning_end: template.algorithm.learning_seconds() as Time,
         sample_every: scenario.sample_every,
         samples: Vec::new(),
@@ -422,7 +428,7 @@ impl Simulation {
         let elapsed = self.samples.last().map_or(0.0, |s| now - s.t);
         let (jain, tree_jain, jain_vs_tree) = if now >= self.learning_end {
             let parents: Vec<Option<ServerId>> = self.servers.iter().map(|s| s.parent).collect();
-            metrics::jain(self.capacity, &parents, &states)
+            metrics::jain(self.capacity, self.sums_up.then_some(&parents), &states)
         } else {
             (None, None, None)
         };
