@@ -44,12 +44,7 @@ pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<Resourc
             let mut priorities = HashSet::with_capacity(r.wants.len());
             for (j, band) in r.wants.iter().enumerate() {
                 amount(&format!("resource[{i}].wants[{j}].wants"), band.wants)?;
-                if !(1..=MAX_SUBCLIENTS).contains(&band.num_clients) {
-                    return Err(invalid(format!(
-                        "resource[{i}].wants[{j}].num_clients: must be 1 to {MAX_SUBCLIENTS}, got {}",
-                        band.num_clients
-                    )));
-                }
+                clients(&format!("resource[{i}].wants[{j}].num_clients"), band.num_clients)?;
                 if !priorities.insert(band.priority) {
                     return Err(invalid(format!(
                         "resource[{i}].wants[{j}].priority: band {} appears twice",
@@ -89,12 +84,7 @@ fn groups(field: &str, band: &PriorityBandAggregate, into: &mut SmallVec<[Wants;
     let (mut num_clients, mut sum) = (0i64, 0.0);
     for (k, group) in profile.group.iter().enumerate() {
         amount(&format!("{field}.group[{k}].wants"), group.wants)?;
-        if !(1..=MAX_SUBCLIENTS).contains(&group.num_clients) {
-            return Err(invalid(format!(
-                "{field}.group[{k}].num_clients: must be 1 to {MAX_SUBCLIENTS}, got {}",
-                group.num_clients
-            )));
-        }
+        clients(&format!("{field}.group[{k}].num_clients"), group.num_clients)?;
         num_clients = num_clients.saturating_add(group.num_clients);
         sum += group.wants;
     }
@@ -180,6 +170,13 @@ fn amount(field: &str, value: f64) -> Result<(), Status> {
         Ok(())
     } else {
         Err(invalid(format!("{field}: must be 0 to {MAX_AMOUNT:e}, got {value}")))
+    }
+}
+
+fn clients(field: &str, value: i64) -> Result<(), Status> {
+    match (1..=MAX_SUBCLIENTS).contains(&value) {
+        true => Ok(()),
+        false => Err(invalid(format!("{field}: must be 1 to {MAX_SUBCLIENTS}, got {value}"))),
     }
 }
 
