@@ -102,37 +102,44 @@ impl Algorithm {
     }
 }
 
-/// What `me`, whose demand is already in `band`, should get from `capacity`.
-pub fn target(kind: Kind, capacity: f64, band: &Band, me: &Demand) -> f64 {
+/// What one client's demands in `band` (`mine`, already in it: one, or the groups of a child
+/// server's profile) should get together from `capacity`. The band's water level and sums are
+/// taken once, however many groups.
+pub fn target<'a>(kind: Kind, capacity: f64, band: &Band, mine: impl IntoIterator<Item = &'a Demand>) -> f64 {
+    let mine = mine.into_iter();
     match kind {
-        Kind::NoAlgorithm => me.wants,
-        Kind::Static => me.wants.min(capacity),
-        Kind::ProportionalShare => proportional_share(capacity, band, me),
-        Kind::FairShare => match band.water_level(capacity) {
-            Some(level) => me.wants.min(level * me.subclients),
-            None => me.wants,
-        },
+        Kind::NoAlgorithm => mine.map(|d| d.wants).sum(),
+        Kind::Static => mine.map(|d| d.wants).sum::<f64>().min(capacity),
+        Kind::ProportionalShare => mine.map(proportional_share(capacity, band)).sum(),
+        Kind::FairShare => {
+            let level = band.water_level(capacity);
+            mine.map(|d| level.map_or(d.wants, |level| d.wants.min(level * d.subclients))).sum()
+        }
     }
 }
 
-fn proportional_share(capacity: f64, band: &Band, me: &Demand) -> f64 {
+/// PROPORTIONAL_SHARE's target for one demand in `band`, given `capacity`.
+fn proportional_share(capacity: f64, band: &Band) -> impl Fn(&Demand) -> f64 {
     let total = band.sums();
-    if total.wants <= capacity {
-        return me.wants;
-    }
     let equal = capacity / total.subclients;
-    let entitled = equal * me.subclients;
-    if me.wants <= entitled {
-        return me.wants;
+    let (spare, excess) = if total.wants <= capacity {
+        (0.0, 0.0)
+    } else {
+        let below = band.sums_up_to(equal);
+        // What the clients under their equal share leave unused...
+        let spare = (equal * below.subclients - below.wants).max(0.0);
+        // ...goes to the clients over it, in proportion to their excess. The excess of all
+        // clients over their shares is the spare plus the total overload, positive here.
+        (spare, spare + (total.wants - capacity))
+    };
+    move |me: &Demand| {
+        let entitled = equal * me.subclients;
+        if excess == 0.0 || me.wants <= entitled {
+            return me.wants;
+        }
+        // The ratio first: it is at most 1, so the product stays finite for any finite wants.
+        entitled + (me.wants - entitled) * (spare / excess)
     }
-    let below = band.sums_up_to(equal);
-    // What the clients under their equal share leave unused...
-    let spare = (equal * below.subclients - below.wants).max(0.0);
-    // ...goes to the clients over it, in proportion to their excess. The excess of all clients
-    // over their shares is the spare plus the total overload, which is positive here.
-    let excess = spare + (total.wants - capacity);
-    // The ratio first: it is at most 1, so the product stays finite for any finite wants.
-    entitled + (me.wants - entitled) * (spare / excess)
 }
 
 #[cfg(test)]
@@ -148,11 +155,11 @@ mod tests {
         let huge = Demand { wants: 1e308, subclients: 1.0, has: 0.0 };
         band.insert(huge);
         // e = 25; the client wanting 10 leaves 15, shared by excess: nearly all to the huge one.
-        let target = target(Kind::ProportionalShare, 100.0, &band, &huge);
+        let target = target(Kind::ProportionalShare, 100.0, &band, [&huge]);
         assert!((target - 40.0).abs() < 1e-9, "{target}");
         // Even when Σ wants overflows, the target stays finite and within the capacity.
         band.insert(huge);
-        let target = super::target(Kind::ProportionalShare, 100.0, &band, &huge);
+        let target = super::target(Kind::ProportionalShare, 100.0, &band, [&huge]);
         assert!(target.is_finite() && target <= 100.0, "{target}");
     }
 }

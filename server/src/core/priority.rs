@@ -145,11 +145,14 @@ impl Bands {
             // Neither divides one capacity, so there is nothing for priorities to order.
             Kind::NoAlgorithm => wants,
             Kind::Static => wants.min(capacity),
+            // Filed most important first, so each band's demands (a profile's groups) are
+            // together: one share of what the bands above leave per band.
             Kind::ProportionalShare | Kind::FairShare => mine
-                .iter()
-                .map(|(priority, demand)| {
-                    let band = self.get(*priority).expect("a claim's demands are in their bands");
-                    algorithm::target(kind, self.capacity_below(*priority, capacity), band, demand)
+                .chunk_by(|a, b| a.0 == b.0)
+                .map(|run| {
+                    let priority = run[0].0;
+                    let band = self.get(priority).expect("a claim's demands are in their bands");
+                    algorithm::target(kind, self.capacity_below(priority, capacity), band, run.iter().map(|(_, d)| d))
                 })
                 .sum(),
         }
