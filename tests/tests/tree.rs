@@ -13,20 +13,21 @@ use sluice_proto::{
 use sluice_tests::harness::Server;
 use tonic::{Code, transport::Channel};
 
-fn config(capacity: f64, refresh: i64) -> String {
+/// One catch-all template; `parameters`: its algorithm's, in YAML flow form.
+fn config(capacity: f64, refresh: i64, parameters: &str) -> String {
     format!(
-        "resources:\n  - identifier_glob: \"*\"\n    capacity: {capacity}\n    algorithm: {{kind: FAIR_SHARE, lease_length: 30, refresh_interval: {refresh}, learning_mode_duration: 0}}\n"
+        "resources:\n  - identifier_glob: \"*\"\n    capacity: {capacity}\n    algorithm: {{kind: FAIR_SHARE, lease_length: 30, refresh_interval: {refresh}, learning_mode_duration: 0, parameters: [{parameters}]}}\n"
     )
 }
 
 fn root(capacity: f64) -> Server {
-    Server::builder().config(&config(capacity, 2)).start()
+    Server::builder().config(&config(capacity, 2, "")).start()
 }
 
 /// An intermediate server under `parent`. Its own template's capacity is 0: whatever it hands
 /// out must come from the parent.
 fn child(parent: &Server) -> Server {
-    Server::builder().config(&config(0.0, 2)).arg("--parent").arg(parent.grpc.to_string()).start()
+    Server::builder().config(&config(0.0, 2, "")).arg("--parent").arg(parent.grpc.to_string()).start()
 }
 
 /// A Doorman client of one resource "r": remembers its lease and reports it as `has`.
@@ -131,6 +132,28 @@ async fn strict_priority_serves_high_clients_first_through_two_levels() {
     let held = run(&mut clients, 100.0, 10).await;
     assert!((held["a-high"] - 50.0).abs() <= 0.5 && (held["b-high"] - 50.0).abs() <= 0.5, "{held:?}");
     assert!(held["b-low-1"] + held["b-low-2"] < 1e-6, "{held:?}");
+}
+
+#[tokio::test]
+async fn with_subtree_wants_profile_the_tree_shares_max_min_over_its_end_clients() {
+    // Leaf a's clients want 5 and 95, leaf b's one client 95: max-min over the three is 5, 47.5,
+    // 47.5. Counted by sums, a would stand for two clients wanting 100 and get 66.7 (61.7 of
+    // it to its large client), b 33.3.
+    let root = Server::builder().config(&config(100.0, 2, "{name: subtree_wants, value: profile}")).start();
+    let (a, b) = (child(&root), child(&root));
+    let mut clients = vec![
+        Client::new("a-small", &a, 0, 5.0).await,
+        Client::new("a-large", &a, 0, 95.0).await,
+        Client::new("b", &b, 0, 95.0).await,
+    ];
+    let held = run(&mut clients, 100.0, 12).await;
+    assert!((held["a-small"] - 5.0).abs() < 1e-6, "{held:?}");
+    for large in ["a-large", "b"] {
+        assert!((held[large] - 47.5).abs() <= 0.5, "{large}: max-min gives 47.5: {held:?}");
+    }
+    let (_, status) = a.get("/debug/status.json");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["resources"][0]["subtree_wants"], "profile", "the root's setting travels down");
 }
 
 #[tokio::test]
