@@ -326,6 +326,35 @@ fn reserved_for(root: &Ledger, leaf: &str) -> f64 {
 }
 
 #[test]
+fn a_cut_lease_cuts_each_client_to_its_due_and_the_parent_reserves_the_rest_until_it_is_given_back() {
+    let mut root = root(100.0);
+    let mut leaf = intermediate("leaf");
+    ask(&mut leaf, 0, "a", 0, 50.0);
+    ask(&mut leaf, 0, "b", 0, 50.0);
+    refresh(&mut leaf, &mut root, 0);
+    assert_eq!((ask(&mut leaf, 1, "a", 0, 50.0).0, ask(&mut leaf, 1, "b", 0, 50.0).0), (50.0, 50.0));
+    // Another leaf's two clients come: their fair half is still held by the first leaf's.
+    let mut other = intermediate("other");
+    ask(&mut other, 2, "c", 0, 50.0);
+    ask(&mut other, 2, "d", 0, 50.0);
+    assert_eq!(refresh(&mut other, &mut root, 2).response[0].gets.capacity, 0.0);
+    // The first leaf's lease is cut to 50; the root keeps reserving the 100 its clients hold.
+    assert_eq!(refresh(&mut leaf, &mut root, 3).response[0].gets.capacity, 50.0);
+    assert_eq!(reserved_for(&root, "leaf"), 100.0);
+    // Each client is cut to its due (25) as it asks — the first is not squeezed to 0 to make
+    // room that b still holds — so the leaf holds more than its lease until b has asked too.
+    assert_eq!(ask(&mut leaf, 4, "a", 0, 50.0).0, 25.0);
+    assert_eq!(granted_to_children(&leaf), 75.0);
+    assert_eq!(ask(&mut leaf, 5, "b", 0, 50.0).0, 25.0);
+    assert_eq!(granted_to_children(&leaf), 50.0);
+    // Given back at the leaf's next report, and only then the other leaf's.
+    assert_eq!(refresh(&mut other, &mut root, 5).response[0].gets.capacity, 0.0, "still reserved for the leaf");
+    refresh(&mut leaf, &mut root, 6);
+    assert_eq!(reserved_for(&root, "leaf"), 50.0);
+    assert_eq!(refresh(&mut other, &mut root, 7).response[0].gets.capacity, 50.0);
+}
+
+#[test]
 fn a_new_intermediate_master_keeps_its_lease_at_the_parent_while_it_learns() {
     let mut root = root(100.0);
     let mut leaf = intermediate("leaf");

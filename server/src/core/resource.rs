@@ -215,7 +215,7 @@ impl Resource {
 
     /// Grants `client` its share (SPEC §3.2–3.4, §3.7): the algorithm's target band by band —
     /// or in learning mode what the client reports holding — capped by its wants and, for the
-    /// algorithms that share one capacity, by what the other leases leave free. An
+    /// algorithms that share one capacity, by what the other leases leave free ([`room`]). An
     /// intermediate server without a valid lease from its parent hands out safe capacity.
     pub fn claim(&mut self, client: &str, claim: &Claim, now: UnixSeconds, learning: bool) -> Grant {
         let reported = claim.has.unwrap_or(0.0);
@@ -224,13 +224,13 @@ impl Resource {
         };
         let filed = priority::file(mode, subtree, &claim.wants);
         let mut due = 0.0;
-        let capacity = self.leases.claim(client, &filed, claim.holds, now, expiry, |bands, mine, others| {
+        let capacity = self.leases.claim(client, &filed, claim.holds, now, expiry, |bands, mine, others, before| {
             let wants: f64 = mine.iter().map(|(_, d)| d.wants).sum();
             let target = if learning { reported } else { bands.target(kind, capacity, mine) };
             due = target.min(wants);
             let mut grant = due;
             if kind.shares_capacity() {
-                grant = grant.min(capacity - others);
+                grant = grant.min(room(capacity, others, before, learning));
             }
             grant.max(0.0)
         });
@@ -252,7 +252,7 @@ impl Resource {
         let algorithm = &self.template.algorithm;
         let expiry = now.saturating_add(algorithm.lease_length);
         let filed = priority::file(PriorityMode::of(algorithm), SubtreeWants::of(algorithm), &claim.wants);
-        let capacity = self.leases.claim(client, &filed, claim.holds, now, expiry, |_, mine, _| {
+        let capacity = self.leases.claim(client, &filed, claim.holds, now, expiry, |_, mine, _, _| {
             let (wants, subclients) = mine.iter().fold((0.0, 0.0), |(w, s), (_, d)| (w + d.wants, s + d.subclients));
             match learned {
                 Some(has) => wants.min(has),
@@ -294,6 +294,23 @@ impl Resource {
         let subclients = self.leases.bands().sums().subclients;
         if subclients > 0.0 { capacity / subclients } else { capacity }
     }
+}
+
+/// The most a claim on a shared capacity may be granted: what the other leases leave free — but
+/// never less than the claimant held before. Where the leases already add up to more than the
+/// capacity (an intermediate server whose lease its parent cut, a root whose capacity was
+/// lowered), a claimant due less than it holds is cut to its due, not squeezed below it to
+/// make room that the others still hold: they give it back as they refresh, each onto its own
+/// due. Squeezing would free that room at once, but the squeezed claimant then stays below its
+/// due until it asks again, after the others have shrunk, and the capacity between is idle;
+/// in the simulator's tree that gap was half of all capacity not handed out (README,
+/// "Simulation"). The sum of the leases never grows this way, so a root whose leases fit its
+/// capacity never exceeds it, and an intermediate server's excess is still held at its parent,
+/// which keeps reserving what the server reports its clients hold. Learning mode keeps the
+/// strict bound: what clients report holding is not known to fit.
+fn room(capacity: f64, others: f64, before: f64, learning: bool) -> f64 {
+    let free = capacity - others;
+    if learning { free } else { free.max(before) }
 }
 
 /// Whether a claim's grant is on its way to its share: short of what it is due because others

@@ -120,7 +120,8 @@ impl LeaseStore {
 
     /// Records a client's new demands (`wants`: one per priority, most important first, at
     /// least one), asks `decide` for its grant — given the bands with the new demands in them,
-    /// the client's demands by band, and what the other leases hold — and stores the lease
+    /// the client's demands by band, what the other leases hold, and what this one held
+    /// before (0 for a new lease) — and stores the lease
     /// until `expiry`. Returns the grant.
     ///
     /// A child server's lease holds more than the grant while its own clients still hold
@@ -136,7 +137,7 @@ impl LeaseStore {
         holds: Holds,
         now: UnixSeconds,
         expiry: UnixSeconds,
-        decide: impl FnOnce(&Bands, &[(i64, Demand)], f64) -> f64,
+        decide: impl FnOnce(&Bands, &[(i64, Demand)], f64, f64) -> f64,
     ) -> f64 {
         debug_assert!(!wants.is_empty(), "a claim has at least one band");
         let (slot, held) = match self.find(client) {
@@ -153,7 +154,7 @@ impl LeaseStore {
             wants.iter().map(|w| (w.priority, Demand { wants: w.wants, subclients: w.subclients, has: 0.0 })).collect();
         // With the previous demands out, what the bands hold is what the others hold.
         let others = self.bands.sums().has;
-        let grant = decide(self.insert(slot, &mine), &mine, others);
+        let grant = decide(self.insert(slot, &mine), &mine, others, held);
         let e = &mut self.entries[slot as usize];
         let kept = match holds {
             Holds::Own => grant,
@@ -340,7 +341,7 @@ mod tests {
     use super::*;
 
     fn claim(store: &mut LeaseStore, client: &str, wants: f64, expiry: UnixSeconds) -> f64 {
-        store.claim(client, &[Wants { priority: 0, wants, subclients: 1.0 }], Holds::Own, 0, expiry, |_, _, _| wants)
+        store.claim(client, &[Wants { priority: 0, wants, subclients: 1.0 }], Holds::Own, 0, expiry, |_, _, _, _| wants)
     }
 
     /// Expires without lapsing anything.
@@ -369,16 +370,16 @@ mod tests {
         let mut store = LeaseStore::default();
         let wants =
             [Wants { priority: 2, wants: 10.0, subclients: 2.0 }, Wants { priority: 0, wants: 30.0, subclients: 3.0 }];
-        assert_eq!(store.claim("leaf", &wants, Holds::Reported(0.0), 0, 10, |_, _, _| 25.0), 25.0);
+        assert_eq!(store.claim("leaf", &wants, Holds::Reported(0.0), 0, 10, |_, _, _, _| 25.0), 25.0);
         let band = |p| store.bands().get(p).unwrap().sums();
         assert_eq!((band(2).has, band(0).has), (10.0, 15.0));
         // Cut to 5 while its clients still hold 20: the lease keeps 20 until they refresh...
-        assert_eq!(store.claim("leaf", &wants, Holds::Reported(20.0), 0, 10, |_, _, others| 5.0 + others), 5.0);
+        assert_eq!(store.claim("leaf", &wants, Holds::Reported(20.0), 0, 10, |_, _, others, _| 5.0 + others), 5.0);
         assert_eq!(store.get("leaf").unwrap().demand.has, 20.0);
         // ...never more than it held before, and the grant when that is larger.
-        assert_eq!(store.claim("leaf", &wants, Holds::Reported(99.0), 0, 10, |_, _, _| 5.0), 5.0);
+        assert_eq!(store.claim("leaf", &wants, Holds::Reported(99.0), 0, 10, |_, _, _, _| 5.0), 5.0);
         assert_eq!(store.get("leaf").unwrap().demand.has, 20.0);
-        store.claim("leaf", &wants, Holds::Reported(0.0), 0, 10, |_, _, _| 5.0);
+        store.claim("leaf", &wants, Holds::Reported(0.0), 0, 10, |_, _, _, _| 5.0);
         assert_eq!(store.get("leaf").unwrap().demand.has, 5.0);
         assert_eq!(store.get("leaf").unwrap().priority, 2);
     }
@@ -387,28 +388,28 @@ mod tests {
     fn a_server_that_cannot_say_what_it_holds_keeps_its_lease() {
         let mut store = LeaseStore::default();
         let wants = [Wants { priority: 0, wants: 40.0, subclients: 4.0 }];
-        store.claim("region", &wants, Holds::Reported(0.0), 0, 10, |_, _, _| 40.0);
+        store.claim("region", &wants, Holds::Reported(0.0), 0, 10, |_, _, _, _| 40.0);
         // A new master that has heard from one client of four: granted at least the old lease.
         let few = [Wants { priority: 0, wants: 10.0, subclients: 1.0 }];
-        assert_eq!(store.claim("region", &few, Holds::Unknown, 0, 12, |_, _, _| 10.0), 40.0);
+        assert_eq!(store.claim("region", &few, Holds::Unknown, 0, 12, |_, _, _, _| 10.0), 40.0);
         assert_eq!(store.get("region").unwrap().demand.has, 40.0);
         // Not past the expiry of the last lease it held while it said what it held: by then
         // every grant made under that lease has run out.
-        assert_eq!(store.claim("region", &few, Holds::Unknown, 10, 20, |_, _, _| 10.0), 10.0);
-        store.claim("region", &wants, Holds::Reported(0.0), 20, 30, |_, _, _| 40.0);
+        assert_eq!(store.claim("region", &few, Holds::Unknown, 10, 20, |_, _, _, _| 10.0), 10.0);
+        store.claim("region", &wants, Holds::Reported(0.0), 20, 30, |_, _, _, _| 40.0);
         // Once it knows, its lease follows its grant again.
-        assert_eq!(store.claim("region", &few, Holds::Reported(10.0), 21, 31, |_, _, _| 10.0), 10.0);
+        assert_eq!(store.claim("region", &few, Holds::Reported(10.0), 21, 31, |_, _, _, _| 10.0), 10.0);
         assert_eq!(store.get("region").unwrap().demand.has, 10.0);
         // A Doorman server never says what it holds: it gets what the algorithm decides.
-        store.claim("doorman", &wants, Holds::Unknown, 0, 10, |_, _, _| 40.0);
-        assert_eq!(store.claim("doorman", &few, Holds::Unknown, 1, 11, |_, _, _| 10.0), 10.0);
+        store.claim("doorman", &wants, Holds::Unknown, 0, 10, |_, _, _, _| 40.0);
+        assert_eq!(store.claim("doorman", &few, Holds::Unknown, 1, 11, |_, _, _, _| 10.0), 10.0);
     }
 
     #[test]
     fn a_server_lease_lapses_into_its_safe_capacity_and_a_client_lease_is_forgotten() {
         let mut store = LeaseStore::default();
         let wants = [Wants { priority: 1, wants: 60.0, subclients: 3.0 }];
-        store.claim("leaf", &wants, Holds::Reported(0.0), 0, 10, |_, _, _| 50.0);
+        store.claim("leaf", &wants, Holds::Reported(0.0), 0, 10, |_, _, _, _| 50.0);
         claim(&mut store, "client", 5.0, 10);
         let safe_per_subclient = 4.0;
         let fallback = |d: &Demand| safe_per_subclient * d.subclients;
@@ -419,7 +420,7 @@ mod tests {
         assert_eq!((leaf.demand.has, leaf.demand.wants, leaf.expiry, leaf.priority), (12.0, 12.0, 40, 1));
         assert_eq!(store.bands().sums().has, 12.0);
         // Back before the grace ends: a lease again, and what it kept counts as held.
-        store.claim("leaf", &wants, Holds::Reported(12.0), 0, 50, |_, _, _| 3.0);
+        store.claim("leaf", &wants, Holds::Reported(12.0), 0, 50, |_, _, _, _| 3.0);
         assert!(!store.get("leaf").unwrap().lapsed);
         assert_eq!(store.get("leaf").unwrap().demand.has, 12.0);
         // Lapsed again, then gone after the grace.
