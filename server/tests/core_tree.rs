@@ -395,6 +395,14 @@ fn a_new_intermediate_master_keeps_its_lease_at_the_parent_while_it_learns() {
     replica.on_parent_response(6.0, response);
     assert_eq!(ask(&mut other, 7, "c", 0, 100.0).0, 20.0);
     assert_eq!(refresh(&mut other, &mut root, 7).response[0].gets.capacity, 20.0, "nothing freed for others");
+    // b comes back too and is granted its 40 under the new master's lease, which runs past the
+    // last lease the old master reported under (expiring at 60). Still learning at 64, the
+    // replica says nothing yet of what its clients hold, so the root still keeps the 80.
+    let b = GetCapacityRequest { client_id: "b".into(), ..req };
+    assert_eq!(service::get_capacity(&mut replica, 30, &b, MAX_RESOURCES).unwrap().response[0].gets.capacity, 40.0);
+    assert!(refresh(&mut replica, &mut root, 64).response[0].gets.expiry_time > 64);
+    assert_eq!(reserved_for(&root, "leaf"), 80.0);
+    assert_eq!(refresh(&mut other, &mut root, 64).response[0].gets.capacity, 20.0, "nothing freed for others");
 }
 
 #[test]

@@ -58,8 +58,8 @@ struct Entry {
     expiry: UnixSeconds,
     /// A child server's lease (see [`Holds`]).
     server: bool,
-    /// The expiry of the last lease granted while the server reported what its clients hold:
-    /// until then they may hold up to that lease.
+    /// The expiry of the last lease granted while the server reported what its clients hold,
+    /// or since then while it has not said again: until then they may hold up to that lease.
     reported_until: UnixSeconds,
     /// A server's lease that ran out without a release: what it holds is what its subtree
     /// presumably hands out as safe capacity meanwhile (see [`LeaseStore::expire`]).
@@ -127,8 +127,10 @@ impl LeaseStore {
     /// A child server's lease holds more than the grant while its own clients still hold
     /// more (`holds`): capacity taken back from a server is only free once its clients have
     /// refreshed onto their smaller shares. It never holds more than before, except that a
-    /// server which does not say what its clients hold keeps its lease, and is granted it,
-    /// until the last lease it held while it did say has expired.
+    /// server which does not say what its clients hold keeps its lease, and is granted it:
+    /// once, if its lease had lapsed (a Doorman server, which never says); until it says
+    /// again, if it said before (a new master while it learns, which re-grants its clients
+    /// what they hold).
     #[allow(clippy::too_many_arguments)]
     pub fn claim(
         &mut self,
@@ -162,7 +164,16 @@ impl LeaseStore {
                 e.reported_until = expiry;
                 grant.max(holds.min(held))
             }
-            Holds::Unknown if now < e.reported_until => grant.max(held),
+            // It does not say what its clients hold: they may still hold what it held then, or
+            // live on the safe capacity its lapsed lease keeps reserved. A server that said
+            // before (a new master, learning) re-grants them what they hold under this lease,
+            // so the reservation lasts until it says again.
+            Holds::Unknown if now < e.reported_until || e.lapsed => {
+                if e.reported_until > UnixSeconds::MIN {
+                    e.reported_until = expiry;
+                }
+                grant.max(held)
+            }
             Holds::Unknown => grant,
         };
         (e.server, e.lapsed) = (holds.of_server(), false);
@@ -393,16 +404,21 @@ mod tests {
         let few = [Wants { priority: 0, wants: 10.0, subclients: 1.0 }];
         assert_eq!(store.claim("region", &few, Holds::Unknown, 0, 12, |_, _, _, _| 10.0), 40.0);
         assert_eq!(store.get("region").unwrap().demand.has, 40.0);
-        // Not past the expiry of the last lease it held while it said what it held: by then
-        // every grant made under that lease has run out.
-        assert_eq!(store.claim("region", &few, Holds::Unknown, 10, 20, |_, _, _, _| 10.0), 10.0);
+        // Still not saying, past the expiry of the last lease it held while it said: it may
+        // have re-granted its clients what they held under the lease it got since.
+        assert_eq!(store.claim("region", &few, Holds::Unknown, 10, 20, |_, _, _, _| 10.0), 40.0);
         store.claim("region", &wants, Holds::Reported(0.0), 20, 30, |_, _, _, _| 40.0);
         // Once it knows, its lease follows its grant again.
         assert_eq!(store.claim("region", &few, Holds::Reported(10.0), 21, 31, |_, _, _, _| 10.0), 10.0);
         assert_eq!(store.get("region").unwrap().demand.has, 10.0);
-        // A Doorman server never says what it holds: it gets what the algorithm decides.
+        // A Doorman server never says what it holds: it gets what the algorithm decides...
         store.claim("doorman", &wants, Holds::Unknown, 0, 10, |_, _, _, _| 40.0);
         assert_eq!(store.claim("doorman", &few, Holds::Unknown, 1, 11, |_, _, _, _| 10.0), 10.0);
+        // ...except once after its lease lapsed: its subtree may live on the safe capacity
+        // reserved meanwhile (here 2 per subclient).
+        assert_eq!(store.expire(11, usize::MAX, 30, |d| 2.0 * d.subclients), 1);
+        assert_eq!(store.claim("doorman", &few, Holds::Unknown, 12, 22, |_, _, _, _| 1.0), 2.0);
+        assert_eq!(store.claim("doorman", &few, Holds::Unknown, 13, 23, |_, _, _, _| 1.0), 1.0);
     }
 
     #[test]
