@@ -221,8 +221,8 @@ impl LeaseStore {
     /// Takes up to `budget` leases that expired at or before `now`; returns how many. An end
     /// client's lease is forgotten. A child server's lease that ran out without a release
     /// lapses instead: its subtree is presumably cut off and handing out safe capacity, so the
-    /// store keeps `fallback(demand)` of it (at most what it held) reserved for `grace` more
-    /// seconds, after which it is forgotten too.
+    /// store keeps `fallback(demand)` reserved for it for `grace` more seconds, after which it
+    /// is forgotten too.
     pub fn expire(
         &mut self,
         now: UnixSeconds,
@@ -241,10 +241,13 @@ impl LeaseStore {
             let e = &self.entries[slot as usize];
             if e.server && !e.lapsed {
                 let (priority, demand) = (e.places.first().map_or(0, |p| p.0), self.view(slot).demand);
-                let kept = fallback(&demand).clamp(0.0, demand.has);
+                let kept = fallback(&demand).max(0.0);
                 if kept > 0.0 {
                     self.forget_places(slot);
-                    // Wanting no more than it keeps, it takes nothing from anyone's share.
+                    // What it keeps may be more than it held: a cut-off subtree falls back on
+                    // its safe capacity whatever its lease was, and the others give the
+                    // difference back as they refresh. Wanting what it keeps, it is counted at
+                    // that in everyone's share.
                     self.insert(slot, &[(priority, Demand { wants: kept, has: kept, ..demand })]);
                     self.entries[slot as usize].lapsed = true;
                     self.link(slot, second.saturating_add(grace));
@@ -444,6 +447,10 @@ mod tests {
         assert_eq!(store.expire(79, usize::MAX, 30, fallback), 0);
         assert_eq!(store.expire(80, usize::MAX, 30, fallback), 1);
         assert!(store.is_empty());
+        // A subtree that held less than its safe capacity falls back on all of it when cut off.
+        store.claim("small", &wants, Holds::Reported(0.0), 80, 90, |_, _, _, _| 5.0);
+        assert_eq!(store.expire(90, usize::MAX, 30, fallback), 1);
+        assert_eq!(store.get("small").unwrap().demand.has, 12.0);
     }
 
     #[test]
