@@ -325,14 +325,20 @@ fn reserved_for(root: &Ledger, leaf: &str) -> f64 {
     root.resource("r").and_then(|r| r.leases().get(leaf)).map_or(0.0, |l| l.demand.has)
 }
 
+/// A leaf whose clients a and b want `wants` each, leased by `root` at 0 and granted it at 1.
+fn leaf_of_two(root: &mut Ledger, wants: f64) -> Ledger {
+    let mut leaf = intermediate("leaf");
+    ask(&mut leaf, 0, "a", 0, wants);
+    ask(&mut leaf, 0, "b", 0, wants);
+    refresh(&mut leaf, root, 0);
+    assert_eq!((ask(&mut leaf, 1, "a", 0, wants).0, ask(&mut leaf, 1, "b", 0, wants).0), (wants, wants));
+    leaf
+}
+
 #[test]
 fn a_cut_lease_cuts_each_client_to_its_due_and_the_parent_reserves_the_rest_until_it_is_given_back() {
     let mut root = root(100.0);
-    let mut leaf = intermediate("leaf");
-    ask(&mut leaf, 0, "a", 0, 50.0);
-    ask(&mut leaf, 0, "b", 0, 50.0);
-    refresh(&mut leaf, &mut root, 0);
-    assert_eq!((ask(&mut leaf, 1, "a", 0, 50.0).0, ask(&mut leaf, 1, "b", 0, 50.0).0), (50.0, 50.0));
+    let mut leaf = leaf_of_two(&mut root, 50.0);
     // Another leaf's two clients come: their fair half is still held by the first leaf's.
     let mut other = intermediate("other");
     ask(&mut other, 2, "c", 0, 50.0);
@@ -357,11 +363,7 @@ fn a_cut_lease_cuts_each_client_to_its_due_and_the_parent_reserves_the_rest_unti
 #[test]
 fn a_new_intermediate_master_keeps_its_lease_at_the_parent_while_it_learns() {
     let mut root = root(100.0);
-    let mut leaf = intermediate("leaf");
-    ask(&mut leaf, 0, "a", 0, 40.0);
-    ask(&mut leaf, 0, "b", 0, 40.0);
-    refresh(&mut leaf, &mut root, 0);
-    assert_eq!((ask(&mut leaf, 1, "a", 0, 40.0).0, ask(&mut leaf, 1, "b", 0, 40.0).0), (40.0, 40.0));
+    leaf_of_two(&mut root, 40.0);
     let mut other = intermediate("other");
     ask(&mut other, 1, "c", 0, 100.0);
     assert_eq!(refresh(&mut other, &mut root, 1).response[0].gets.capacity, 20.0);
