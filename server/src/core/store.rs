@@ -11,6 +11,8 @@ use std::{collections::BTreeMap, hash::BuildHasher};
 use hashbrown::{DefaultHashBuilder, HashTable};
 use smallvec::SmallVec;
 
+use crate::defaults::RETURN_GRACE;
+
 use super::{
     band::{Demand, NodeId},
     priority::{Bands, Wants},
@@ -64,6 +66,9 @@ struct Entry {
     /// A server's lease that ran out without a release: what it holds is what its subtree
     /// presumably hands out as safe capacity meanwhile (see [`LeaseStore::expire`]).
     lapsed: bool,
+    /// Until then, a server back from a lapse keeps at least what it held (see
+    /// [`RETURN_GRACE`]).
+    returning_until: UnixSeconds,
     /// Neighbours in the list of leases expiring in the same second; for a free slot, `next`
     /// chains the free list.
     prev: Slot,
@@ -126,7 +131,8 @@ impl LeaseStore {
     ///
     /// A child server's lease holds more than the grant while its own clients still hold
     /// more (`holds`): capacity taken back from a server is only free once its clients have
-    /// refreshed onto their smaller shares. It never holds more than before, except that a
+    /// refreshed onto their smaller shares — for [`RETURN_GRACE`] after it comes back from a
+    /// lapse, whatever it says. It never holds more than before, except that a
     /// server which does not say what its clients hold keeps its lease, and is granted it:
     /// once, if its lease had lapsed (a Doorman server, which never says); until it says
     /// again, if it said before (a new master while it learns, which re-grants its clients
@@ -161,8 +167,11 @@ impl LeaseStore {
         let kept = match holds {
             Holds::Own => grant,
             Holds::Reported(holds) => {
+                if e.lapsed {
+                    e.returning_until = now.saturating_add(RETURN_GRACE);
+                }
                 e.reported_until = expiry;
-                grant.max(holds.min(held))
+                if now < e.returning_until { grant.max(held) } else { grant.max(holds.min(held)) }
             }
             // It does not say what its clients hold: they may still hold what it held then, or
             // live on the safe capacity its lapsed lease keeps reserved. A server that said
@@ -288,6 +297,7 @@ impl LeaseStore {
             server: false,
             reported_until: UnixSeconds::MIN,
             lapsed: false,
+            returning_until: UnixSeconds::MIN,
             prev: NONE,
             next: NONE,
         };
@@ -451,6 +461,13 @@ mod tests {
         store.claim("small", &wants, Holds::Reported(0.0), 80, 90, |_, _, _, _| 5.0);
         assert_eq!(store.expire(90, usize::MAX, 30, fallback), 1);
         assert_eq!(store.get("small").unwrap().demand.has, 12.0);
+        // Back, it first knows only the clients that asked it again: the reservation stays for
+        // a while whatever it says, then follows what it holds.
+        store.claim("small", &wants, Holds::Reported(2.0), 100, 160, |_, _, _, _| 1.0);
+        store.claim("small", &wants, Holds::Reported(2.0), 100 + RETURN_GRACE - 1, 160, |_, _, _, _| 1.0);
+        assert_eq!(store.get("small").unwrap().demand.has, 12.0);
+        store.claim("small", &wants, Holds::Reported(2.0), 100 + RETURN_GRACE, 160, |_, _, _, _| 1.0);
+        assert_eq!(store.get("small").unwrap().demand.has, 2.0);
     }
 
     #[test]
