@@ -305,8 +305,8 @@ impl Resource {
 /// make room that the others still hold: they give it back as they refresh, each onto its own
 /// due. Squeezing would free that room at once, but the squeezed claimant then stays below its
 /// due until it asks again, after the others have shrunk, and the capacity between is idle;
-/// in the simulator's tree that gap was half of all capacity not handed out (README,
-/// "Simulation"). The sum of the leases never grows this way, so a root whose leases fit its
+/// in the simulator's tree that gap was, by an estimate, about half of all capacity not handed
+/// out (README, "Simulation"). The sum of the leases never grows this way, so a root whose leases fit its
 /// capacity never exceeds it, and an intermediate server's excess is still held at its parent,
 /// which keeps reserving what the server reports its clients hold. Learning mode keeps the
 /// strict bound: what clients report holding is not known to fit.

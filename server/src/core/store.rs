@@ -125,18 +125,16 @@ impl LeaseStore {
 
     /// Records a client's new demands (`wants`: one per priority, most important first, at
     /// least one), asks `decide` for its grant — given the bands with the new demands in them,
-    /// the client's demands by band, what the other leases hold, and what this one held
-    /// before (0 for a new lease) — and stores the lease
-    /// until `expiry`. Returns the grant.
+    /// the client's demands by band, what the other leases hold, and what this one held before
+    /// (0 for a new lease) — and stores the lease until `expiry`. Returns the grant.
     ///
     /// A child server's lease holds more than the grant while its own clients still hold
     /// more (`holds`): capacity taken back from a server is only free once its clients have
     /// refreshed onto their smaller shares — for [`RETURN_GRACE`] after it comes back from a
-    /// lapse, whatever it says. It never holds more than before, except that a
-    /// server which does not say what its clients hold keeps its lease, and is granted it:
-    /// once, if its lease had lapsed (a Doorman server, which never says); until it says
-    /// again, if it said before (a new master while it learns, which re-grants its clients
-    /// what they hold).
+    /// lapse, whatever it says. It never holds more than before, except that a server which
+    /// does not say what its clients hold keeps its lease, and is granted it: once, if its
+    /// lease had lapsed (a Doorman server, which never says); until it says again, if it said
+    /// before (a new master while it learns, which re-grants its clients what they hold).
     #[allow(clippy::too_many_arguments)]
     pub fn claim(
         &mut self,
@@ -171,6 +169,7 @@ impl LeaseStore {
                     e.returning_until = now.saturating_add(RETURN_GRACE);
                 }
                 e.reported_until = expiry;
+                // Back from a lapse, it has not heard from all its clients yet.
                 if now < e.returning_until { grant.max(held) } else { grant.max(holds.min(held)) }
             }
             // It does not say what its clients hold: they may still hold what it held then, or
