@@ -361,6 +361,20 @@ fn a_cut_lease_cuts_each_client_to_its_due_and_the_parent_reserves_the_rest_unti
 }
 
 #[test]
+fn a_root_whose_capacity_is_lowered_cuts_each_client_to_its_due_and_never_grows_its_total() {
+    let mut root = root(100.0);
+    assert_eq!((ask(&mut root, 0, "a", 0, 50.0).0, ask(&mut root, 0, "b", 0, 50.0).0), (50.0, 50.0));
+    root.set_repository(repository(50.0, None, "strict"));
+    // a is cut to its due, not to the nothing that b's 50 leaves free; the total only falls.
+    assert_eq!(ask(&mut root, 1, "a", 0, 50.0).0, 25.0);
+    assert_eq!(granted_to_children(&root), 75.0);
+    assert_eq!(ask(&mut root, 2, "b", 0, 50.0).0, 25.0);
+    assert_eq!(granted_to_children(&root), 50.0);
+    // Once the leases fit, a newcomer waits for room as before.
+    assert_eq!(ask(&mut root, 3, "c", 0, 50.0).0, 0.0);
+}
+
+#[test]
 fn a_new_intermediate_master_keeps_its_lease_at_the_parent_while_it_learns() {
     let mut root = root(100.0);
     leaf_of_two(&mut root, 40.0);
