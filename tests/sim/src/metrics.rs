@@ -17,17 +17,20 @@
 //!   demand" measured) and failures (crashes, elections, network loss and its end), which a
 //!   subtree cut off for longer than a lease cannot reconverge from before it is reachable
 //!   again;
-//! - fairness: Jain's index of the clients' `has` against the exact max-min fair split of the
-//!   capacity over their true demands, averaged over the steady samples after the first
-//!   learning mode: converged, with every client holding a lease. A client without one — cut
-//!   off from its servers, or still waiting for its first answer — enforces its fallback (the
-//!   safe capacity, SPEC §3.5), which by design knows nothing of its demand; such samples
-//!   measure the outage or the join, not the sharing. A true demand is the offered load with
-//!   the sidecar's [`HEADROOM`], what a sidecar that knew its load exactly would ask for:
-//!   without it, clients below the fair level would count as favoured by the headroom alone.
-//!   Beside it, the same index for the split a tree would make with perfect knowledge
-//!   ([`fairness::tree_split`]): how fair a tree can be at all when each server sees only its
-//!   children's Σ wants (`subtree_wants: sum`; under `profile` the fair split is the ideal);
+//! - fairness: Jain's index of the clients' `has` against the exact fair split — the one the
+//!   servers' exact algorithm makes with perfect knowledge of the true demands: max-min over
+//!   all clients for a lone root or a tree that passes up profiles; for a tree that passes up
+//!   sums, each server's max-min over its children's aggregates ([`fairness::tree_split`]),
+//!   since a server that sees one Σ wants per subtree defines no other split. It is averaged
+//!   over the steady samples after the first learning mode: converged, with every client
+//!   holding a lease. A client without one — cut off from its servers, or still waiting for
+//!   its first answer — enforces its fallback (the safe capacity, SPEC §3.5), which by design
+//!   knows nothing of its demand; such samples measure the outage or the join, not the
+//!   sharing. A true demand is the offered load with the sidecar's [`HEADROOM`], what a
+//!   sidecar that knew its load exactly would ask for: without it, clients below the fair
+//!   level would count as favoured by the headroom alone. Beside it, the index against the
+//!   max-min split over all clients (`flat_jain`), and that of a sums tree's ideal split
+//!   itself (`tree_jain`): how fair such a tree can be at all;
 //! - server RPCs per second: all servers, and the root alone.
 
 use sluice_sidecar::core::HEADROOM;
@@ -57,13 +60,14 @@ pub struct Sample {
     pub reserved: f64,
     /// Cost admitted per second since the previous sample.
     pub admitted: f64,
-    /// Jain's index against the fair split, after the first learning mode.
+    /// Jain's index against the exact fair split, after the first learning mode.
     pub jain: Option<f64>,
-    /// Jain's index of the ideal tree split against the fair split (1 for a lone root; `None`
-    /// for a tree that passes up profiles).
+    /// Jain's index against the max-min split over all clients.
+    pub flat_jain: Option<f64>,
+    /// Jain's index of a sums tree's exact split against the max-min split over all clients
+    /// (1 for a lone root; `None` for a tree that passes up profiles, whose exact split is that
+    /// one).
     pub tree_jain: Option<f64>,
-    /// Jain's index of the clients' `has` against the ideal tree split.
-    pub jain_vs_tree: Option<f64>,
 }
 
 impl Sample {
@@ -94,10 +98,10 @@ pub struct ClientState {
     pub has: f64,
 }
 
-/// Jain's index of the clients' `has` against the fair split of `capacity`; and, for a tree
-/// whose servers pass up sums (`parents`: `Some`, see [`fairness::tree_split`]), that of its
-/// ideal split and of `has` against it. A tree that passes up profiles has the fair split as
-/// its ideal.
+/// Jain's index of the clients' `has` against the exact fair split of `capacity` and against
+/// the max-min split over all clients; and for a tree whose servers pass up sums (`parents`:
+/// `Some`), whose exact split is [`fairness::tree_split`], that split's own index against the
+/// max-min one. A tree that passes up profiles has the max-min split as its exact split.
 pub fn jain(
     capacity: f64,
     parents: Option<&[Option<usize>]>,
@@ -106,10 +110,11 @@ pub fn jain(
     let demands: Vec<f64> = clients.iter().map(|c| c.demand * HEADROOM).collect();
     let grants: Vec<f64> = clients.iter().map(|c| c.has).collect();
     let fair = fairness::max_min(&demands, capacity);
-    let Some(parents) = parents else { return (fairness::jain(&grants, &fair), None, None) };
+    let flat = fairness::jain(&grants, &fair);
+    let Some(parents) = parents else { return (flat, flat, None) };
     let placed: Vec<(usize, f64)> = clients.iter().zip(&demands).map(|(c, &d)| (c.server, d)).collect();
     let tree = fairness::tree_split(capacity, parents, &placed);
-    (fairness::jain(&grants, &fair), fairness::jain(&tree, &fair), fairness::jain(&grants, &tree))
+    (fairness::jain(&grants, &tree), flat, fairness::jain(&tree, &fair))
 }
 
 /// What moved: what clients ask for, or the servers and network that answer them.
@@ -151,11 +156,12 @@ pub struct Summary {
     /// Peak of what the root reserved / capacity.
     pub reserved_peak: f64,
     pub shifts: Vec<Shift>,
+    /// Against the exact fair split: the target's yardstick.
     pub jain: Option<f64>,
-    /// The ideal tree split's Jain over the same samples.
+    /// Against the max-min split over all clients, over the same samples.
+    pub flat_jain: Option<f64>,
+    /// A sums tree's exact split against the max-min one, over the same samples.
     pub tree_jain: Option<f64>,
-    /// Jain against the ideal tree split over the same samples.
-    pub jain_vs_tree: Option<f64>,
     pub rpcs_per_second: f64,
     pub root_rpcs_per_second: f64,
 }
@@ -190,8 +196,8 @@ impl Summary {
             reserved_peak: samples.iter().map(|s| s.reserved / s.capacity).fold(0.0, f64::max),
             shifts: reconvergence(samples, shifts, learning_end, refresh, horizon),
             jain: mean(after.iter().filter(|s| s.steady()).filter_map(|s| s.jain)),
+            flat_jain: mean(after.iter().filter(|s| s.steady()).filter_map(|s| s.flat_jain)),
             tree_jain: mean(after.iter().filter(|s| s.steady() && s.jain.is_some()).filter_map(|s| s.tree_jain)),
-            jain_vs_tree: mean(after.iter().filter(|s| s.steady()).filter_map(|s| s.jain_vs_tree)),
             rpcs_per_second: rpcs as f64 / duration.max(f64::MIN_POSITIVE),
             root_rpcs_per_second: root_rpcs as f64 / duration.max(f64::MIN_POSITIVE),
         }
@@ -314,8 +320,8 @@ mod tests {
             reserved: granted,
             admitted: 0.0,
             jain: Some(1.0),
+            flat_jain: Some(1.0),
             tree_jain: Some(1.0),
-            jain_vs_tree: Some(1.0),
         }
     }
 
@@ -363,6 +369,23 @@ mod tests {
         samples[3].jain = Some(0.9);
         let summary = Summary::compute(&samples, Vec::new(), 0.0, 2.0, 60.0, 0, 0);
         assert_eq!(summary.jain, Some(0.75));
+    }
+
+    #[test]
+    fn fairness_is_judged_against_the_split_the_tree_defines() {
+        // Root → two leaves (fairness.rs's example): leaf 1's clients want 5 and 35, leaf 2's
+        // 30 and 30, of a capacity of 80. A tree that passes up sums gives leaf 1's big client
+        // 35; the max-min split over all four gives it 25.
+        let parents = [None, Some(0), Some(0)];
+        let clients: Vec<ClientState> = [(1, 5.0, 5.0), (1, 35.0, 35.0), (2, 30.0, 20.0), (2, 30.0, 20.0)]
+            .into_iter()
+            .map(|(server, wants, has)| ClientState { server, demand: wants / HEADROOM, has })
+            .collect();
+        let (exact, flat, tree) = jain(80.0, Some(&parents), &clients);
+        assert!((exact.unwrap() - 1.0).abs() < 1e-12, "{exact:?}");
+        assert!(flat.unwrap() < 0.98 && flat == tree, "{flat:?} {tree:?}");
+        // Passing up profiles, the max-min split is the tree's own.
+        assert_eq!(jain(80.0, None, &clients), (flat, flat, None));
     }
 
     #[test]

@@ -27,8 +27,8 @@ const COLUMNS: [&str; 18] = [
     "reconv mean s",
     "unsettled",
     "Jain",
+    "flat Jain",
     "tree Jain",
-    "Jain vs tree",
 ];
 const RPC_COLUMNS: [&str; 2] = ["RPC/s", "root RPC/s"];
 
@@ -59,8 +59,8 @@ fn row(outcome: &Outcome) -> Vec<String> {
         optional(s.reconvergence_mean(), 1),
         format!("{}/{}", s.unsettled(), s.shifts.len()),
         optional(s.jain, 4),
+        optional(s.flat_jain, 4),
         optional(s.tree_jain, 4),
-        optional(s.jain_vs_tree, 4),
         format!("{:.2}", s.rpcs_per_second),
         format!("{:.2}", s.root_rpcs_per_second),
     ]
@@ -95,7 +95,7 @@ pub fn summary_csv(outcomes: &[Outcome]) -> String {
         "scenario,clients,duration_s,utilization,overshoot_events,granted_peak,overshoot_mean,has_peak,\
          reserved_peak,demand_reconvergence_max_s,demand_reconvergence_max_refreshes,failure_reconvergence_max_s,\
          failure_reconvergence_max_refreshes,reconvergence_mean_s,shifts,unsettled,jain,\
-         tree_jain,jain_vs_tree,rpcs_per_s,root_rpcs_per_s\n",
+         flat_jain,tree_jain,rpcs_per_s,root_rpcs_per_s\n",
     );
     for outcome in outcomes {
         let s = &outcome.summary;
@@ -120,8 +120,8 @@ pub fn summary_csv(outcomes: &[Outcome]) -> String {
             s.shifts.len(),
             s.unsettled(),
             blank(s.jain),
+            blank(s.flat_jain),
             blank(s.tree_jain),
-            blank(s.jain_vs_tree),
             s.rpcs_per_second,
             s.root_rpcs_per_second,
         );
@@ -131,13 +131,14 @@ pub fn summary_csv(outcomes: &[Outcome]) -> String {
 
 /// Every sample: the sums over clients and servers at that instant.
 pub fn series_csv(outcome: &Outcome) -> String {
-    let mut out = String::from("t,capacity,wants,demand,has,granted,unleased,reserved,admitted,jain,tree_jain\n");
+    let mut out =
+        String::from("t,capacity,wants,demand,has,granted,unleased,reserved,admitted,jain,flat_jain,tree_jain\n");
     for s in &outcome.samples {
-        let jain = s.jain.map_or_else(String::new, |j| format!("{j:.6}"));
-        let tree_jain = s.tree_jain.map_or_else(String::new, |j| format!("{j:.6}"));
+        let [jain, flat_jain, tree_jain] =
+            [s.jain, s.flat_jain, s.tree_jain].map(|j| j.map_or_else(String::new, |j| format!("{j:.6}")));
         let _ = writeln!(
             out,
-            "{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.3},{:.3},{jain},{tree_jain}",
+            "{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.3},{:.3},{jain},{flat_jain},{tree_jain}",
             s.t, s.capacity, s.wants, s.demand, s.has, s.granted, s.unleased, s.reserved, s.admitted
         );
     }

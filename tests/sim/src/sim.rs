@@ -426,7 +426,7 @@ impl Simulation {
             }
         }
         let elapsed = self.samples.last().map_or(0.0, |s| now - s.t);
-        let (jain, tree_jain, jain_vs_tree) = if now >= self.learning_end {
+        let (jain, flat_jain, tree_jain) = if now >= self.learning_end {
             let parents: Vec<Option<ServerId>> = self.servers.iter().map(|s| s.parent).collect();
             metrics::jain(self.capacity, self.sums_up.then_some(&parents), &states)
         } else {
@@ -443,8 +443,8 @@ impl Simulation {
             reserved: self.servers[0].granted(&self.resource, now),
             admitted: if elapsed > 0.0 { admitted / elapsed } else { 0.0 },
             jain,
+            flat_jain,
             tree_jain,
-            jain_vs_tree,
         });
     }
 }
