@@ -29,7 +29,7 @@
 //!   sharing. A true demand is the offered load with the sidecar's [`HEADROOM`], what a
 //!   sidecar that knew its load exactly would ask for: without it, clients below the fair
 //!   level would count as favoured by the headroom alone. Beside it, the index against the
-//!   max-min split over all clients (`flat_jain`), and that of a sums tree's ideal split
+//!   max-min split over all clients (`flat_jain`), and that of a sums tree's exact split
 //!   itself (`tree_jain`): how fair such a tree can be at all;
 //! - server RPCs per second: all servers, and the root alone.
 
