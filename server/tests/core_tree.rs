@@ -453,6 +453,37 @@ fn a_leaf_cut_off_past_its_lease_keeps_its_safe_share_reserved_for_a_while() {
 }
 
 #[test]
+fn a_leaf_cut_off_reserves_its_whole_safe_capacity_and_keeps_it_for_a_while_after_it_comes_back() {
+    // Safe capacity is dynamic: 60 over 4 subclients, 15 each.
+    let mut root = root(60.0);
+    let (mut cut, mut live) = (intermediate("cut"), intermediate("live"));
+    for client in ["a", "b", "c"] {
+        ask(&mut cut, 0, client, 0, 2.0);
+    }
+    ask(&mut live, 0, "d", 0, 100.0);
+    assert_eq!(refresh(&mut cut, &mut root, 0).response[0].gets.capacity, 6.0);
+    assert_eq!(refresh(&mut live, &mut root, 0).response[0].gets.capacity, 54.0);
+    // "cut" goes silent and its lease runs out: its three clients fall back on 15 each, more
+    // than the 6 it held, and the root reserves all 45 — the live leaf is cut to the rest.
+    root.expire(60, usize::MAX);
+    assert_eq!(reserved_for(&root, "cut"), 45.0);
+    assert_eq!(refresh(&mut live, &mut root, 61).response[0].gets.capacity, 15.0);
+    // Back at 70 with only a heard from again (b and c still live on their safe capacity): the
+    // reservation stays for RETURN_GRACE (20 s) whatever it reports...
+    cut.expire(70, usize::MAX);
+    assert_eq!(ask(&mut cut, 70, "a", 0, 2.0).0, 2.0);
+    refresh(&mut cut, &mut root, 70);
+    assert_eq!(reserved_for(&root, "cut"), 45.0);
+    refresh(&mut cut, &mut root, 89);
+    assert_eq!(reserved_for(&root, "cut"), 45.0);
+    assert_eq!(refresh(&mut live, &mut root, 89).response[0].gets.capacity, 15.0);
+    // ...then follows what it holds, and the live leaf gets the rest.
+    refresh(&mut cut, &mut root, 90);
+    assert_eq!(reserved_for(&root, "cut"), 2.0);
+    assert_eq!(refresh(&mut live, &mut root, 91).response[0].gets.capacity, 58.0);
+}
+
+#[test]
 fn a_leaf_asks_early_when_its_clients_wants_move_but_no_sooner_than_they_refresh() {
     let mut root = root(100.0);
     let mut leaf = intermediate("leaf");
