@@ -1,9 +1,15 @@
 //! Wires the server together: configuration, listeners, the gRPC service, the debug listener,
 //! reload and expiry sweeping, the master election, and shutdown.
 
-use std::{fmt, future::Future, pin::Pin, sync::Arc};
+use std::{future::Future, pin::Pin, sync::Arc};
 
+use sluice_client::discovery::Servers;
 use sluice_proto::{FILE_DESCRIPTOR_SET, capacity_server::CapacityServer};
+use sluice_runtime::{
+    process::{Failure, read_config, termination},
+    reload::{ConfigStatus, Reloader, rotating},
+    telemetry,
+};
 use tokio::{
     net::TcpListener,
     signal::unix::{SignalKind, signal},
@@ -19,40 +25,12 @@ use crate::{
     defaults::{
         EMBEDDED_CONFIG, HEALTH_CHECK_INTERVAL, MAX_REQUEST_BYTES, SHUTDOWN_GRACE, SWEEP_BATCH, SWEEP_INTERVAL,
     },
-    discovery::Servers,
     election::Election,
     metrics, parent,
-    reload::{ConfigStatus, Reloader},
     service::CapacityService,
     state::{self, ParentLink, State},
-    telemetry, tls,
+    tls,
 };
-
-/// Why the server did not start or stopped.
-#[derive(Debug)]
-pub enum Failure {
-    /// Bad flags or configuration: exit code 64 (EX_USAGE).
-    Usage(String),
-    /// Anything else, such as an address already in use: exit code 1.
-    Runtime(String),
-}
-
-impl Failure {
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            Failure::Usage(_) => 64,
-            Failure::Runtime(_) => 1,
-        }
-    }
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Failure::Usage(why) | Failure::Runtime(why) => f.write_str(why),
-        }
-    }
-}
 
 pub async fn run(args: Args) -> Result<(), Failure> {
     telemetry::init(args.log_format, &args.log).map_err(Failure::Usage)?;
@@ -61,7 +39,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let tls = args
         .tls()
         .map(|files| {
-            tls::rotating("gRPC listener", files.paths(), args.config_poll_interval, move |content| {
+            rotating("gRPC listener", files.paths(), args.config_poll_interval, move |content| {
                 files.server_config(content)
             })
         })
@@ -176,30 +154,6 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         }
     };
     served.map_err(|e| Failure::Runtime(format!("gRPC server: {e}")))
-}
-
-/// The configuration file's name and text, or the embedded default's when there is no file.
-/// Shared with the sidecar.
-pub fn read_config(path: Option<&std::path::Path>, embedded: &str) -> Result<(String, String), Failure> {
-    match path {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| Failure::Usage(format!("--config {}: {e}", path.display())))?;
-            Ok((path.display().to_string(), text))
-        }
-        None => Ok(("embedded default configuration".to_owned(), embedded.to_owned())),
-    }
-}
-
-/// Resolves on SIGTERM or SIGINT, naming it.
-pub async fn termination() -> &'static str {
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    }
 }
 
 /// Keeps the gRPC health service's answer, overall and for `doorman.Capacity`, in step with

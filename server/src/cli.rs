@@ -1,19 +1,12 @@
 //! Command-line flags; each can also come from a `SLUICE_*` environment variable.
 
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use clap::{Parser, ValueEnum, error::ErrorKind};
+use clap::Parser;
+use sluice_client::{id, tls::ClientTlsFiles};
+use sluice_runtime::cli::{LogFormat, host_port, poll_interval};
 
-use crate::{
-    defaults, election,
-    tls::{ClientTlsFiles, TlsFiles},
-};
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
+use crate::{defaults, election, tls::TlsFiles};
 
 /// Sluice capacity server: shares each resource's capacity among its clients with Doorman's
 /// protocol and algorithms.
@@ -144,25 +137,6 @@ impl Args {
     }
 }
 
-/// A duration flag that must be above zero, e.g. "2s" or "500ms".
-pub fn positive_duration(text: &str) -> Result<Duration, String> {
-    match humantime::parse_duration(text) {
-        Ok(d) if d.is_zero() => Err("must be greater than 0".into()),
-        Ok(d) => Ok(d),
-        Err(_) if text.trim_start().starts_with('-') => Err("must be greater than 0".into()),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// How often a configuration file is polled: at least [`MIN_POLL_INTERVAL`](defaults::MIN_POLL_INTERVAL).
-pub fn poll_interval(text: &str) -> Result<Duration, String> {
-    let interval = positive_duration(text)?;
-    if interval < defaults::MIN_POLL_INTERVAL {
-        return Err(format!("must be at least {}", humantime::format_duration(defaults::MIN_POLL_INTERVAL)));
-    }
-    Ok(interval)
-}
-
 /// A count that must be at least 1.
 fn at_least_one(text: &str) -> Result<usize, String> {
     match text.trim().parse::<usize>() {
@@ -181,58 +155,6 @@ fn etcd_endpoint(text: &str) -> Result<String, String> {
     }
 }
 
-/// A `host:port` address to dial or to be dialled at.
-pub fn host_port(text: &str) -> Result<String, String> {
-    let uri: Result<hyper::Uri, _> = format!("http://{text}").parse();
-    match uri {
-        Ok(uri)
-            if uri.host().is_some_and(|h| !h.is_empty())
-                && uri.port().is_some()
-                && uri.authority().is_some_and(|a| a.as_str() == text)
-                && !text.contains('@') =>
-        {
-            Ok(text.to_owned())
-        }
-        _ => Err(format!("{text:?} is not host:port")),
-    }
-}
-
-/// An id towards a capacity server: what the server accepts (`validate`: non-empty, at most
-/// [`MAX_ID_BYTES`](defaults::MAX_ID_BYTES), no control characters).
-pub fn id(text: &str) -> Result<String, String> {
-    match text.len() {
-        0 => Err("must not be empty".into()),
-        n if n > defaults::MAX_ID_BYTES => Err(format!("at most {} bytes, got {n}", defaults::MAX_ID_BYTES)),
-        _ if text.chars().any(char::is_control) => Err("must not contain control characters".into()),
-        _ => Ok(text.to_owned()),
-    }
-}
-
 fn election_key(text: &str) -> Result<String, String> {
     if text.is_empty() { Err("must not be empty".into()) } else { Ok(text.to_owned()) }
-}
-
-/// The flags of the binary `name` (the server, the sidecar and the test tools alike): `Err`
-/// with the code to exit with once clap printed `--help` or `--version` (0), or once one line
-/// said what is wrong (64, EX_USAGE).
-pub fn parse<A: Parser>(name: &str) -> Result<A, ExitCode> {
-    A::try_parse().map_err(|e| match e.kind() {
-        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
-            print!("{e}");
-            ExitCode::SUCCESS
-        }
-        _ => {
-            eprintln!("{name}: {}", usage_line(&e));
-            ExitCode::from(64)
-        }
-    })
-}
-
-/// A clap error's first paragraph on one line, without its "error: " prefix: the missing
-/// arguments clap lists under its first line stay in it.
-fn usage_line(error: &clap::Error) -> String {
-    let text = error.to_string();
-    let paragraph: Vec<&str> = text.lines().map(str::trim).take_while(|l| !l.is_empty()).collect();
-    let line = paragraph.join(" ");
-    line.strip_prefix("error: ").unwrap_or(&line).to_owned()
 }

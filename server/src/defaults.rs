@@ -2,6 +2,11 @@
 
 use std::time::Duration;
 
+use sluice_client::defaults::MAX_LEASE_SECONDS;
+pub use sluice_client::defaults::{
+    BACKOFF_BASE, BACKOFF_CAP, CAPACITY_CONNECT_TIMEOUT, CAPACITY_RPC_TIMEOUT, EXPIRY_MARGIN, MAX_AMOUNT, MAX_ID_BYTES,
+};
+
 /// gRPC listener for development; the container image sets 0.0.0.0.
 pub const GRPC_ADDR: &str = "127.0.0.1:7777";
 
@@ -11,9 +16,6 @@ pub const ADMIN_ADDR: &str = "127.0.0.1:7778";
 /// How often the configuration file is checked for changes. Polling the content (not inotify)
 /// also catches Kubernetes' ConfigMap symlink swaps.
 pub const CONFIG_POLL_INTERVAL: &str = "2s";
-
-/// The shortest poll interval accepted: each poll reads the whole file.
-pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The configuration used when no `--config` is given: one catch-all resource, enough to run the
 /// demo and a single-pod setup.
@@ -29,20 +31,13 @@ pub const MAX_RESOURCES: usize = 100_000;
 /// Largest request the gRPC listener decodes: room for 10,000 resources with 1 KiB ids.
 pub const MAX_REQUEST_BYTES: usize = 16 << 20;
 
-/// Longest lease length, refresh interval or learning period a template may set: a year. Also
-/// keeps the arithmetic on unix times far from overflow.
-pub const MAX_TEMPLATE_SECONDS: i64 = 366 * 24 * 3600;
+/// Longest lease length, refresh interval or learning period a template may set: the longest
+/// a client takes from an answer.
+pub const MAX_TEMPLATE_SECONDS: i64 = MAX_LEASE_SECONDS;
 
 /// Expired leases a claim forgets before it is granted. The sweeper forgets the rest; until then
 /// they only make grants smaller. Bounds the lock hold of a claim after a mass expiry.
 pub const EXPIRY_PER_CLAIM: usize = 1_000;
-
-/// Longest client, server or resource id, in bytes: ids are stored per lease.
-pub const MAX_ID_BYTES: usize = 1_024;
-
-/// Largest wants or has one request may state: far above any rate or concurrency, yet low
-/// enough that sums over any number of leases stay finite.
-pub const MAX_AMOUNT: f64 = 1e15;
 
 /// Most clients a server may say one priority band aggregates: subclient counts are summed as
 /// floating-point numbers, exact well beyond this.
@@ -86,9 +81,6 @@ pub const ACCEPT_WARNING_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the gRPC health service's answer is brought in line with readiness.
 pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 
-/// Time an admin client has to send a request head, on both binaries' admin listeners.
-pub const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Time allowed for in-flight RPCs after SIGTERM.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -127,30 +119,6 @@ pub const RETURN_GRACE: i64 = 2 * BACKOFF_CAP as i64;
 /// but no sooner than its own clients refresh. Shifts travel up the tree at the speed of the
 /// lowest level instead of waiting for each level's longer interval.
 pub const REPORT_CHANGE: f64 = 0.01;
-
-/// After a failed request to a capacity server (a sidecar's, or an intermediate server's to its
-/// parent) — once every address of the node has failed in a row — retries back off from this
-/// many seconds...
-pub const BACKOFF_BASE: f64 = 1.0;
-
-/// ...doubling up to this; a random half of the interval is waited (equal jitter), so
-/// replicas restarted together do not retry together. Short, because a caller cut off lives
-/// on a fallback that knows nothing of demand, and because a subtree that comes back late
-/// finds its parent has given its share away (a new master's learning mode over, the
-/// reservation of its lapsed lease run out): in the simulated mishaps of scenario 7, a 30 s cap
-/// let grants overshoot capacity by up to 30%. The price: 10,000 callers of an unreachable server
-/// retry about 1,300 times a second between them (a wait of 7.5 s on average) instead of 450.
-pub const BACKOFF_CAP: f64 = 10.0;
-
-/// A retry is brought forward to this long before the earliest valid lease expires, so that one
-/// success in time keeps the capacity instead of falling back.
-pub const EXPIRY_MARGIN: f64 = 2.0;
-
-/// Timeout of one RPC to a capacity server (a sidecar's, or an intermediate server's parent).
-pub const CAPACITY_RPC_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Connect timeout toward a capacity server.
-pub const CAPACITY_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Longest an intermediate server waits between looks at its schedule, so that a request
 /// brought forward (a new resource) never waits long for a missed wake-up.

@@ -10,15 +10,27 @@
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
-use etcd_client::{
-    Client, ConnectOptions, ElectionClient, KeyValue, LeaderKey, LeaseClient, ObserveStream, ResignOptions,
+use sluice_etcd::{
+    etcdserverpb::{
+        LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseRevokeRequest,
+        lease_client::LeaseClient as Leases,
+    },
+    mvccpb::KeyValue,
+    v3electionpb::{
+        CampaignRequest, LeaderKey, LeaderRequest, LeaderResponse, ResignRequest, election_client::ElectionClient,
+    },
 };
+use sluice_runtime::telemetry::with_causes;
 use tokio::{
-    sync::watch,
+    sync::{mpsc, watch},
     task::JoinHandle,
     time::{Instant, sleep, sleep_until, timeout, timeout_at},
 };
-use tonic::Code;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{
+    Code, Status, Streaming,
+    transport::{Channel, Endpoint},
+};
 
 use crate::{
     defaults::{ELECTION_RETRY_MAX, ELECTION_RETRY_MIN, ETCD_REQUEST_TIMEOUT},
@@ -106,19 +118,26 @@ impl Candidate {
     /// One etcd session: a lease, a campaign, and mastership once won. Ends with `Ok` when the
     /// server resigns, with why otherwise.
     async fn session(&mut self, resign: &mut watch::Receiver<bool>) -> Result<(), String> {
-        let options = ConnectOptions::new().with_connect_timeout(ETCD_REQUEST_TIMEOUT);
-        let client = request("connect", Client::connect(&self.settings.endpoints, Some(options))).await?;
-        let mut leases = client.lease_client();
+        let channel = connect(&self.settings.endpoints)?;
+        let mut leases = Leases::new(channel.clone());
         self.revoke_last_lease(&mut leases).await?;
         let settings = &self.settings;
         let asked = Instant::now();
-        let lease = request("lease grant", leases.grant(settings.lease_ttl, None)).await?;
-        self.last_lease = Some(lease.id());
+        let lease =
+            request("lease grant", leases.lease_grant(LeaseGrantRequest { ttl: settings.lease_ttl, id: 0 })).await?;
+        if !lease.error.is_empty() {
+            return Err(format!("lease grant: {}", lease.error));
+        }
+        self.last_lease = Some(lease.id);
         // etcd may grant a longer TTL than asked (it has a floor).
-        let keep_alive = keep_alive(leases.clone(), lease.id(), seconds(lease.ttl()), asked);
-        let mut elections = client.election_client();
+        let keep_alive = keep_alive(leases.clone(), lease.id, seconds(lease.ttl), asked);
+        let mut elections = ElectionClient::new(channel);
         let mut campaigner = elections.clone();
-        let campaign = campaigner.campaign(settings.key.as_str(), settings.address.as_str(), lease.id());
+        let campaign = campaigner.campaign(CampaignRequest {
+            name: settings.key.clone().into_bytes(),
+            lease: lease.id,
+            value: settings.address.clone().into_bytes(),
+        });
         let mut leaders = Leaders::new(elections.clone(), settings.key.clone());
         tokio::pin!(keep_alive, campaign);
         // This replica's campaign key, once it leads.
@@ -127,8 +146,8 @@ impl Candidate {
             tokio::select! {
                 why = &mut keep_alive => return Err(why),
                 won = &mut campaign, if leading.is_none() => {
-                    let mut won = won.map_err(|e| format!("campaign: {e}"))?;
-                    leading = Some(won.take_leader().ok_or("campaign won without a leader key")?);
+                    let won = won.map_err(|e| format!("campaign: {}", e.message()))?.into_inner();
+                    leading = Some(won.leader.ok_or("campaign won without a leader key")?);
                     self.state.become_master(state::now());
                     metrics::record_election(true);
                     tracing::info!(key = %settings.key, "won the election: master from now, learning");
@@ -137,10 +156,10 @@ impl Candidate {
                     let leader = leader?;
                     match &leading {
                         // The campaign's own answer says when it wins.
-                        None if leader.lease() == lease.id() => {}
+                        None if leader.lease == lease.id => {}
                         None => self.follow(&leader),
                         // Leaders are reported in order; a newer one means this one's key is gone.
-                        Some(mine) if leader.create_revision() > mine.rev() => {
+                        Some(mine) if leader.create_revision > mine.rev => {
                             return Err("another replica leads: this replica's campaign key is gone".into());
                         }
                         Some(_) => {}
@@ -150,12 +169,12 @@ impl Candidate {
                     // Stop granting before etcd lets a replica win.
                     self.state.follow(None, state::now());
                     if let Some(mine) = leading {
-                        let resigned = request("resign", elections.resign(Some(ResignOptions::new().with_leader(mine))));
+                        let resigned = request("resign", elections.resign(ResignRequest { leader: Some(mine) }));
                         if let Err(e) = resigned.await {
                             tracing::warn!(error = %e, "could not resign; replicas wait for the lease to expire");
                         }
                     }
-                    let _ = request("lease revoke", leases.revoke(lease.id())).await;
+                    let _ = request("lease revoke", leases.lease_revoke(LeaseRevokeRequest { id: lease.id })).await;
                     tracing::info!("left the election");
                     return Ok(());
                 }
@@ -165,12 +184,12 @@ impl Candidate {
 
     /// Revokes the last session's lease unless it is gone: its campaign would otherwise hold
     /// the election until the lease expired.
-    async fn revoke_last_lease(&mut self, leases: &mut LeaseClient) -> Result<(), String> {
+    async fn revoke_last_lease(&mut self, leases: &mut Leases<Channel>) -> Result<(), String> {
         let Some(id) = self.last_lease else { return Ok(()) };
-        match timeout(ETCD_REQUEST_TIMEOUT, leases.revoke(id)).await {
+        match timeout(ETCD_REQUEST_TIMEOUT, leases.lease_revoke(LeaseRevokeRequest { id })).await {
             Ok(Ok(_)) => {}
-            Ok(Err(etcd_client::Error::GRpcStatus(status))) if status.code() == Code::NotFound => {}
-            Ok(Err(e)) => return Err(format!("revoking the last lease: {e}")),
+            Ok(Err(status)) if status.code() == Code::NotFound => {}
+            Ok(Err(e)) => return Err(format!("revoking the last lease: {}", e.message())),
             Err(_) => return Err(format!("revoking the last lease: no answer within {ETCD_REQUEST_TIMEOUT:?}")),
         }
         self.last_lease = None;
@@ -179,7 +198,7 @@ impl Candidate {
 
     /// Follows a leader etcd reported, naming it to clients.
     fn follow(&self, leader: &KeyValue) {
-        let address = leader.value_str().ok().map(str::to_owned);
+        let address = std::str::from_utf8(&leader.value).ok().map(str::to_owned);
         let known = matches!(&self.state.standing().role, Role::Follower { leader } if *leader == address);
         if !known {
             tracing::info!(master = address.as_deref().unwrap_or("?"), "following");
@@ -191,11 +210,15 @@ impl Candidate {
 /// Keeps a lease alive until it cannot, and says why. The session counts as lost a TTL after
 /// the last answered keep-alive was *sent*: no later than etcd's own deadline, so this replica
 /// has stepped down before another can win, even if etcd never answers again.
-async fn keep_alive(mut leases: LeaseClient, id: i64, ttl: Duration, granted: Instant) -> String {
+async fn keep_alive(mut leases: Leases<Channel>, id: i64, ttl: Duration, granted: Instant) -> String {
     let sent = Instant::now();
-    let (mut keeper, mut answers) = match timeout_at(granted + ttl, leases.keep_alive(id)).await {
-        Ok(Ok(opened)) => opened,
-        Ok(Err(e)) => return format!("lease keep-alive: {e}"),
+    // The stream's first request renews the lease once; each later one is sent on the channel.
+    let (keeper, requests) = mpsc::channel(1);
+    let _ = keeper.try_send(LeaseKeepAliveRequest { id });
+    let opened = leases.lease_keep_alive(ReceiverStream::new(requests));
+    let mut answers: Streaming<LeaseKeepAliveResponse> = match timeout_at(granted + ttl, opened).await {
+        Ok(Ok(opened)) => opened.into_inner(),
+        Ok(Err(e)) => return format!("lease keep-alive: {}", e.message()),
         Err(_) => return "lease expired before keep-alives started".into(),
     };
     // Opening the stream renewed the lease once.
@@ -209,40 +232,42 @@ async fn keep_alive(mut leases: LeaseClient, id: i64, ttl: Duration, granted: In
             () = sleep_until(expires) => return "no keep-alive answered within the lease TTL".into(),
             () = sleep_until(next) => {
                 let now = Instant::now();
-                if let Err(e) = keeper.keep_alive().await {
-                    return format!("lease keep-alive: {e}");
+                match timeout_at(expires, keeper.send(LeaseKeepAliveRequest { id })).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return "lease keep-alive: the request stream closed".into(),
+                    Err(_) => return "no keep-alive answered within the lease TTL".into(),
                 }
                 unanswered.get_or_insert(now);
                 next = now + interval;
             }
             answer = answers.message() => match answer {
-                Ok(Some(answer)) if answer.ttl() > 0 => {
+                Ok(Some(answer)) if answer.ttl > 0 => {
                     if let Some(sent) = unanswered.take() {
-                        expires = sent + seconds(answer.ttl());
+                        expires = sent + seconds(answer.ttl);
                     }
                 }
                 Ok(Some(_)) => return "the lease expired or was revoked".into(),
                 Ok(None) => return "etcd closed the keep-alive stream".into(),
-                Err(e) => return format!("lease keep-alive: {e}"),
+                Err(e) => return format!("lease keep-alive: {}", e.message()),
             },
         }
     }
 }
 
 /// The call that starts observing an election.
-type ObserveCall = Pin<Box<dyn Future<Output = Result<ObserveStream, etcd_client::Error>> + Send>>;
+type ObserveCall = Pin<Box<dyn Future<Output = Result<tonic::Response<Streaming<LeaderResponse>>, Status>> + Send>>;
 
 /// The election's leaders as etcd reports them: the current one first, then each new one.
 /// etcd answers the observe call itself only once there is a leader, so waiting for that answer is
 /// part of waiting for the next leader.
 enum Leaders {
     Calling(ObserveCall),
-    Streaming(Box<ObserveStream>),
+    Streaming(Box<Streaming<LeaderResponse>>),
 }
 
 impl Leaders {
-    fn new(mut elections: ElectionClient, key: String) -> Leaders {
-        Leaders::Calling(Box::pin(async move { elections.observe(key).await }))
+    fn new(mut elections: ElectionClient<Channel>, key: String) -> Leaders {
+        Leaders::Calling(Box::pin(async move { elections.observe(LeaderRequest { name: key.into_bytes() }).await }))
     }
 
     /// The next leader's campaign key and value. Cancel-safe: the call and stream persist.
@@ -250,16 +275,17 @@ impl Leaders {
         loop {
             match self {
                 Leaders::Calling(call) => {
-                    *self = Leaders::Streaming(Box::new(call.await.map_err(|e| format!("observe: {e}"))?));
+                    let stream = call.await.map_err(|e| format!("observe: {}", e.message()))?.into_inner();
+                    *self = Leaders::Streaming(Box::new(stream));
                 }
                 Leaders::Streaming(stream) => match stream.message().await {
-                    Ok(Some(mut answer)) => {
-                        if let Some(leader) = answer.take_kv() {
+                    Ok(Some(answer)) => {
+                        if let Some(leader) = answer.kv {
                             return Ok(leader);
                         }
                     }
                     Ok(None) => return Err("etcd closed the observe stream".into()),
-                    Err(e) => return Err(format!("observe: {e}")),
+                    Err(e) => return Err(format!("observe: {}", e.message())),
                 },
             }
         }
@@ -268,12 +294,26 @@ impl Leaders {
 
 /// An etcd request that should answer at once, bounded so that an unreachable etcd cannot stall
 /// the session.
-async fn request<T>(what: &str, call: impl Future<Output = Result<T, etcd_client::Error>>) -> Result<T, String> {
+async fn request<T>(what: &str, call: impl Future<Output = Result<tonic::Response<T>, Status>>) -> Result<T, String> {
     match timeout(ETCD_REQUEST_TIMEOUT, call).await {
-        Ok(Ok(answer)) => Ok(answer),
-        Ok(Err(e)) => Err(format!("{what}: {e}")),
+        Ok(Ok(answer)) => Ok(answer.into_inner()),
+        Ok(Err(e)) => Err(format!("{what}: {:?}: {}", e.code(), with_causes(e.message(), &e))),
         Err(_) => Err(format!("{what}: no answer within {ETCD_REQUEST_TIMEOUT:?}")),
     }
+}
+
+/// One channel balanced over the etcd endpoints, connecting lazily: each request is bounded
+/// on its own, and a long call (a campaign, a stream) is not.
+fn connect(endpoints: &[String]) -> Result<Channel, String> {
+    let endpoints = endpoints
+        .iter()
+        .map(|url| {
+            Endpoint::from_shared(url.clone())
+                .map(|e| e.connect_timeout(ETCD_REQUEST_TIMEOUT).tcp_nodelay(true))
+                .map_err(|e| format!("etcd endpoint {url}: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Channel::balance_list(endpoints.into_iter()))
 }
 
 /// Resolves once the server resigns (or the handle that would tell it is gone).

@@ -3,24 +3,25 @@
 
 use std::process::ExitCode;
 
-use sluice_server::{app, cli};
+use sluice_runtime::{cli, errln};
+use sluice_server::{app, cli::Args};
 
 fn main() -> ExitCode {
-    let args: cli::Args = match cli::parse("sluice-server") {
+    let args: Args = match cli::parse("sluice-server") {
         Ok(args) => args,
         Err(code) => return code,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("sluice-server: cannot start the runtime: {e}");
+            let _ = errln!("sluice-server: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(app::run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            eprintln!("sluice-server: {failure}");
+            let _ = errln!("sluice-server: {failure}");
             ExitCode::from(failure.exit_code())
         }
     }

@@ -5,8 +5,9 @@
 
 use std::{sync::Arc, time::Duration};
 
+use sluice_client::Answer;
+
 use crate::{
-    core::Answer,
     defaults::PARENT_CHECK_INTERVAL,
     state::{self, State},
 };

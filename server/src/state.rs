@@ -1,32 +1,19 @@
 //! What the server's tasks share: the ledger behind one lock, the published configuration, this
 //! server's role in the election, and readiness.
 
-use std::{
-    sync::{
-        Arc, Mutex, MutexGuard, PoisonError,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::{SystemTime, UNIX_EPOCH},
+use std::sync::{
+    Arc, Mutex, MutexGuard, PoisonError,
+    atomic::{AtomicBool, Ordering},
 };
 
 use arc_swap::{ArcSwap, Guard};
+use sluice_client::discovery::Servers;
+/// The wall clock, read here and passed to the core, which never reads one itself.
+pub use sluice_runtime::clock::{now, precise_now};
+use sluice_runtime::reload::SharedConfigStatus;
 use tokio::sync::Notify;
 
-use crate::{
-    core::{Ledger, Repository, UnixSeconds},
-    discovery::Servers,
-    reload::SharedConfigStatus,
-};
-
-/// The wall clock, in the protocol's whole seconds. The core never reads a clock itself.
-pub fn now() -> UnixSeconds {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as UnixSeconds)
-}
-
-/// The wall clock with sub-second precision, for scheduling requests.
-pub fn precise_now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
-}
+use crate::core::{Ledger, Repository, UnixSeconds};
 
 /// An empty ledger that starts serving — and learning — at `now`: a root's, or an intermediate
 /// server's that asks its parent for capacity. The only place a ledger is made: at start, on
@@ -210,7 +197,9 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{config, reload::ConfigStatus};
+    use sluice_runtime::reload::ConfigStatus;
+
+    use crate::config;
 
     fn state(election_key: Option<&str>) -> State {
         let repository = config::parse(crate::defaults::EMBEDDED_CONFIG).expect("embedded config");

@@ -4,10 +4,10 @@
 use std::fmt::Write;
 
 use serde::Serialize;
+use sluice_runtime::{html::escape, reload::ConfigStatus};
 
 use crate::{
     core::{Choice, Ledger, PriorityMode, Resource, SubtreeWants, UnixSeconds},
-    reload::ConfigStatus,
     state::{Role, State},
 };
 
@@ -354,22 +354,6 @@ fn page_head(title: &str) -> String {
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>{0}</title><style>body{{font-family:sans-serif}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}td:first-child{{text-align:left}}</style></head><body><h1>{0}</h1>",
         escape(title)
     )
-}
-
-/// Escapes text for HTML content and attribute values.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 fn query_escape(s: &str) -> String {

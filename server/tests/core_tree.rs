@@ -5,12 +5,13 @@
 
 use std::sync::Arc;
 
+use sluice_client::Answer;
 use sluice_proto::{
     GetCapacityRequest, GetServerCapacityResponse, Mastership, PriorityBandAggregate, ReleaseCapacityRequest,
     ResourceRequest,
 };
 use sluice_server::{
-    core::{Algorithm, Answer, Kind, Ledger, Parameter, Repository, Template, UnixSeconds},
+    core::{Algorithm, Kind, Ledger, Parameter, Repository, Template, UnixSeconds},
     service, status,
 };
 

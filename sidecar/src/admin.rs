@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode, body::Bytes, body::Incoming};
 use metrics_exporter_prometheus::PrometheusHandle;
-use sluice_server::{
+use sluice_runtime::{
     admin::{json, reply, serve},
     reload::{ConfigStatus, SharedConfigStatus},
 };

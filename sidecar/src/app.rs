@@ -4,9 +4,9 @@
 use std::sync::{Arc, Mutex, atomic::Ordering};
 
 use arc_swap::ArcSwap;
-use sluice_server::{
-    app::{Failure, read_config, termination},
-    reload::{ConfigStatus, Reloader},
+use sluice_runtime::{
+    process::{Failure, read_config, termination},
+    reload::{self, ConfigStatus, Reloader},
     telemetry,
 };
 use tokio::{
@@ -129,7 +129,7 @@ fn reload(
     applying: Arc<Mutex<()>>,
     leasing: Option<Arc<Leasing>>,
     cue: Option<mpsc::UnboundedSender<Arc<str>>>,
-) -> sluice_server::reload::Apply {
+) -> reload::Apply {
     Box::new(move |text: &str| {
         let next: Config = config::parse(text)?;
         let _applying = sync::lock(&applying);

@@ -3,7 +3,8 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Parser;
-use sluice_server::cli::{LogFormat, id, poll_interval, positive_duration};
+use sluice_client::id;
+use sluice_runtime::cli::{LogFormat, poll_interval, positive_duration};
 
 use crate::defaults;
 
@@ -47,7 +48,7 @@ pub struct Args {
     pub log_format: LogFormat,
 
     /// Log filter, in tracing's EnvFilter syntax (e.g. "info" or "info,sluice_sidecar=debug").
-    /// Configuration reloads log under `sluice_server::reload`, code the sidecar shares with the
+    /// Configuration reloads log under `sluice_runtime::reload`, code the sidecar shares with the
     /// server: a filter naming only `sluice_sidecar` hides a rejected file.
     #[arg(long, env = "SLUICE_SIDECAR_LOG", default_value = "info")]
     pub log: String,

@@ -340,7 +340,7 @@ fn server(doc: ServerDoc) -> Result<ServerConfig, String> {
         return Err("server.addresses: at least one address is required (omit `server` for standalone mode)".into());
     }
     for a in &doc.addresses {
-        sluice_server::cli::host_port(a).map_err(|why| format!("server.addresses: {why}"))?;
+        sluice_runtime::cli::host_port(a).map_err(|why| format!("server.addresses: {why}"))?;
     }
     let tls = doc.tls.map(|t| {
         if t.cert.is_some() != t.key.is_some() {

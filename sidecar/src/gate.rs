@@ -58,6 +58,19 @@ struct State {
     answers: u64,
 }
 
+/// Logs a resource's change of mode once, when it happens, so that the log shows when it fell
+/// back on its fallback and when a lease came back, without a line per refresh.
+fn log_mode_change(resource: &str, from: &'static str, to: &Applied) {
+    let (mode, capacity) = (to.mode, to.capacity);
+    if mode.starts_with("fallback") {
+        tracing::warn!(resource, from, mode, capacity, "no valid lease: the fallback applies");
+    } else if from.starts_with("fallback") {
+        tracing::info!(resource, mode, capacity, expiry = to.expiry, "lease back: the fallback no longer applies");
+    } else {
+        tracing::info!(resource, from, mode, capacity, expiry = to.expiry, "mode changed");
+    }
+}
+
 /// Why a request may not pass.
 pub struct Refused {
     pub retry_after: Duration,
@@ -169,12 +182,17 @@ impl Gate {
 
     /// Enforces a new lease (or fallback) from now on, in place.
     pub fn apply(&self, applied: Applied) {
-        {
+        let previous = {
             let mut state = self.lock();
             if state.applied == applied {
                 return;
             }
+            let previous = state.applied.mode;
             self.enforce(&mut state, applied.clone());
+            previous
+        };
+        if previous != applied.mode {
+            log_mode_change(&self.id, previous, &applied);
         }
         self.metrics.applied(&applied);
     }

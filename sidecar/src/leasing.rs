@@ -4,12 +4,13 @@
 
 use std::{
     sync::{Arc, Mutex, MutexGuard},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use arc_swap::ArcSwap;
+use sluice_client::{discovery::Servers, tls::ClientTlsFiles};
 use sluice_proto::ReleaseCapacityRequest;
-use sluice_server::{discovery::Servers, tls::ClientTlsFiles};
+use sluice_runtime::clock::precise_now;
 use tokio::sync::{mpsc::UnboundedReceiver, watch};
 
 use crate::{
@@ -31,7 +32,7 @@ pub struct Leasing {
 impl Leasing {
     /// Must be called on a runtime: the `server.tls` files are polled every `poll`.
     pub fn new(client_id: String, server: &ServerConfig, poll: Duration) -> Result<Leasing, String> {
-        let seed = unix_now().to_bits() ^ u64::from(std::process::id());
+        let seed = precise_now().to_bits() ^ u64::from(std::process::id());
         let files = server.tls.as_ref().map(|t| ClientTlsFiles {
             ca: t.ca.clone(),
             identity: t.cert.clone().zip(t.key.clone()),
@@ -62,7 +63,7 @@ impl Leasing {
 
     /// Puts every resource's current lease, or its fallback, into force.
     pub fn apply(&self, plan: &Plan) {
-        let now = unix_now();
+        let now = precise_now();
         let client = self.lock();
         for gate in &plan.gates {
             if let Some(effective) = client.effective(now, &gate.id) {
@@ -81,11 +82,13 @@ impl Leasing {
         mut cues: UnboundedReceiver<Arc<str>>,
         mut stop: watch::Receiver<bool>,
     ) {
+        // Failed attempts since the last answer: the first is a warning, the rest are not news.
+        let mut failing: u32 = 0;
         loop {
             if self.servers.renewed_since_failure() {
                 self.lock().retry_now();
             }
-            let now = unix_now();
+            let now = precise_now();
             let due = self.lock().next_due();
             let until_due = due.map_or(Duration::MAX, |d| Duration::from_secs_f64((d - now).max(0.0)));
             let refresh = until_due.is_zero();
@@ -115,9 +118,13 @@ impl Leasing {
                     answer = self.servers.call("GetCapacity", |mut c| async move { c.get_capacity(request).await }) => answer,
                     _ = stopped(&mut stop) => break,
                 };
-                let now = unix_now();
+                let now = precise_now();
                 match answer {
                     Ok(response) => {
+                        if failing > 0 {
+                            tracing::info!(failed_attempts = failing, "the capacity servers answer again");
+                            failing = 0;
+                        }
                         for r in &response.response {
                             let (capacity, refresh) = (r.gets.capacity, r.gets.refresh_interval);
                             tracing::debug!(resource = %r.resource_id, capacity, refresh, "leased");
@@ -130,7 +137,12 @@ impl Leasing {
                         }
                     }
                     Err(error) => {
-                        tracing::warn!(%error, "no lease from the capacity servers; current leases stay until they expire");
+                        if failing == 0 {
+                            tracing::warn!(%error, "no lease from the capacity servers; current leases stay until they expire");
+                        } else {
+                            tracing::debug!(%error, failed_attempts = failing + 1, "still no lease from the capacity servers");
+                        }
+                        failing = failing.saturating_add(1);
                         let untried = self.servers.move_on();
                         self.lock().on_error(now, untried);
                     }
@@ -156,8 +168,4 @@ impl Leasing {
             Err(error) => tracing::warn!(%error, "ReleaseCapacity failed; the leases will expire on their own"),
         }
     }
-}
-
-pub fn unix_now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }

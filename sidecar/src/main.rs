@@ -3,10 +3,11 @@
 
 use std::process::ExitCode;
 
+use sluice_runtime::errln;
 use sluice_sidecar::{app, cli};
 
 fn main() -> ExitCode {
-    let args: cli::Args = match sluice_server::cli::parse("sluice-sidecar") {
+    let args: cli::Args = match sluice_runtime::cli::parse("sluice-sidecar") {
         Ok(args) => args,
         Err(code) => return code,
     };
@@ -22,14 +23,14 @@ fn main() -> ExitCode {
     let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("sluice-sidecar: cannot start the runtime: {e}");
+            let _ = errln!("sluice-sidecar: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(app::run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            eprintln!("sluice-sidecar: {failure}");
+            let _ = errln!("sluice-sidecar: {failure}");
             ExitCode::from(failure.exit_code())
         }
     }

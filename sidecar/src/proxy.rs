@@ -13,7 +13,7 @@ use http::{
     header::{CONNECTION, HOST, TE, TRANSFER_ENCODING, UPGRADE},
     uri::{Authority, PathAndQuery, Scheme},
 };
-use sluice_server::telemetry::with_causes;
+use sluice_runtime::telemetry::with_causes;
 use tower::Service;
 
 use crate::{
@@ -158,7 +158,7 @@ fn tls_config(ca: Option<(&std::path::Path, &[u8])>) -> Result<rustls::ClientCon
     let mut roots = rustls::RootCertStore::empty();
     match ca {
         Some((path, pem)) => {
-            for cert in sluice_server::tls::certificates(path, pem).map_err(|e| format!("ca: {e}"))? {
+            for cert in sluice_client::tls::certificates(path, pem).map_err(|e| format!("ca: {e}"))? {
                 roots.add(cert).map_err(|e| format!("ca {}: {e}", path.display()))?;
             }
         }

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use serde::Serialize;
-use sluice_server::{reload::ConfigStatus, status::escape};
+use sluice_runtime::{html::escape, reload::ConfigStatus};
 
 use crate::{
     core::Kind,

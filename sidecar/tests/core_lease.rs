@@ -1,7 +1,7 @@
 //! The Doorman client half, in conversations with a fake server on a fake clock.
 
+use sluice_client::defaults::BACKOFF_CAP;
 use sluice_proto::{GetCapacityResponse, Lease, Mastership, ResourceResponse};
-use sluice_server::defaults::BACKOFF_CAP;
 use sluice_sidecar::core::{Answer, Effective, Fallback, LeaseClient, Mode, ResourceSpec};
 
 const T0: f64 = 1_700_000_000.0;

@@ -20,6 +20,7 @@ use std::{
 };
 
 use clap::{Parser, ValueEnum};
+use sluice_runtime::errln;
 use tempfile::TempDir;
 
 use crate::{
@@ -173,13 +174,13 @@ pub fn run(args: Args) -> Result<(), String> {
 
     let secs = args.duration.as_secs().max(1);
     for &target in &args.targets {
-        eprintln!("warming up {}", target.name());
+        let _ = errln!("warming up {}", target.name());
         warm_up(&args.wrk, target, addr_of(&addrs, target).0, args.connections)?;
     }
     let mut results = Vec::new();
     for round in 1..=args.rounds {
         for &target in &args.targets {
-            eprintln!(
+            let _ = errln!(
                 "round {round}: measuring {} ({secs}s at {} connections, then {}s at 1)",
                 target.name(),
                 args.connections,
@@ -196,7 +197,7 @@ pub fn run(args: Args) -> Result<(), String> {
             results.push(Measurement { round, target, load, single, cpu });
         }
     }
-    print!("{}", report(&results, args.rounds, sidecar_rss));
+    let _ = sluice_runtime::cli::out(format_args!("{}", report(&results, args.rounds, sidecar_rss)));
     match results.iter().find(|m| m.target == Target::Sidecar && m.load.non_2xx + m.single.non_2xx > 0) {
         Some(m) => Err(refused(m.target, m.load.non_2xx + m.single.non_2xx, addr_of(&addrs, Target::Sidecar).0)),
         None => Ok(()),
@@ -217,9 +218,10 @@ fn warm_up(wrk_path: &Path, target: Target, addr: SocketAddr, connections: u32) 
         if pass.non_2xx == 0 {
             return Ok(());
         }
-        eprintln!(
+        let _ = errln!(
             "  {} non-2xx in {WARM_UP_PASS_SECS}s at {:.0} req/s, continuing",
-            pass.non_2xx, pass.requests_per_sec
+            pass.non_2xx,
+            pass.requests_per_sec
         );
         refused_total += pass.non_2xx;
     }

@@ -14,6 +14,7 @@ use std::{
 };
 
 use clap::Parser;
+use sluice_runtime::outln;
 use tokio::net::TcpListener;
 
 use crate::{
@@ -155,19 +156,20 @@ pub async fn run(args: Args) -> Result<(), String> {
     let upstream_addr = upstream_listener.local_addr().map_err(|e| e.to_string())?;
     tokio::spawn(upstream::serve(upstream_listener, None));
 
-    println!(
+    let _ = outln!(
         "capacity server on {} — {RESOURCE:?} shares {CAPACITY} requests/s (FAIR_SHARE, refresh 1 s); for its first 2 s \
          it is in learning mode and grants newcomers nothing",
         server.grpc
     );
-    println!(
+    let _ = outln!(
         "demo upstream on {upstream_addr}; each sidecar is offered {} requests/s (3× the capacity when alone)",
         args.rate
     );
     let mut pods = vec![Pod::start("A", server.grpc, upstream_addr, args.rate, &args.bin_dir)];
-    println!(
+    let _ = outln!(
         "sidecar A: admin http://{}/debug/status; sidecar B joins after {:?}; Ctrl-C stops",
-        pods[0].sidecar.admin, args.join_after
+        pods[0].sidecar.admin,
+        args.join_after
     );
 
     let start = Instant::now();
@@ -181,10 +183,10 @@ pub async fn run(args: Args) -> Result<(), String> {
         let t = start.elapsed();
         // Starting a sidecar and reading its status block: off the runtime's workers, so the
         // load generators and their counters keep time meanwhile.
-        tokio::task::block_in_place(|| {
+        let shown = tokio::task::block_in_place(|| {
             if pods.len() == 1 && t >= args.join_after {
                 pods.push(Pod::start("B", server.grpc, upstream_addr, args.rate, &args.bin_dir));
-                println!("— sidecar B joins: the capacity is now shared —");
+                outln!("— sidecar B joins: the capacity is now shared —")?;
             }
             let mut total = 0;
             let parts: Vec<String> = pods
@@ -195,9 +197,10 @@ pub async fn run(args: Args) -> Result<(), String> {
                     text
                 })
                 .collect();
-            println!("t={:>3}s  {}  | Σ admitted {total:>3}/s of {CAPACITY}", t.as_secs(), parts.join("  | "));
+            outln!("t={:>3}s  {}  | Σ admitted {total:>3}/s of {CAPACITY}", t.as_secs(), parts.join("  | "))
         });
-        if args.duration.is_some_and(|d| t >= d) {
+        // Nobody reads any more (`make demo | head`): stop as on Ctrl-C.
+        if shown.is_err() || args.duration.is_some_and(|d| t >= d) {
             break;
         }
     }
@@ -206,6 +209,6 @@ pub async fn run(args: Args) -> Result<(), String> {
         pod.sidecar.signal("TERM");
         pod.sidecar.wait_exit(Duration::from_secs(15));
     }
-    println!("stopped");
+    let _ = outln!("stopped");
     Ok(())
 }

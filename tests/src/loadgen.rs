@@ -14,6 +14,7 @@ use std::{
 use clap::Parser;
 use hdrhistogram::Histogram;
 use sluice_proto::{DiscoveryRequest, GetCapacityRequest, ResourceRequest, capacity_client::CapacityClient};
+use sluice_runtime::outln;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::harness::Server;
@@ -225,11 +226,14 @@ pub async fn run(args: Args) -> Result<(), String> {
         Some(binary) => format!("{} (started afresh for each size)", binary.display()),
         None => args.addr.clone(),
     };
-    println!(
+    let _ = outln!(
         "target {target}; resource {:?}; {} callers over {} connections; {:?} per size",
-        args.resource, args.callers, args.connections, args.duration
+        args.resource,
+        args.callers,
+        args.connections,
+        args.duration
     );
-    println!(
+    let _ = outln!(
         "{:>9} {:>10} {:>11} {:>9} {:>9} {:>13} {:>13} {:>14} {:>8}",
         "clients",
         "prefill s",
@@ -272,7 +276,7 @@ pub async fn run(args: Args) -> Result<(), String> {
             latency_us: measured.latency_us,
         };
         let discovery_rate = baseline.rpcs as f64 / baseline.elapsed.as_secs_f64();
-        println!(
+        let _ = outln!(
             "{:>9} {:>10.1} {:>11.0} {:>9.3} {:>9.3} {:>12.2}x {:>13} {:>14} {:>8}",
             m.clients,
             m.prefill.as_secs_f64(),
@@ -287,7 +291,7 @@ pub async fn run(args: Args) -> Result<(), String> {
         first_rate.get_or_insert(m.rate());
     }
     if let (Some(first), Some(&smallest)) = (first_rate, args.clients.first()) {
-        println!(
+        let _ = outln!(
             "(vs Discovery: GetCapacity rate ÷ Discovery rate on the same connections; baseline size {smallest} ran at {first:.0}/s)"
         );
     }

@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 
 use clap::Parser;
+use sluice_runtime::errln;
 use tokio::net::{TcpListener, TcpStream};
 
 #[derive(Debug, Parser)]
@@ -33,7 +34,7 @@ pub fn run(args: Args) -> Result<(), String> {
             let (downstream, _) = listener.accept().await.map_err(|e| format!("accept: {e}"))?;
             tokio::spawn(async move {
                 if let Err(e) = relay(downstream, args.upstream).await {
-                    eprintln!("sluice-relay: {e}");
+                    let _ = errln!("sluice-relay: {e}");
                 }
             });
         }

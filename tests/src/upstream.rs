@@ -23,6 +23,7 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo},
     server::conn::auto,
 };
+use sluice_runtime::errln;
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tokio_rustls::{
@@ -111,7 +112,7 @@ pub async fn serve(listener: TcpListener, tls: Option<Arc<ServerConfig>>) {
             Ok((stream, _)) => stream,
             Err(e) => {
                 // Usually out of file descriptors: back off instead of spinning.
-                eprintln!("sluice-upstream: accept: {e}");
+                let _ = errln!("sluice-upstream: accept: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }

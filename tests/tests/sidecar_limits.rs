@@ -259,6 +259,13 @@ async fn a_missing_capacity_server_never_fails_requests() {
     eventually(Duration::from_secs(40), "leased again", || resource_status(&sidecar, "orders")["mode"] == "leased")
         .await;
     assert_eq!(during.await.unwrap(), 0, "no request failed while the server was away");
+    // The log tells the story once: each change of mode, not every failed refresh.
+    let logs = sidecar.logs();
+    let lines = |text: &str| logs.lines().filter(|l| l.contains(text)).count();
+    assert_eq!(lines("no lease from the capacity servers"), 1, "one warning for the outage:\n{logs}");
+    assert_eq!(lines("no valid lease: the fallback applies"), 1, "{logs}");
+    assert_eq!(lines("lease back: the fallback no longer applies"), 1, "{logs}");
+    assert_eq!(lines("the capacity servers answer again"), 1, "{logs}");
 }
 
 #[tokio::test]

@@ -7,12 +7,13 @@ use std::{
 };
 
 use hashbrown::HashMap;
+use sluice_client::Answer;
 use sluice_proto::{GetServerCapacityRequest, GetServerCapacityResponse};
 
 use crate::defaults::EXPIRY_PER_CLAIM;
 
 use super::{
-    parent::{Answer, Parent},
+    parent::Parent,
     resource::{Claim, Grant, Resource, Supply},
     store::UnixSeconds,
     template::Repository,
@@ -173,7 +174,7 @@ impl Ledger {
 
     /// The request in flight to the parent failed; `untried`: at one of its addresses, and
     /// another is still untried in this round, so it is asked at once rather than after a
-    /// backoff (see [`Schedule::failed_over`](crate::core::Schedule::failed_over)).
+    /// backoff (see [`Schedule::failed_over`](sluice_client::Schedule::failed_over)).
     pub fn on_parent_error(&mut self, now: f64, untried: bool) {
         if let Some(parent) = self.parent.as_mut() {
             parent.on_error(now, untried, &self.resources);

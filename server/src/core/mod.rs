@@ -9,8 +9,8 @@
 //! - [`resource`]: a resource's template and leases, turning claims into grants;
 //! - [`priority`]: demands by priority band, shared from the most important down;
 //! - [`ledger`]: all resources of a server, and learning mode;
-//! - [`parent`]: an intermediate server's requests to its parent;
-//! - [`schedule`]: when a lease holder asks again (shared with the sidecar's lease client).
+//! - [`parent`]: an intermediate server's requests to its parent (when to ask them is
+//!   `sluice_client::Schedule`, shared with the sidecar's lease client).
 
 pub mod algorithm;
 pub mod band;
@@ -18,16 +18,14 @@ pub mod ledger;
 pub mod parent;
 pub mod priority;
 pub mod resource;
-pub mod schedule;
 pub mod store;
 pub mod template;
 
 pub use algorithm::{Algorithm, Choice, Kind, Parameter};
 pub use band::{Band, Demand, Sums};
 pub use ledger::Ledger;
-pub use parent::{Answer, Parent};
+pub use parent::Parent;
 pub use priority::{Bands, PriorityMode, SubtreeWants, Wants};
 pub use resource::{Claim, Grant, ParentLease, Resource, Supply};
-pub use schedule::{Round, Schedule};
 pub use store::{Holds, LeaseStore, LeaseView, UnixSeconds};
 pub use template::{Repository, Template, TemplateError};

@@ -3,6 +3,7 @@
 //! and the leases that come back. The ledger owns one of these when the server has a parent.
 
 use hashbrown::HashMap;
+use sluice_client::{Answer, Granted, Schedule, safe_capacity};
 use sluice_proto::{
     self as proto, ClientGroup, GetServerCapacityRequest, GetServerCapacityResponse, PriorityBandAggregate,
     ServerCapacityResourceRequest, WantsProfile,
@@ -12,22 +13,11 @@ use super::{
     algorithm::{Algorithm, Choice, Kind, Parameter},
     priority::SubtreeWants,
     resource::{ParentLease, Reported, Resource},
-    schedule::Schedule,
     store::UnixSeconds,
 };
 use crate::defaults::{
     MAX_AMOUNT, MAX_PROFILE_GROUPS, MAX_SUBCLIENTS, MAX_TEMPLATE_SECONDS, REFRESH_DECAY, REPORT_CHANGE,
 };
-
-/// How a response was taken.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Answer {
-    /// Leases recorded.
-    Updated,
-    /// The server asked is not the master. `Some(address)`: ask there; `None`: unknown, ask
-    /// Discovery again after a backoff.
-    Redirect(Option<String>),
-}
 
 #[derive(Debug)]
 pub struct Parent {
@@ -130,12 +120,13 @@ impl Parent {
         let mut refresh = None::<i64>;
         for granted in response.response {
             let Some(r) = resources.get_mut(&granted.resource_id) else { continue };
+            let gets = Granted::clean(now, &granted.gets);
             let lease = ParentLease {
-                capacity: if granted.gets.capacity.is_finite() { granted.gets.capacity.max(0.0) } else { 0.0 },
-                expiry: granted.gets.expiry_time,
-                refresh_interval: granted.gets.refresh_interval.max(1),
+                capacity: gets.capacity,
+                expiry: gets.expiry,
+                refresh_interval: gets.refresh_interval,
                 algorithm: granted.algorithm.as_ref().and_then(algorithm),
-                safe_capacity: granted.safe_capacity.filter(|s| s.is_finite()),
+                safe_capacity: safe_capacity(granted.safe_capacity),
             };
             if (lease.expiry as f64) > now {
                 refresh = Some(refresh.map_or(lease.refresh_interval, |r| r.min(lease.refresh_interval)));

@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 
+pub use sluice_client::Answer;
+use sluice_client::{Granted, Schedule, defaults::MAX_AMOUNT, safe_capacity};
 use sluice_proto::{GetCapacityRequest, GetCapacityResponse, Lease, ResourceRequest};
-pub use sluice_server::core::Answer;
-use sluice_server::{core::Schedule, defaults::MAX_AMOUNT};
 
 use crate::defaults::{DEMAND_CHANGE, EARLY_REFRESH};
 
@@ -74,7 +74,7 @@ struct Entry {
     requested: bool,
     /// An attempt that included it has concluded, so its fallback is decided.
     asked: bool,
-    lease: Option<Lease>,
+    lease: Option<Granted>,
     /// The last safe capacity a server sent (negative: no limit).
     server_safe: Option<f64>,
     /// The wants in the last request.
@@ -82,8 +82,8 @@ struct Entry {
 }
 
 impl Entry {
-    fn valid_lease(&self, now: f64) -> Option<&Lease> {
-        self.lease.as_ref().filter(|lease| now < lease.expiry_time as f64)
+    fn valid_lease(&self, now: f64) -> Option<&Granted> {
+        self.lease.as_ref().filter(|lease| lease.is_valid(now))
     }
 
     /// The last safe capacity a server sent, else the configured one (INFINITY: no limit).
@@ -108,7 +108,7 @@ impl Entry {
     /// take whatever is free), and no more than a server takes.
     fn has(&self, now: f64) -> Option<Lease> {
         match self.valid_lease(now) {
-            Some(lease) => Some(Lease { capacity: lease.capacity.min(MAX_AMOUNT), ..*lease }),
+            Some(lease) => Some(lease.to_wire()),
             None if self.asked => Some(Lease {
                 capacity: match self.spec.fallback {
                     Fallback::Pessimistic => 0.0,
@@ -242,8 +242,8 @@ impl LeaseClient {
         for granted in response.response {
             // Leases for resources no longer configured are ignored: they are being released.
             if let Some(entry) = self.entries.get_mut(&granted.resource_id) {
-                entry.lease = Some(granted.gets);
-                if let Some(safe) = granted.safe_capacity.filter(|safe| !safe.is_nan()) {
+                entry.lease = Some(Granted::clean(now, &granted.gets));
+                if let Some(safe) = safe_capacity(granted.safe_capacity) {
                     entry.server_safe = Some(safe);
                 }
             }
@@ -283,10 +283,10 @@ impl LeaseClient {
         let fallback = entry.spec.fallback;
         if let Some(lease) = entry.valid_lease(now) {
             return Some(Effective {
-                capacity: if lease.capacity >= 0.0 { lease.capacity } else { 0.0 },
+                capacity: lease.capacity,
                 mode: Mode::Leased,
                 fallback,
-                expiry: Some(lease.expiry_time),
+                expiry: Some(lease.expiry),
                 refresh_interval: Some(lease.refresh_interval),
             });
         }
@@ -322,7 +322,7 @@ impl LeaseClient {
             .values()
             .filter(|entry| entry.used)
             .filter_map(|entry| entry.valid_lease(now))
-            .map(|lease| lease.expiry_time as f64)
+            .map(|lease| lease.expiry as f64)
             .min_by(f64::total_cmp)
     }
 }

@@ -3,6 +3,7 @@
 use std::{path::PathBuf, process::ExitCode, time::Instant};
 
 use clap::Parser;
+use sluice_runtime::{errln, outln};
 use sluice_sim::{Scenario, report, run};
 
 #[derive(Parser)]
@@ -20,7 +21,10 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = match sluice_runtime::cli::parse("sluice-sim") {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     let mut outcomes = Vec::new();
     let mut failed = false;
     for path in &cli.scenarios {
@@ -33,7 +37,7 @@ fn main() -> ExitCode {
             Ok(outcome) => {
                 let wall = started.elapsed().as_secs_f64();
                 let simulated = outcome.summary.duration;
-                eprintln!(
+                let _ = errln!(
                     "{}: {simulated:.0} simulated s in {wall:.2} wall s ({:.0} simulated s per wall s)",
                     outcome.name,
                     simulated / wall
@@ -41,16 +45,16 @@ fn main() -> ExitCode {
                 outcomes.push(outcome);
             }
             Err(error) => {
-                eprintln!("{}: {error}", path.display());
+                let _ = errln!("{}: {error}", path.display());
                 failed = true;
             }
         }
     }
-    print!("{}", report::table(&outcomes));
+    let _ = sluice_runtime::cli::out(format_args!("{}", report::table(&outcomes)));
     if let Err(error) = report::write(&outcomes, &cli.out) {
-        eprintln!("{}: {error}", cli.out.display());
+        let _ = errln!("{}: {error}", cli.out.display());
         return ExitCode::FAILURE;
     }
-    println!("results in {}", cli.out.display());
+    let _ = outln!("results in {}", cli.out.display());
     if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
 }

@@ -1,12 +1,12 @@
-//! How a caller reaches a replicated server, as `sluice_server::discovery::Servers` does for the
+//! How a caller reaches a replicated server, as `sluice_client::discovery::Servers` does for the
 //! binaries — the sidecar toward its capacity servers (`leasing.rs`) and an intermediate server
 //! toward its parent (`parent.rs`): Discovery at the current address when no master is known,
 //! the master a redirect names, the next address after an error. It also keeps the one RPC the
 //! caller awaits, told from stale answers and timeouts by its attempt number. Clients and
 //! intermediate servers share it.
 
+use sluice_client::Round;
 use sluice_proto::DiscoveryResponse;
-use sluice_server::core::Round;
 
 use crate::{protocol::Request, server::Server};
 

@@ -10,9 +10,10 @@
 
 use std::sync::Arc;
 
+use sluice_client::Answer;
 use sluice_proto::GetServerCapacityRequest;
 use sluice_server::{
-    core::{Answer, Ledger, Repository, UnixSeconds},
+    core::{Ledger, Repository, UnixSeconds},
     defaults::SWEEP_BATCH,
 };
 

@@ -16,11 +16,12 @@ use tonic::{
     transport::{Channel, ClientTlsConfig, Endpoint},
 };
 
+use sluice_runtime::{reload::rotating, telemetry::with_causes};
+
 use crate::{
-    core::Round,
     defaults::{CAPACITY_CONNECT_TIMEOUT, CAPACITY_RPC_TIMEOUT},
-    telemetry::with_causes,
-    tls::{self, ClientTlsFiles},
+    schedule::Round,
+    tls::ClientTlsFiles,
 };
 
 /// Called once per RPC with its method and whether it succeeded, for the caller's metrics.
@@ -78,7 +79,7 @@ impl Servers {
         what: &'static str,
     ) -> Result<Arc<Servers>, String> {
         let tls = files
-            .map(|files| tls::rotating(what, files.paths(), poll, move |content| files.client_config(content)))
+            .map(|files| rotating(what, files.paths(), poll, move |content| files.client_config(content)))
             .transpose()?;
         Ok(Arc::new(Servers::new(addresses, tls, record)))
     }

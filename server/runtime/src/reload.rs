@@ -2,7 +2,8 @@
 //! goes into force atomically; an invalid or unreadable one is logged and counted, and the
 //! configuration in force stays. Shared by the server and the sidecar, which differ only in how
 //! a file's text is applied.
-//! [`Watch`], the polling itself, also serves the rotation of TLS files (`tls::rotating`).
+//! [`Watch`], the polling itself, also keeps TLS settings up to date as their files rotate
+//! ([`rotating`]).
 
 use std::{
     path::PathBuf,
@@ -10,10 +11,11 @@ use std::{
     time::Duration,
 };
 
+use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::signal::unix::Signal;
 
-use crate::{state::now, status::escape};
+use crate::{clock::now, html::escape};
 
 /// Where the configuration in force came from, and the last file rejected since: the status
 /// pages show it, so that a rejected file is seen without reading the logs.
@@ -173,6 +175,41 @@ impl Reloader {
             }
         }
     }
+}
+
+/// Settings that `build` makes from the content of `paths`, kept up to date as the files rotate:
+/// they are polled every `interval`, and when their content changes and settles, `build` makes
+/// new settings from it, or says why it cannot and the old settings stay. `what` names the
+/// settings in the log. Must be called on a runtime.
+pub fn rotating<T: Send + Sync + 'static>(
+    what: &'static str,
+    paths: Vec<PathBuf>,
+    interval: Duration,
+    build: impl Fn(&[Vec<u8>]) -> Result<T, String> + Send + 'static,
+) -> Result<Arc<ArcSwap<T>>, String> {
+    let loaded = Watch::read(&paths)?;
+    let settings = Arc::new(ArcSwap::from_pointee(build(&loaded)?));
+    if paths.is_empty() {
+        return Ok(settings);
+    }
+    let installed = settings.clone();
+    let mut watch = Watch::new(paths, Ok(loaded));
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let Some(content) = watch.changed(false) else { continue };
+            match content.and_then(|files| build(&files)) {
+                Ok(new) => {
+                    installed.store(Arc::new(new));
+                    tracing::info!(what, "TLS files changed: new connections use them");
+                }
+                Err(error) => tracing::error!(what, %error, "TLS files rejected; the previous ones stay in force"),
+            }
+        }
+    });
+    Ok(settings)
 }
 
 #[cfg(test)]

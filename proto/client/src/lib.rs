@@ -1,0 +1,29 @@
+//! The Doorman client half, shared by the sidecar's lease client and an intermediate server's
+//! requests to its parent:
+//!
+//! - [`schedule`]: when to ask again (refresh, wake-ups, backoff) and how far a failover got;
+//! - [`answer`]: what a server's answer grants, cleaned of what no caller can act on;
+//! - [`discovery`]: the replicas of a node, its master, and one channel to it;
+//! - [`tls`]: TLS toward the servers, and the checks of every PEM file;
+//! - [`defaults`]: the protocol's bounds and the retry timings.
+#![forbid(unsafe_code)]
+
+pub mod answer;
+pub mod defaults;
+pub mod discovery;
+pub mod schedule;
+pub mod tls;
+
+pub use answer::{Answer, Granted, safe_capacity};
+pub use schedule::{Round, Schedule};
+
+/// An id towards a capacity server (a client or server id given as a flag): what a server
+/// accepts — non-empty, at most [`MAX_ID_BYTES`](defaults::MAX_ID_BYTES), no control characters.
+pub fn id(text: &str) -> Result<String, String> {
+    match text.len() {
+        0 => Err("must not be empty".into()),
+        n if n > defaults::MAX_ID_BYTES => Err(format!("at most {} bytes, got {n}", defaults::MAX_ID_BYTES)),
+        _ if text.chars().any(char::is_control) => Err("must not contain control characters".into()),
+        _ => Ok(text.to_owned()),
+    }
+}

@@ -1,0 +1,20 @@
+//! What a Sluice process is made of besides its job, shared by the capacity server and the
+//! sidecar:
+//!
+//! - [`cli`]: flags (one parser, exit code 64 on a bad one) and output that survives a closed pipe;
+//! - [`telemetry`]: structured logs;
+//! - [`reload`]: configuration files and TLS files polled and put into force when they change;
+//! - [`admin`]: the HTTP admin listener on a thread of its own;
+//! - [`process`]: start-up failures, the configuration file, termination signals;
+//! - [`html`]: escaping for the status pages;
+//! - [`clock`]: the wall clock in the protocol's terms.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod cli;
+pub mod clock;
+pub mod defaults;
+pub mod html;
+pub mod process;
+pub mod reload;
+pub mod telemetry;
