@@ -55,7 +55,7 @@ pub enum SubtreeWants {
     /// By its profile (`PriorityBandAggregate.profile`, which children then send): max-min
     /// fairness over every end client of the tree, to within the profile's groups. Every change
     /// of a modest client's wants then moves capacity between subtrees, and a pull protocol
-    /// leaves capacity in transit meanwhile: the README's simulation section measures the cost.
+    /// leaves capacity in transit meanwhile: `docs/simulation.md` measures the cost.
     Profile,
 }
 

@@ -306,7 +306,7 @@ impl Resource {
 /// due. Squeezing would free that room at once, but the squeezed claimant then stays below its
 /// due until it asks again, after the others have shrunk, and the capacity between is idle;
 /// in the simulator's tree that gap was, by an estimate, about half of all capacity not handed
-/// out (README, "Simulation"). The sum of the leases never grows this way, so a root whose
+/// out (`docs/simulation.md`). The sum of the leases never grows this way, so a root whose
 /// leases fit its capacity never exceeds it, and an intermediate server's excess is still held
 /// at its parent, which keeps reserving what the server reports its clients hold. Learning mode
 /// keeps the strict bound: what clients report holding is not known to fit.

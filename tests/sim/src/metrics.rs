@@ -234,7 +234,7 @@ impl Summary {
 /// began within `horizon` seconds of it (the longest a consequence can wait to show: a lease
 /// outliving its server), else by the first shift that comes while it lasts; each shortfall is
 /// charged once, and a shift answers for the first it caused — a later one it caused is
-/// charged to no shift (the README measures how charging the last instead would read).
+/// charged to no shift.
 fn reconvergence(
     samples: &[Sample],
     mut shifts: Vec<(Time, Cause, String)>,

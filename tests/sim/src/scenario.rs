@@ -1,5 +1,6 @@
 //! Scenario files: a small YAML document saying what runs (servers, clients and their load), for
-//! how long, over what network, and what happens when. See `scenarios/*.yaml` and the README.
+//! how long, over what network, and what happens when. See `scenarios/*.yaml` and the crate's
+//! `README.md`.
 
 use std::{path::Path, sync::Arc};
 

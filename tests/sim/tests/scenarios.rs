@@ -159,7 +159,7 @@ fn scenario_5_the_tree_hands_out_the_capacity() {
 /// (9 s; 6 s at most), as Doorman's "within 2 minutes after a shift in demand". Failures are
 /// reported apart and have no such target: a failover holds a subtree's grants for the new
 /// master's learning mode and a cut-off subtree lives on safe capacity until its outage ends.
-/// Not every seed does as well (README, "Simulation"): over seeds 1–25, utilization with all
+/// Not every seed does as well (`docs/simulation.md`): over seeds 1–25, utilization with all
 /// 25 (98.4–99.1%), Jain with 8 (mean 0.989), reconvergence with 12 (456 of 476 demand shifts);
 /// the peak with every seed of 1–50 (100.55% at most). The first minutes alone run lower: they
 /// hold a crash and an outage in every three minutes without the calmer stretches that follow.
@@ -202,10 +202,10 @@ fn scenario_7_with_profiles_meets_utilization_overshoot_and_fairness() {
 /// spike at 1440 s comes while Σ has is already short, from leaf root.1.0's crash during its
 /// outage (its new master learns until 1450 s); once that has settled, a one-second dip to
 /// 97.99% of the target at 1486 s, 46 s after the spike, is the first shortfall after it and is
-/// charged to it (47 s). Over seeds 1–25, 418 of 476 demand shifts within 9 s (README,
-/// "Simulation").
+/// charged to it (47 s). Over seeds 1–25, 418 of 476 demand shifts within 9 s
+/// (`docs/simulation.md`).
 #[test]
-#[ignore = "missed with this seed: a one-second dip 46 s after a spike is charged to it (README, Simulation)"]
+#[ignore = "missed with this seed: a one-second dip 46 s after a spike is charged to it (docs/simulation.md)"]
 fn scenario_7_reconvergence_target_with_profiles() {
     let s = run(&scenario("7-tree-mishaps-profile.yaml", 3600.0)).unwrap().summary;
     let max = s.reconvergence_max(Cause::Demand).unwrap();
