@@ -6,6 +6,10 @@ BENCH_ROUNDS ?= 3
 
 .PHONY: all build test demo bench bench-server bench-sidecar sim lint fmt clean
 
+# Nothing in the build may run protoc (a fresh machine has none; every .proto goes through
+# protox): a stand-in that fails keeps it so.
+export PROTOC := /bin/false
+
 all: build
 
 build:
@@ -14,9 +18,11 @@ build:
 # Every test: unit, property, vector and end-to-end. The end-to-end tests start the binaries
 # built by `build`, which the test build then reuses.
 test: build
+	@! $(CARGO) tree -p sluice-sidecar -e normal | grep -E 'sluice-server|etcd' \
+		|| { echo "sluice-sidecar must link neither the server nor an etcd client"; exit 1; }
 	$(CARGO) test --workspace
 
-# A capacity server on its embedded default and demo clients, with live output.
+# A capacity server, a demo upstream and sidecars under load, with live output (Ctrl-C stops).
 demo: build
 	./target/debug/sluice-demo
 
