@@ -1,7 +1,10 @@
 //! The `doorman.Capacity` gRPC service: validates each request, applies it to the ledger under
 //! one short lock, and answers in Doorman's messages.
 
-use std::{sync::Arc, time::Instant};
+use std::{
+    sync::{Arc, MutexGuard},
+    time::Instant,
+};
 
 use sluice_proto::{
     self as proto, DiscoveryRequest, DiscoveryResponse, GetCapacityRequest, GetCapacityResponse,
@@ -27,13 +30,10 @@ impl CapacityService {
         CapacityService { state, max_resources }
     }
 
-    /// The mastership gate every RPC passes first (SPEC §3.8): `Err` with who the master is
-    /// when this server is not it.
-    fn master_gate(&self) -> Result<(), Mastership> {
-        match &self.state.standing().role {
-            Role::Master => Ok(()),
-            Role::Follower { leader } => Err(Mastership { master_address: leader.clone() }),
-        }
+    /// The mastership gate every RPC passes first (SPEC §3.8): the ledger while this server is
+    /// the master and holds its lock, else `Err` with who the master is.
+    fn master_ledger(&self) -> Result<MutexGuard<'_, Ledger>, Mastership> {
+        self.state.master_ledger().map_err(|leader| Mastership { master_address: leader })
     }
 }
 
@@ -149,12 +149,15 @@ fn algorithm(a: &Algorithm) -> proto::Algorithm {
 impl Capacity for CapacityService {
     async fn discovery(&self, _: Request<DiscoveryRequest>) -> Result<Response<DiscoveryResponse>, Status> {
         observe("Discovery", || {
-            Ok(match self.master_gate() {
-                Ok(()) => DiscoveryResponse {
+            // Only names the master: no ledger to guard, so the role is read without its lock.
+            Ok(match &self.state.standing().role {
+                Role::Master => DiscoveryResponse {
                     mastership: Mastership { master_address: Some(self.state.advertise_address().to_owned()) },
                     is_master: true,
                 },
-                Err(mastership) => DiscoveryResponse { mastership, is_master: false },
+                Role::Follower { leader } => {
+                    DiscoveryResponse { mastership: Mastership { master_address: leader.clone() }, is_master: false }
+                }
             })
         })
     }
@@ -164,10 +167,12 @@ impl Capacity for CapacityService {
         request: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
         observe("GetCapacity", || {
-            if let Err(mastership) = self.master_gate() {
-                return Ok(GetCapacityResponse { response: Vec::new(), mastership: Some(mastership) });
-            }
-            let mut ledger = self.state.ledger();
+            let mut ledger = match self.master_ledger() {
+                Ok(ledger) => ledger,
+                Err(mastership) => {
+                    return Ok(GetCapacityResponse { response: Vec::new(), mastership: Some(mastership) });
+                }
+            };
             let response = get_capacity(&mut ledger, state::now(), request.get_ref(), self.max_resources)?;
             self.state.wake_parent_if_due(&ledger);
             Ok(response)
@@ -179,10 +184,12 @@ impl Capacity for CapacityService {
         request: Request<GetServerCapacityRequest>,
     ) -> Result<Response<GetServerCapacityResponse>, Status> {
         observe("GetServerCapacity", || {
-            if let Err(mastership) = self.master_gate() {
-                return Ok(GetServerCapacityResponse { response: Vec::new(), mastership: Some(mastership) });
-            }
-            let mut ledger = self.state.ledger();
+            let mut ledger = match self.master_ledger() {
+                Ok(ledger) => ledger,
+                Err(mastership) => {
+                    return Ok(GetServerCapacityResponse { response: Vec::new(), mastership: Some(mastership) });
+                }
+            };
             let response = get_server_capacity(&mut ledger, state::now(), request.get_ref(), self.max_resources)?;
             self.state.wake_parent_if_due(&ledger);
             Ok(response)
@@ -193,11 +200,9 @@ impl Capacity for CapacityService {
         &self,
         request: Request<ReleaseCapacityRequest>,
     ) -> Result<Response<ReleaseCapacityResponse>, Status> {
-        observe("ReleaseCapacity", || {
-            if let Err(mastership) = self.master_gate() {
-                return Ok(ReleaseCapacityResponse { mastership: Some(mastership) });
-            }
-            release_capacity(&mut self.state.ledger(), state::now(), request.get_ref())
+        observe("ReleaseCapacity", || match self.master_ledger() {
+            Ok(mut ledger) => release_capacity(&mut ledger, state::now(), request.get_ref()),
+            Err(mastership) => Ok(ReleaseCapacityResponse { mastership: Some(mastership) }),
         })
     }
 }

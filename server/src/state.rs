@@ -110,6 +110,18 @@ impl State {
         ledger
     }
 
+    /// The ledger if this server is the master, else `Err` with the master it follows (`None`:
+    /// unknown). The role is read under the ledger's lock, which every change of role takes: a
+    /// master deposed while a request waited for the lock answers with a redirect, instead of
+    /// granting from the ledger it has just dropped.
+    pub fn master_ledger(&self) -> Result<MutexGuard<'_, Ledger>, Option<String>> {
+        let ledger = self.ledger();
+        match &self.standing.load().role {
+            Role::Master => Ok(ledger),
+            Role::Follower { leader } => Err(leader.clone()),
+        }
+    }
+
     fn lock_ledger(&self) -> MutexGuard<'_, Ledger> {
         // A panic while holding the lock is a bug; the ledger's operations leave it consistent
         // between calls, so serving on beats failing every later request.
@@ -234,5 +246,22 @@ mod tests {
         assert!(state.follow(None, 120));
         assert_eq!(**state.standing(), Standing { role: Role::Follower { leader: None }, since: 120 });
         assert_eq!(state.ledger().serving_since(), 120, "a deposed master's ledger is replaced");
+    }
+
+    #[test]
+    fn a_master_keeps_its_role_while_a_request_holds_its_ledger() {
+        let state = Arc::new(state(Some("/sluice/election/test")));
+        state.become_master(110);
+        let ledger = state.master_ledger().expect("the master's ledger");
+        let deposing = std::thread::spawn({
+            let state = state.clone();
+            move || state.follow(None, 130)
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!deposing.is_finished(), "the role changes only once the request is done");
+        assert_eq!(state.standing().role, Role::Master);
+        drop(ledger);
+        assert!(deposing.join().unwrap(), "was the master");
+        assert_eq!(state.master_ledger().err(), Some(None), "a follower of no known master grants nothing");
     }
 }
