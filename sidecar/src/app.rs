@@ -30,7 +30,8 @@ use crate::{
 pub async fn run(args: Args) -> Result<(), Failure> {
     telemetry::init(args.log_format, &args.log).map_err(Failure::Usage)?;
     let (source, text) = read_config(args.config.as_deref(), EMBEDDED_CONFIG)?;
-    let config = config::parse(&text).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
+    let config =
+        config::parse_with(&text, &args.server_addresses).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
     let handle = metrics::install().map_err(Failure::Runtime)?;
     let client_id = args.client_id.clone().unwrap_or_else(|| default_client_id(&config));
 
@@ -77,7 +78,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     tokio::spawn(ca_rotation::run(live.clone(), applying.clone(), cue.clone(), args.config_poll_interval));
     match args.config.clone() {
         Some(path) => {
-            let apply = reload(live.clone(), applying, leasing.clone(), cue.clone());
+            let apply = reload(live.clone(), applying, leasing.clone(), cue.clone(), args.server_addresses.clone());
             let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload, config_status);
             tokio::spawn(reloader.run(args.config_poll_interval, hangup));
         }
@@ -129,9 +130,10 @@ fn reload(
     applying: Arc<Mutex<()>>,
     leasing: Option<Arc<Leasing>>,
     cue: Option<mpsc::UnboundedSender<Arc<str>>>,
+    servers: Vec<String>,
 ) -> reload::Apply {
     Box::new(move |text: &str| {
-        let next: Config = config::parse(text)?;
+        let next: Config = config::parse_with(text, &servers)?;
         let _applying = sync::lock(&applying);
         let current = live.load_full();
         if let Some(why) = current.config.restart_needed(&next) {

@@ -1,22 +1,102 @@
-//! Command-line flags; each can also come from a `SLUICE_SIDECAR_*` environment variable.
+//! Command-line flags; each of the sidecar's own can also come from a `SLUICE_SIDECAR_*`
+//! environment variable. Without a subcommand the binary is the sidecar; `inject` and
+//! `webhook` put it into Kubernetes pods (`crate::inject`).
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use sluice_client::id;
-use sluice_runtime::cli::{LogFormat, poll_interval, positive_duration};
+use sluice_runtime::cli::{LogFormat, host_port, poll_interval, positive_duration};
 
-use crate::defaults;
+use crate::{defaults, inject::Settings};
 
 /// Sluice sidecar: a reverse proxy that leases each resource's capacity from the Sluice (or
 /// Doorman) capacity servers and delays or rejects the requests above it.
 #[derive(Debug, Parser)]
-#[command(name = "sluice-sidecar", version)]
+#[command(name = "sluice-sidecar", version, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub sidecar: Args,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Adds the sidecar to every pod template of Kubernetes YAML (Pod, Deployment, StatefulSet,
+    /// DaemonSet, ReplicaSet, Job, CronJob, also inside a List; other kinds pass through) and
+    /// writes it to standard output. Injecting again replaces the sidecar injected before.
+    Inject(Inject),
+    /// The same injection as a Kubernetes mutating admission webhook (AdmissionReview v1 over
+    /// TLS), for pods labelled, or in a namespace labelled, `sluice.io/inject: enabled`.
+    Webhook(Webhook),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Inject {
+    /// YAML file to read; `-` for standard input.
+    #[arg(default_value = "-")]
+    pub file: PathBuf,
+
+    /// ConfigMap (in the pod's namespace) whose `sidecar.yaml` key is the sidecar's
+    /// configuration, mounted read-only.
+    #[arg(long)]
+    pub config_map: String,
+
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Webhook {
+    /// HTTPS listen address of the webhook.
+    #[arg(long, env = "SLUICE_WEBHOOK_ADDR", default_value = defaults::WEBHOOK_ADDR)]
+    pub listen_addr: SocketAddr,
+
+    /// PEM certificate chain of the webhook's TLS listener; re-read when it changes.
+    #[arg(long, env = "SLUICE_WEBHOOK_TLS_CERT")]
+    pub tls_cert: PathBuf,
+
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "SLUICE_WEBHOOK_TLS_KEY")]
+    pub tls_key: PathBuf,
+
+    /// ConfigMap of pods without a `sluice.io/config` annotation; without it, such pods are
+    /// admitted unchanged.
+    #[arg(long, env = "SLUICE_WEBHOOK_CONFIG_MAP")]
+    pub config_map: Option<String>,
+
+    #[command(flatten)]
+    pub settings: Settings,
+
+    /// How often to check the TLS files for changes.
+    #[arg(long, env = "SLUICE_WEBHOOK_POLL_INTERVAL", value_parser = poll_interval, allow_hyphen_values = true,
+          default_value = defaults::CONFIG_POLL_INTERVAL)]
+    pub poll_interval: Duration,
+
+    /// Log format.
+    #[arg(long, env = "SLUICE_WEBHOOK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log filter, in tracing's EnvFilter syntax.
+    #[arg(long, env = "SLUICE_WEBHOOK_LOG", default_value = "info")]
+    pub log: String,
+}
+
+/// The sidecar's own flags.
+#[derive(Debug, clap::Args)]
 pub struct Args {
     /// Configuration file (YAML: listeners, upstreams, resources, rules, server); reloaded when
     /// it changes and on SIGHUP. Without it, the embedded default applies.
     #[arg(long, env = "SLUICE_SIDECAR_CONFIG")]
     pub config: Option<PathBuf>,
+
+    /// Capacity servers (comma-separated host:port), in place of the configuration's
+    /// `server.addresses`; a configuration without a `server` section then leases from them
+    /// too, without TLS.
+    #[arg(long, env = "SLUICE_SIDECAR_SERVER_ADDRESSES", value_delimiter = ',', value_parser = host_port)]
+    pub server_addresses: Vec<String>,
 
     /// Admin listen address (/metrics, /live, /ready, /debug/status).
     #[arg(long, env = "SLUICE_SIDECAR_ADMIN_ADDR", default_value = defaults::ADMIN_ADDR)]

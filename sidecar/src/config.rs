@@ -293,7 +293,17 @@ fn one() -> f64 {
 
 /// Parses and validates a configuration; the error is one line naming what is wrong and where.
 pub fn parse(text: &str) -> Result<Config, String> {
-    let doc: Document = yaml_serde::from_str(text).map_err(|e| e.to_string().replace('\n', " "))?;
+    parse_with(text, &[])
+}
+
+/// [`parse`], with `servers` (when not empty) in place of the file's `server.addresses`
+/// (`--server-addresses`), a `server` section without TLS added if the file has none.
+pub fn parse_with(text: &str, servers: &[String]) -> Result<Config, String> {
+    let mut doc: Document = yaml_serde::from_str(text).map_err(|e| e.to_string().replace('\n', " "))?;
+    if !servers.is_empty() {
+        let section = doc.server.get_or_insert_with(|| ServerDoc { addresses: Vec::new(), tls: None });
+        section.addresses = servers.to_vec();
+    }
     let server = doc.server.map(server).transpose()?;
     let upstreams =
         doc.upstreams.into_iter().enumerate().map(|(i, u)| upstream(i, u)).collect::<Result<Vec<_>, _>>()?;
@@ -568,6 +578,19 @@ mod tests {
         assert_eq!(example.rules[0].on_limit, OnLimit::Delay);
         let embedded = parse(defaults::EMBEDDED_CONFIG).expect("embedded default");
         assert!(embedded.server.is_none() && embedded.resources[0].capacity == Some(100.0));
+    }
+
+    #[test]
+    fn server_addresses_from_the_flag_replace_the_files() {
+        let servers = ["leaf.sluice:7777".to_owned()];
+        let example = parse_with(include_str!("../../deploy/examples/sidecar.yaml"), &servers).expect("example");
+        assert_eq!(example.server.expect("leasing").addresses, servers);
+        // A standalone file leases from them too; its capacities are then not required.
+        let standalone = "listeners: [{name: l, address: 127.0.0.1:1, upstream: u}]\n\
+                          upstreams: [{name: u, url: http://127.0.0.1:2}]\nresources: [{id: r}]\n";
+        assert!(parse(standalone).is_err());
+        let leasing = parse_with(standalone, &servers).expect("leasing");
+        assert_eq!(leasing.server, Some(ServerConfig { addresses: servers.to_vec(), tls: None }));
     }
 
     #[test]

@@ -5,6 +5,9 @@ use std::time::Duration;
 /// Admin listener (/metrics, /live, /ready, /debug/status): loopback only unless configured.
 pub const ADMIN_ADDR: &str = "127.0.0.1:9901";
 
+/// The injection webhook's HTTPS listener (`sluice-sidecar webhook`); the chart sets 0.0.0.0.
+pub const WEBHOOK_ADDR: &str = "127.0.0.1:8443";
+
 /// How often the configuration file is checked for changes (content, not mtime, so Kubernetes'
 /// ConfigMap symlink swaps are seen).
 pub const CONFIG_POLL_INTERVAL: &str = "2s";
@@ -102,3 +105,14 @@ pub const SURGE_FLOOR: f64 = 3.0;
 /// 100 µs to 30 s.
 pub const DURATION_BUCKETS: &[f64] =
     &[0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+/// Largest AdmissionReview the webhook reads: the API server sends objects of up to about
+/// 1.5 MiB (etcd's limit), wrapped with the request's details.
+pub const MAX_REVIEW_BYTES: usize = 4 << 20;
+
+/// Time a connection to the webhook has to finish its TLS handshake.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A failed accept on the webhook's listener (out of file descriptors, typically) pauses it
+/// this long instead of spinning.
+pub const WEBHOOK_ACCEPT_PAUSE: Duration = Duration::from_millis(100);

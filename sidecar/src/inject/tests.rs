@@ -1,0 +1,284 @@
+use yaml_serde::Value;
+
+use super::{review::answer, *};
+
+const WORKLOADS: &str = include_str!("testdata/workloads.yaml");
+
+fn settings() -> Settings {
+    Settings {
+        image: DEFAULT_IMAGE.into(),
+        servers: Vec::new(),
+        classic: false,
+        cpu_request: "50m".into(),
+        memory_request: "32Mi".into(),
+        cpu_limit: None,
+        memory_limit: "128Mi".into(),
+    }
+}
+
+fn parse_all(text: &str) -> Vec<Value> {
+    yaml_serde::Deserializer::from_str(text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .filter(|v: &Value| !v.is_null())
+        .collect()
+}
+
+fn at<'a>(value: &'a Value, path: &[&str]) -> &'a Value {
+    path.iter().fold(value, |v, key| v.get(*key).unwrap_or_else(|| panic!("no {key} in {v:?}")))
+}
+
+fn names(list: &Value) -> Vec<&str> {
+    list.as_sequence().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect()
+}
+
+/// Each injected document's pod template path, by kind.
+fn template(doc: &Value) -> &Value {
+    match doc["kind"].as_str().unwrap() {
+        "Pod" => doc,
+        "CronJob" => at(doc, &["spec", "jobTemplate", "spec", "template"]),
+        _ => at(doc, &["spec", "template"]),
+    }
+}
+
+#[test]
+fn every_kind_with_pods_gets_the_sidecar_first_among_its_init_containers() {
+    let out = documents(WORKLOADS, &settings(), "app-sidecar").unwrap();
+    let (before, after) = (parse_all(WORKLOADS), parse_all(&out));
+    assert_eq!(before.len(), after.len());
+    let kinds: Vec<&str> = after.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "List", "Service"]
+    );
+    let listed = &after[7]["items"][0];
+    for pod in after[..7].iter().map(template).chain([listed]) {
+        let spec = &pod["spec"];
+        assert_eq!(names(&spec["initContainers"])[0], CONTAINER);
+        assert!(!names(&spec["containers"]).contains(&CONTAINER));
+        let sidecar = &spec["initContainers"][0];
+        assert_eq!(sidecar["restartPolicy"], "Always");
+        assert_eq!(sidecar["image"], DEFAULT_IMAGE);
+        assert_eq!(sidecar["command"][0], BINARY);
+        let args: Vec<&str> = sidecar["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        assert_eq!(args, ["--config", "/etc/sluice/sidecar.yaml", "--admin-addr", "$(POD_IP):9901"]);
+        assert_eq!(sidecar["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
+        assert_eq!(sidecar["env"][1]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+        assert_eq!(sidecar["ports"][0]["name"], ADMIN_PORT_NAME);
+        assert_eq!(sidecar["startupProbe"]["httpGet"]["path"], "/ready");
+        assert_eq!(sidecar["livenessProbe"]["httpGet"]["path"], "/live");
+        let security = &sidecar["securityContext"];
+        assert_eq!(security["runAsNonRoot"], true);
+        assert_eq!(security["readOnlyRootFilesystem"], true);
+        assert_eq!(security["allowPrivilegeEscalation"], false);
+        assert_eq!(security["capabilities"]["drop"][0], "ALL");
+        assert_eq!(sidecar["volumeMounts"][0]["readOnly"], true);
+        let volume = spec["volumes"].as_sequence().unwrap().last().unwrap();
+        assert_eq!(volume["configMap"]["name"], "app-sidecar");
+        assert_eq!(volume["configMap"]["items"][0]["key"], "sidecar.yaml");
+        assert_eq!(pod["metadata"]["annotations"][INJECTED], concat!("sluice-sidecar ", env!("CARGO_PKG_VERSION")));
+        assert_eq!(pod["metadata"]["labels"][SIDECAR_LABEL], "injected");
+    }
+    // What is not a pod template is as it was.
+    assert_eq!(after[7]["items"][1], before[7]["items"][1]);
+    assert_eq!(after[8], before[8]);
+    for (b, a) in before.iter().zip(&after).skip(1).take(6) {
+        assert_eq!(a["metadata"], b["metadata"], "the workload's own metadata is not touched");
+    }
+}
+
+#[test]
+fn what_the_pod_had_stays_as_it_was() {
+    let out = parse_all(&documents(WORKLOADS, &settings(), "app-sidecar").unwrap());
+    let (before, after) = (template(&parse_all(WORKLOADS)[1]).clone(), template(&out[1]).clone());
+    let (spec_before, spec_after) = (&before["spec"], &after["spec"]);
+    assert_eq!(names(&spec_after["initContainers"]), [CONTAINER, "migrate"]);
+    assert_eq!(spec_after["initContainers"][1], spec_before["initContainers"][0]);
+    assert_eq!(spec_after["containers"], spec_before["containers"], "probes, ports and mounts kept");
+    assert_eq!(names(&spec_after["volumes"]), ["cache", "settings", VOLUME]);
+    assert_eq!(after["metadata"]["labels"]["app"], "orders");
+    assert_eq!(after["metadata"]["annotations"]["example.com/team"], "orders");
+    // Keys keep their order: the output reads like the input.
+    let keys: Vec<&str> = spec_after.as_mapping().unwrap().keys().map(|k| k.as_str().unwrap()).collect();
+    assert_eq!(keys, ["initContainers", "containers", "volumes"]);
+}
+
+#[test]
+fn injecting_twice_gives_what_injecting_once_does() {
+    for classic in [false, true] {
+        let settings = Settings { classic, ..settings() };
+        let once = documents(WORKLOADS, &settings, "app-sidecar").unwrap();
+        let twice = documents(&once, &settings, "app-sidecar").unwrap();
+        assert_eq!(once, twice, "classic: {classic}");
+    }
+    // Again with other settings: the sidecar is replaced, not added twice.
+    let native = documents(WORKLOADS, &settings(), "app-sidecar").unwrap();
+    let other = Settings { classic: true, image: "registry.example/sluice:2".into(), ..settings() };
+    let classic = parse_all(&documents(&native, &other, "other").unwrap());
+    let pod = template(&classic[1]);
+    assert_eq!(names(&pod["spec"]["initContainers"]), ["migrate"]);
+    assert_eq!(names(&pod["spec"]["containers"]), ["app", CONTAINER]);
+    assert_eq!(pod["spec"]["containers"][1]["image"], "registry.example/sluice:2");
+    assert_eq!(names(&pod["spec"]["volumes"]), ["cache", "settings", VOLUME]);
+    assert_eq!(pod["spec"]["volumes"][2]["configMap"]["name"], "other");
+}
+
+#[test]
+fn classic_mode_adds_a_plain_container_after_the_workloads() {
+    let settings = Settings { classic: true, ..settings() };
+    let out = parse_all(&documents(WORKLOADS, &settings, "app-sidecar").unwrap());
+    let pod = template(&out[1]);
+    assert_eq!(names(&pod["spec"]["initContainers"]), ["migrate"]);
+    assert_eq!(names(&pod["spec"]["containers"]), ["app", CONTAINER]);
+    assert!(pod["spec"]["containers"][1].get("restartPolicy").is_none());
+}
+
+#[test]
+fn servers_and_resources_come_from_the_flags() {
+    let settings = Settings {
+        servers: vec!["sluice-leaf.sluice:7777".into(), "backup:7777".into()],
+        cpu_request: "100m".into(),
+        cpu_limit: Some("1".into()),
+        memory_limit: "64Mi".into(),
+        ..settings()
+    };
+    let out = parse_all(&documents(WORKLOADS, &settings, "app-sidecar").unwrap());
+    let sidecar = &out[0]["spec"]["initContainers"][0];
+    let args = sidecar["args"].as_sequence().unwrap();
+    assert_eq!(args[4..], [Value::from("--server-addresses"), "sluice-leaf.sluice:7777,backup:7777".into()]);
+    assert_eq!(sidecar["resources"]["requests"]["cpu"], "100m");
+    assert_eq!(sidecar["resources"]["limits"]["cpu"], "1");
+    assert_eq!(sidecar["resources"]["limits"]["memory"], "64Mi");
+}
+
+#[test]
+fn input_that_cannot_be_injected_is_named() {
+    let cases = [
+        (
+            "kind: Deployment\nmetadata: {name: d}\nspec: {replicas: 1}\n",
+            "document 1: Deployment \"d\": no spec.template",
+        ),
+        ("kind: Pod\nmetadata: {name: p}\n", "document 1: Pod \"p\": no spec"),
+        (
+            "kind: Pod\nmetadata: {name: p}\nspec: {containers: 3}\n",
+            "document 1: Pod \"p\": spec.containers is not a list",
+        ),
+        ("kind: Service\n---\nkind: Pod\nspec: [\n", "document 2:"),
+    ];
+    for (input, expected) in cases {
+        let error = documents(input, &settings(), "c").unwrap_err();
+        assert!(error.starts_with(expected), "{error:?} should start with {expected:?}");
+    }
+}
+
+#[test]
+fn flag_values_are_checked() {
+    for good in ["100m", "0.5", "1", "64Mi", "1Gi", "1e3", "2E-1", ".5"] {
+        assert_eq!(quantity(good).as_deref(), Ok(good));
+    }
+    for bad in ["", "m", "1.2.3", "64MB", "-1", "1e", "ten"] {
+        assert!(quantity(bad).is_err(), "{bad:?}");
+    }
+    for good in ["app", "app-sidecar", "a.b-c1"] {
+        assert!(config_map_name(good).is_ok(), "{good:?}");
+    }
+    for bad in ["", "App", "-app", "app-", "a_b", &"a".repeat(254)] {
+        assert!(config_map_name(bad).is_err(), "{bad:?}");
+    }
+}
+
+/// An AdmissionReview request for `pod`, as the API server sends it.
+fn review(pod: serde_json::Value) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "shop",
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "object": pod,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
+        }
+    }))
+    .unwrap()
+}
+
+/// The Deployment's pod as its ReplicaSet creates it.
+fn orders_pod() -> serde_json::Value {
+    let template = template(&parse_all(WORKLOADS)[1]).clone();
+    let mut pod = serde_json::to_value(&template).unwrap();
+    pod["apiVersion"] = "v1".into();
+    pod["kind"] = "Pod".into();
+    pod["metadata"]["generateName"] = "orders-5d8f7c-".into();
+    pod["metadata"]["annotations"][CONFIG_ANNOTATION] = "orders-sidecar".into();
+    pod
+}
+
+#[test]
+fn the_webhook_patch_makes_the_pod_that_inject_makes() {
+    let pod = orders_pod();
+    let answered = answer(&review(pod.clone()), &settings(), Some("default-sidecar")).unwrap();
+    assert_eq!(answered.outcome, review::Outcome::Injected);
+    assert_eq!(answered.pod, "shop/orders-5d8f7c-");
+    let response = &answered.review["response"];
+    assert_eq!(response["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+    assert_eq!(response["allowed"], true);
+    assert_eq!(response["patchType"], "JSONPatch");
+    use base64::Engine;
+    let patch = base64::engine::general_purpose::STANDARD.decode(response["patch"].as_str().unwrap()).unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+    let mut patched = pod.clone();
+    json_patch::patch(&mut patched, &patch).unwrap();
+    // inject on the same pod, with the annotation's ConfigMap.
+    let mut injected: Value = serde_json::from_value(pod).unwrap();
+    super::pod(&mut injected, &settings(), "orders-sidecar").unwrap();
+    assert_eq!(patched, serde_json::to_value(&injected).unwrap());
+}
+
+#[test]
+fn the_webhook_allows_what_it_does_not_inject_unchanged() {
+    let unchanged = |body: Vec<u8>, config_map: Option<&str>| {
+        let answered = answer(&body, &settings(), config_map).unwrap();
+        assert_eq!(answered.review["response"]["allowed"], true);
+        assert!(answered.review["response"].get("patch").is_none());
+        answered.outcome
+    };
+    let mut injected = orders_pod();
+    injected["metadata"]["annotations"][INJECTED] = "sluice-sidecar 0.0.1".into();
+    assert_eq!(unchanged(review(injected), None), review::Outcome::Skipped("already injected".into()));
+    let mut disabled = orders_pod();
+    disabled["metadata"]["labels"][INJECT] = "disabled".into();
+    assert_eq!(unchanged(review(disabled), None), review::Outcome::Skipped("sluice.io/inject: disabled".into()));
+
+    let mut unnamed = orders_pod();
+    unnamed["metadata"]["annotations"].as_object_mut().unwrap().remove(CONFIG_ANNOTATION);
+    let outcome = unchanged(review(unnamed.clone()), None);
+    assert!(matches!(&outcome, review::Outcome::Unhandled(why) if why.contains("no sluice.io/config")), "{outcome:?}");
+    let mut misnamed = orders_pod();
+    misnamed["metadata"]["annotations"][CONFIG_ANNOTATION] = "Not_A_Name".into();
+    assert!(matches!(unchanged(review(misnamed), Some("default")), review::Outcome::Unhandled(_)));
+
+    let mut update: serde_json::Value = serde_json::from_slice(&review(orders_pod())).unwrap();
+    update["request"]["operation"] = "UPDATE".into();
+    let outcome = unchanged(serde_json::to_vec(&update).unwrap(), None);
+    assert!(matches!(&outcome, review::Outcome::Unhandled(why) if why.contains("UPDATE")), "{outcome:?}");
+    let mut deployment: serde_json::Value = serde_json::from_slice(&review(orders_pod())).unwrap();
+    deployment["request"]["kind"]["kind"] = "Deployment".into();
+    deployment["request"]["resource"]["resource"] = "deployments".into();
+    let outcome = unchanged(serde_json::to_vec(&deployment).unwrap(), None);
+    assert!(matches!(&outcome, review::Outcome::Unhandled(why) if why.contains("not a pod")), "{outcome:?}");
+
+    // Without the annotation, the webhook's own --config-map.
+    let answered = answer(&review(unnamed), &settings(), Some("default-sidecar")).unwrap();
+    assert_eq!(answered.outcome, review::Outcome::Injected);
+
+    // No uid to answer: the API server's failure policy decides.
+    assert!(answer(b"{}", &settings(), None).unwrap_err().contains("uid"));
+    assert!(answer(b"not json", &settings(), None).unwrap_err().contains("not JSON"));
+}
