@@ -1,0 +1,191 @@
+{{/* The release's base name: "sluice" for a release of that name, else "<release>-sluice". */}}
+{{- define "sluice.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sluice.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels every object carries; the chart's own pods are never injected. */}}
+{{- define "sluice.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{ include "sluice.selector" . }}
+{{- end -}}
+
+{{- define "sluice.selector" -}}
+app.kubernetes.io/name: {{ include "sluice.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "sluice.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "sluice.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "sluice.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A tier's objects' name: (dict "root" $ "tier" "leaf"). */}}
+{{- define "sluice.tierName" -}}
+{{ include "sluice.fullname" .root }}-{{ .tier }}
+{{- end -}}
+
+{{/* host:port of a tier's gRPC Service. */}}
+{{- define "sluice.tierAddress" -}}
+{{ include "sluice.tierName" . }}.{{ .root.Release.Namespace }}.svc:{{ .root.Values.server.grpcPort }}
+{{- end -}}
+
+{{/* The tier the sidecars lease from. */}}
+{{- define "sluice.sidecarTier" -}}
+{{- .Values.sidecar.tier | default (last .Values.tiers).name -}}
+{{- end -}}
+
+{{/* The etcd endpoints the tiers elect through, comma-separated; empty: none. */}}
+{{- define "sluice.etcdEndpoints" -}}
+{{- if .Values.etcd.endpoints -}}
+{{- join "," .Values.etcd.endpoints -}}
+{{- else if .Values.etcd.trial.enabled -}}
+http://{{ include "sluice.fullname" . }}-etcd.{{ .Release.Namespace }}.svc:2379
+{{- end -}}
+{{- end -}}
+
+{{/*
+The values checks that a JSON schema cannot express: the tree's shape, etcd for replicated tiers,
+gRPC probes on plaintext tiers only, and the sidecars' tier.
+*/}}
+{{- define "sluice.validate" -}}
+{{- $seen := list -}}
+{{- range $i, $tier := .Values.tiers -}}
+{{- if has $tier.name $seen -}}
+{{- fail (printf "tiers[%d]: the name %q is used twice" $i $tier.name) -}}
+{{- end -}}
+{{- if and (eq $i 0) $tier.parent -}}
+{{- fail (printf "tiers[0] (%s) is the root: it has no parent" $tier.name) -}}
+{{- end -}}
+{{- if and (gt $i 0) (not (has $tier.parent $seen)) -}}
+{{- fail (printf "tiers[%d] (%s): parent %q must name a tier listed before it" $i $tier.name ($tier.parent | default "")) -}}
+{{- end -}}
+{{- if and (gt (int ($tier.replicas | default 1)) 1) (not (include "sluice.etcdEndpoints" $)) -}}
+{{- fail (printf "tiers[%d] (%s): %d replicas elect their master through etcd: set etcd.endpoints or etcd.trial.enabled" $i $tier.name (int $tier.replicas)) -}}
+{{- end -}}
+{{- if and (eq $.Values.server.readinessProbe "grpc") ($tier.tls).secretName -}}
+{{- fail (printf "tiers[%d] (%s): server.readinessProbe grpc needs plaintext gRPC; this tier has TLS (use http)" $i $tier.name) -}}
+{{- end -}}
+{{- if $tier.parent -}}
+{{- $parent := dict -}}
+{{- range $.Values.tiers -}}{{- if eq .name $tier.parent -}}{{- $parent = . -}}{{- end -}}{{- end -}}
+{{- if and ($parent.tls).secretName (not ($tier.tls).secretName) -}}
+{{- fail (printf "tiers[%d] (%s): its parent %s uses TLS, so it needs tls.secretName (its ca.crt verifies the parent)" $i $tier.name $tier.parent) -}}
+{{- end -}}
+{{- end -}}
+{{- $seen = append $seen $tier.name -}}
+{{- end -}}
+{{- if not (has (include "sluice.sidecarTier" .) $seen) -}}
+{{- fail (printf "sidecar.tier: no tier named %q" .Values.sidecar.tier) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The sidecar container, as `sluice-sidecar inject` adds it: list it first under initContainers (or
+under containers with sidecar.classic), together with the volume of "sluice.sidecarVolume".
+Called with (dict "root" $).
+*/}}
+{{- define "sluice.sidecar" -}}
+{{- $v := .root.Values -}}
+- name: sluice-sidecar
+  image: {{ include "sluice.image" .root }}
+  command:
+  - /usr/local/bin/sluice-sidecar
+  args:
+  - --config
+  - /etc/sluice/sidecar.yaml
+  - --admin-addr
+  - $(POD_IP):9901
+  - --server-addresses
+  - {{ include "sluice.tierAddress" (dict "root" .root "tier" (include "sluice.sidecarTier" .root)) }}
+  env:
+  - name: POD_NAME
+    valueFrom:
+      fieldRef:
+        apiVersion: v1
+        fieldPath: metadata.name
+  - name: POD_IP
+    valueFrom:
+      fieldRef:
+        apiVersion: v1
+        fieldPath: status.podIP
+  ports:
+  - name: sluice-admin
+    containerPort: 9901
+    protocol: TCP
+  startupProbe:
+    httpGet:
+      path: /ready
+      port: sluice-admin
+    periodSeconds: 1
+    failureThreshold: 60
+  livenessProbe:
+    httpGet:
+      path: /live
+      port: sluice-admin
+    periodSeconds: 10
+    failureThreshold: 3
+  resources:
+    requests:
+      cpu: {{ $v.sidecar.resources.requests.cpu }}
+      memory: {{ $v.sidecar.resources.requests.memory }}
+    limits:
+      {{- with $v.sidecar.resources.limits.cpu }}
+      cpu: {{ . }}
+      {{- end }}
+      memory: {{ $v.sidecar.resources.limits.memory }}
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65532
+    runAsGroup: 65532
+    readOnlyRootFilesystem: true
+    allowPrivilegeEscalation: false
+    capabilities:
+      drop:
+      - ALL
+    seccompProfile:
+      type: RuntimeDefault
+  volumeMounts:
+  - name: sluice-config
+    mountPath: /etc/sluice
+    readOnly: true
+  {{- if not $v.sidecar.classic }}
+  restartPolicy: Always
+  {{- end }}
+{{- end -}}
+
+{{/* The sidecar's configuration volume: (dict "configMap" NAME). */}}
+{{- define "sluice.sidecarVolume" -}}
+- name: sluice-config
+  configMap:
+    name: {{ .configMap }}
+    items:
+    - key: sidecar.yaml
+      path: sidecar.yaml
+{{- end -}}
+
+{{/* The webhook's certificate Secret's name. */}}
+{{- define "sluice.injectorSecret" -}}
+{{ include "sluice.fullname" . }}-injector-tls
+{{- end -}}
