@@ -5,6 +5,7 @@
 pub mod bench_sidecar;
 pub mod cli;
 pub mod demo;
+pub mod docker;
 pub mod etcd;
 pub mod harness;
 pub mod http;
