@@ -343,6 +343,78 @@ fn by_label(series: &[Value], label: &str) -> BTreeMap<String, Vec<f64>> {
     values
 }
 
+/// Polls `process`'s `series` on /metrics until `check` holds for its value, for up to 10 s.
+async fn gauge_until(process: &Process, series: &str, what: &str, check: impl Fn(f64) -> bool) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match process.metric(series) {
+            Some(value) if check(value) => return value,
+            value => assert!(Instant::now() < deadline, "{series} is {value:?}, not {what}; log:\n{}", process.logs()),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The gauges the alerts added read: a tree's parent lease and its loss, the sidecar's time on
+/// its fallback once its server is gone, and both binaries' last reload.
+#[tokio::test]
+async fn the_alert_gauges_follow_leases_and_reloads() {
+    let lease = "{kind: FAIR_SHARE, lease_length: 3, refresh_interval: 1, learning_mode_duration: 0}";
+    let template = |capacity: f64| {
+        format!("resources:\n  - identifier_glob: \"*\"\n    capacity: {capacity}\n    algorithm: {lease}\n")
+    };
+    let root = Server::builder().config(&template(10.0)).start();
+    let poll = ["--config-poll-interval", "100ms"];
+    let leaf = Server::builder().config(&template(0.0)).args(poll).arg("--parent").arg(root.grpc.to_string()).start();
+    let upstream = UpstreamProcess::start(None);
+    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let sidecar_yaml = sidecar_config(listen, upstream.addr(), leaf.grpc);
+    let sidecar = Sidecar::builder().config(&sidecar_yaml).args(poll).start_sidecar();
+    assert_eq!(get(&http1(), &format!("http://{listen}/echo/reject")).await.status, 200);
+
+    assert_eq!(root.metric("sluice_server_info{election=\"embedded\",election_key=\"\"}"), Some(1.0));
+    assert_eq!(root.metric("sluice_server_elections_total{result=\"won\"}"), Some(0.0), "shown from zero");
+    let expiry = "sluice_server_parent_lease_expiry_timestamp_seconds{resource=\"rejecting\"}";
+    assert_eq!(root.metric(expiry), None, "a root has no parent lease");
+    let now = unix_now();
+    gauge_until(&leaf, expiry, "a lease's expiry", |t| t > now).await;
+    let mode = "sluice_sidecar_mode{resource=\"rejecting\",mode=\"leased\"}";
+    gauge_until(&sidecar, mode, "leased", |m| m == 1.0).await;
+    let refresh = "sluice_sidecar_refresh_interval_seconds{resource=\"rejecting\"}";
+    assert_eq!(sidecar.metric(refresh), Some(1.0));
+    let fallback = "sluice_sidecar_fallback_duration_seconds{resource=\"rejecting\"}";
+    assert_eq!(sidecar.metric(fallback), Some(0.0));
+    assert_eq!(sidecar.metric("sluice_sidecar_refresh_interval_seconds{resource=\"shadowing\"}"), None, "never leased");
+
+    // A rejected change, then a good one, on both binaries.
+    let binaries = [
+        (&*leaf, template(0.0), "sluice_server_config_last_reload_successful"),
+        (&*sidecar, sidecar_yaml, "sluice_sidecar_config_last_reload_successful"),
+    ];
+    for (process, good, last) in binaries {
+        assert_eq!(process.metric(last), Some(1.0));
+        process.write_config("resources: [unclosed\n");
+        gauge_until(process, last, "0 after a rejected change", |v| v == 0.0).await;
+        process.write_config(&good);
+        gauge_until(process, last, "1 after a good change", |v| v == 1.0).await;
+    }
+
+    // The root goes: the leaf's lease from it runs out.
+    drop(root);
+    gauge_until(&leaf, expiry, "0 once the lease ran out", |t| t == 0.0).await;
+    // The leaf goes: the sidecar's lease runs out and its fallback applies, for longer and longer.
+    drop(leaf);
+    let on_fallback = "sluice_sidecar_mode{resource=\"rejecting\",mode=\"fallback_safe\"}";
+    gauge_until(&sidecar, on_fallback, "on the fallback", |m| m == 1.0).await;
+    let first = gauge_until(&sidecar, fallback, "above 0", |d| d > 0.0).await;
+    gauge_until(&sidecar, fallback, "growing", |d| d >= first + 0.5).await;
+    assert_eq!(sidecar.metric(refresh), Some(1.0), "the last lease's, kept on the fallback");
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_gets_series_for_every_dashboard_query_and_rule_from_the_binaries() {
     if !tools_present(&["prometheus", "promtool"]) {
