@@ -10,5 +10,6 @@ pub mod etcd;
 pub mod harness;
 pub mod http;
 pub mod loadgen;
+pub mod prometheus;
 pub mod relay;
 pub mod upstream;
