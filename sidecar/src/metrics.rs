@@ -17,7 +17,7 @@ use metrics::{
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
 use pin_project_lite::pin_project;
-use sluice_server::reload::ConfigStatus;
+use sluice_runtime::reload::ConfigStatus;
 use tower::Service;
 
 use crate::{
