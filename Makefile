@@ -4,7 +4,7 @@ BENCH_CLIENTS ?= 100,10000,100000,1000000
 BENCH_DURATION ?= 10s
 BENCH_ROUNDS ?= 3
 
-.PHONY: all build test demo bench bench-server bench-sidecar sim lint fmt clean
+.PHONY: all build test demo bench bench-server bench-sidecar sim image lint fmt clean
 
 # Nothing in the build may run protoc (a fresh machine has none; every .proto goes through
 # protox): a stand-in that fails keeps it so.
@@ -52,6 +52,17 @@ SIM_SCENARIOS ?= $(sort $(wildcard tests/sim/scenarios/*.yaml))
 sim:
 	$(CARGO) build --release -p sluice-sim
 	./target/release/sluice-sim --out sim-results $(SIM_SCENARIOS)
+
+# The container image from release binaries built here, packaged by deploy/Dockerfile's offline
+# `prebuilt` target on BASE (default: a base made from this machine's Debian packages); needs a
+# running Docker engine, pulls nothing. `docker build -f deploy/Dockerfile .` is the networked
+# multi-stage build. See deploy/README.md.
+IMAGE ?= sluice:latest
+BASE ?=
+DOCKER ?= docker
+image:
+	$(CARGO) build --release --locked -p sluice-server -p sluice-sidecar
+	IMAGE='$(IMAGE)' BASE='$(BASE)' DOCKER='$(DOCKER)' deploy/image/build.sh target/release
 
 lint:
 	$(CARGO) fmt --all -- --check

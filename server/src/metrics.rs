@@ -28,6 +28,9 @@ const BAND_WANTS: &str = "sluice_server_band_wants";
 const BAND_HAS: &str = "sluice_server_band_has";
 const PARENT_RPCS: &str = "sluice_server_parent_rpcs_total";
 const ELECTIONS: &str = "sluice_server_elections_total";
+const INFO: &str = "sluice_server_info";
+const RELOAD_OK: &str = "sluice_server_config_last_reload_successful";
+const PARENT_EXPIRY: &str = "sluice_server_parent_lease_expiry_timestamp_seconds";
 
 /// Installs the process-wide recorder.
 pub fn install() -> Result<PrometheusHandle, String> {
@@ -59,6 +62,19 @@ pub fn install() -> Result<PrometheusHandle, String> {
     describe_gauge!(BAND_HAS, "Capacity granted on a resource, by priority band.");
     describe_counter!(PARENT_RPCS, "RPCs to the parent node, by method and result (ok or error).");
     describe_counter!(ELECTIONS, "etcd elections this server won, and masterships it lost (not counting resigning).");
+    // From zero, so that `increase` counts the first election too.
+    for result in ["won", "lost"] {
+        counter!(ELECTIONS, "result" => result).absolute(0);
+    }
+    describe_gauge!(
+        INFO,
+        "Always 1: how the master is chosen (election: embedded or etcd) and the etcd election key, which names the tier of replicas."
+    );
+    describe_gauge!(RELOAD_OK, "0 while the last change of the configuration file was rejected, else 1.");
+    describe_gauge!(
+        PARENT_EXPIRY,
+        "Unix time an intermediate server's lease on a resource from its parent expires (0: no valid lease)."
+    );
     Ok(handle)
 }
 
@@ -83,6 +99,10 @@ pub fn record_election(won: bool) {
 /// Sets the gauges from a status snapshot, just before they are rendered.
 pub fn publish(status: &ServerStatus) {
     gauge!(IS_MASTER).set(f64::from(u8::from(status.is_master)));
+    let key = status.election.key.clone().unwrap_or_default();
+    gauge!(INFO, "election" => status.election.mode, "election_key" => key).set(1.0);
+    gauge!(RELOAD_OK).set(f64::from(u8::from(status.config.rejected.is_none())));
+    let intermediate = status.parent.is_some();
     for r in &status.resources {
         let id = r.id.clone();
         // Without a lease from its parent, an intermediate server shares nothing but safe
@@ -90,6 +110,12 @@ pub fn publish(status: &ServerStatus) {
         gauge!(CAPACITY, "resource" => id.clone()).set(r.capacity.unwrap_or(0.0));
         if let Some(lease) = &r.parent_lease {
             gauge!(PARENT_LEASE, "resource" => id.clone()).set(lease.capacity);
+        }
+        // Set with or without a lease: the lease gauge of a lapsed lease lingers until it
+        // goes stale, this one says at once that there is none.
+        if intermediate {
+            let expiry = r.parent_lease.as_ref().map_or(0.0, |lease| lease.expiry_time as f64);
+            gauge!(PARENT_EXPIRY, "resource" => id.clone()).set(expiry);
         }
         for band in &r.bands {
             let priority = band.priority.to_string();

@@ -48,6 +48,7 @@ fn route(req: &Request<Incoming>, admin: &Admin) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/metrics" => {
             admin.live.load().gates.iter().for_each(|gate| gate.show_metrics());
+            crate::metrics::publish_config(&ConfigStatus::now(&admin.config));
             admin.handle.run_upkeep();
             reply(StatusCode::OK, "text/plain; version=0.0.4", admin.handle.render())
         }

@@ -70,6 +70,9 @@ impl Leasing {
                 if effective.mode == Mode::Fallback {
                     gate.unleased();
                 }
+                if let Some(seconds) = effective.refresh_interval {
+                    gate.metrics.refresh_interval(seconds);
+                }
                 gate.apply(Applied { capacity: effective.capacity, mode: effective.label(), expiry: effective.expiry });
             }
         }

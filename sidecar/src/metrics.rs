@@ -17,6 +17,7 @@ use metrics::{
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
 use pin_project_lite::pin_project;
+use sluice_runtime::reload::ConfigStatus;
 use tower::Service;
 
 use crate::{
@@ -37,6 +38,9 @@ const MODE: &str = "sluice_sidecar_mode";
 const RPCS: &str = "sluice_sidecar_capacity_rpcs_total";
 const UPSTREAM: &str = "sluice_sidecar_upstream_request_duration_seconds";
 const RELOADS: &str = "sluice_sidecar_config_reloads_total";
+const RELOAD_OK: &str = "sluice_sidecar_config_last_reload_successful";
+const REFRESH: &str = "sluice_sidecar_refresh_interval_seconds";
+const FALLBACK: &str = "sluice_sidecar_fallback_duration_seconds";
 
 /// Every mode a resource can be in; exactly one has the value 1.
 pub const MODES: &[&str] =
@@ -75,7 +79,23 @@ pub fn install() -> Result<PrometheusHandle, String> {
     for result in ["success", "failure"] {
         counter!(RELOADS, "result" => result).absolute(0);
     }
+    describe_gauge!(RELOAD_OK, "0 while the last change of the configuration file was rejected, else 1.");
+    describe_gauge!(
+        REFRESH,
+        Unit::Seconds,
+        "Refresh interval of the resource's latest lease, kept while it lives on its fallback."
+    );
+    describe_gauge!(
+        FALLBACK,
+        Unit::Seconds,
+        "How long the resource has lived on its fallback (asked, and no valid lease); 0 otherwise."
+    );
     Ok(handle)
+}
+
+/// Sets the configuration gauge, just before /metrics is rendered.
+pub fn publish_config(config: &ConfigStatus) {
+    gauge!(RELOAD_OK).set(f64::from(u8::from(config.rejected.is_none())));
 }
 
 pub fn record_reload(ok: bool) {
@@ -96,6 +116,16 @@ pub struct GateMetrics {
     pub shadow_rejected: Counter,
     pub wait: Histogram,
     resource: Arc<str>,
+    lease: Mutex<LeaseTimes>,
+}
+
+/// What the fallback alert needs to know of a resource's leases.
+#[derive(Default)]
+struct LeaseTimes {
+    /// The latest lease's, in seconds.
+    refresh_interval: Option<i64>,
+    /// Since when the resource lives on its fallback.
+    fallback_since: Option<Instant>,
 }
 
 impl GateMetrics {
@@ -109,7 +139,13 @@ impl GateMetrics {
             shadow_rejected: decision("shadow_rejected"),
             wait: histogram!(WAIT, "resource" => resource()),
             resource: id.clone(),
+            lease: Mutex::new(LeaseTimes::default()),
         }
+    }
+
+    /// A lease came with this refresh interval (shown at the next scrape).
+    pub fn refresh_interval(&self, seconds: i64) {
+        sync::lock(&self.lease).refresh_interval = Some(seconds);
     }
 
     pub fn wants(&self, wants: f64) {
@@ -122,6 +158,16 @@ impl GateMetrics {
         gauge!(EXPIRY, "resource" => resource()).set(applied.expiry.map_or(0.0, |e| e as f64));
         for mode in MODES {
             gauge!(MODE, "resource" => resource(), "mode" => *mode).set(f64::from(u8::from(*mode == applied.mode)));
+        }
+        // Called at every change of mode (and at every scrape), so the move to the fallback
+        // is seen as it happens.
+        let mut lease = sync::lock(&self.lease);
+        let since = lease.fallback_since;
+        lease.fallback_since = applied.mode.starts_with("fallback").then(|| since.unwrap_or_else(Instant::now));
+        let on_fallback = lease.fallback_since.map_or(0.0, |since| since.elapsed().as_secs_f64());
+        gauge!(FALLBACK, "resource" => resource()).set(on_fallback);
+        if let Some(seconds) = lease.refresh_interval {
+            gauge!(REFRESH, "resource" => resource()).set(seconds as f64);
         }
     }
 }

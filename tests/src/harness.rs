@@ -323,3 +323,28 @@ pub fn parse_cpu(stat: &str) -> Option<(f64, f64)> {
     let mut ticks = || fields.next()?.parse::<u64>().ok();
     Some((ticks()? as f64 / USER_HZ, ticks()? as f64 / USER_HZ))
 }
+
+/// Whether a test that needs outside tools can run. On a developer's machine without them it
+/// is skipped with a loud message; where `CI` is set it fails instead, since `.ci/run` installs
+/// them and a check that silently does not run there protects nothing.
+pub fn can_run(test: &str, missing: &[String]) -> bool {
+    if missing.is_empty() {
+        return true;
+    }
+    let message = format!("{test} needs {} (`.ci/run` installs what it needs)", missing.join(", "));
+    assert!(std::env::var_os("CI").is_none(), "{message}");
+    eprintln!("SKIPPED: {message}");
+    false
+}
+
+/// Those of `tools` that are not on PATH (a name with a slash is taken as a path).
+pub fn missing_tools(tools: &[&str]) -> Vec<String> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = |tool: &str| {
+        if tool.contains('/') {
+            return Path::new(tool).is_file();
+        }
+        std::env::split_paths(&path).any(|dir| dir.join(tool).is_file())
+    };
+    tools.iter().filter(|tool| !found(tool)).map(|tool| tool.to_string()).collect()
+}

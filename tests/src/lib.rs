@@ -5,9 +5,11 @@
 pub mod bench_sidecar;
 pub mod cli;
 pub mod demo;
+pub mod docker;
 pub mod etcd;
 pub mod harness;
 pub mod http;
 pub mod loadgen;
+pub mod prometheus;
 pub mod relay;
 pub mod upstream;
