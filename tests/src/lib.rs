@@ -9,6 +9,7 @@ pub mod docker;
 pub mod etcd;
 pub mod harness;
 pub mod http;
+pub mod kube;
 pub mod loadgen;
 pub mod prometheus;
 pub mod relay;

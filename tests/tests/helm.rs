@@ -1,0 +1,304 @@
+//! The Helm chart (helm/sluice) and the manifests made from it, without a cluster: `helm lint
+//! --strict`; every object rendered with the defaults and with each `ci/` values file validates
+//! strictly for Kubernetes 1.30 and 1.37 (Prometheus-operator and cert-manager objects against
+//! their own schemas); bad values are refused with a message naming them; the rules and the
+//! dashboard are deploy/'s files, not copies; deploy/k8s is what deploy/k8s/render.sh makes; the
+//! named template `sluice.sidecar` is the container `inject` adds; and `inject`'s output on every
+//! kind validates.
+
+use std::{fs, process::Command};
+
+use serde_json::Value;
+use sluice_tests::{
+    harness::binary,
+    kube::{
+        chart, container, documents, find, helm, pod_template, render, repo, run_with_input, tools_ready, validate,
+    },
+};
+
+fn ci_values() -> Vec<String> {
+    let mut files: Vec<String> = fs::read_dir(chart().join("ci"))
+        .expect("helm/sluice/ci")
+        .map(|e| e.expect("entry").path().display().to_string())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 3, "a root only, a tree with TLS, the webhook: {files:?}");
+    files
+}
+
+fn kinds(objects: &[Value]) -> Vec<String> {
+    objects.iter().map(|o| o["kind"].as_str().unwrap_or_default().to_owned()).collect()
+}
+
+#[test]
+fn the_chart_lints_and_every_rendering_validates_strictly() {
+    if !tools_ready("the chart test") {
+        return;
+    }
+    let chart_dir = chart().display().to_string();
+    let mut renderings = vec![("defaults".to_owned(), Vec::new())];
+    renderings.extend(ci_values().into_iter().map(|f| (f.clone(), vec!["--values".to_owned(), f])));
+    for (name, args) in &renderings {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let lint = helm(&[&["lint", "--strict", &chart_dir], &args[..]].concat());
+        assert!(
+            lint.as_ref().is_ok_and(|out| out.contains("0 chart(s) failed")),
+            "helm lint --strict ({name}): {lint:?}"
+        );
+        let yaml = render(&chart(), &args).unwrap_or_else(|e| panic!("helm template ({name}): {e}"));
+        let summary = validate(&yaml).unwrap_or_else(|e| panic!("{name}: {e}"));
+        println!("{name}:\n{summary}");
+        let objects = documents(&yaml);
+        let kinds = kinds(&objects);
+        for kind in ["StatefulSet", "Service", "ConfigMap", "PodDisruptionBudget", "ServiceAccount", "Pod"] {
+            assert!(kinds.iter().any(|k| k == kind), "{name}: no {kind} in {kinds:?}");
+        }
+        assert_eq!(
+            summary.lines().map(|l| l.split(' ').nth(1).unwrap().parse::<usize>().unwrap()).sum::<usize>(),
+            objects.len()
+        );
+    }
+    // What each ci file is for is there.
+    let tree = documents(&render(&chart(), &["--values", &ci_values()[1]]).unwrap());
+    let leaf = container(pod_template(find(&tree, "StatefulSet", "sluice-leaf")), "server");
+    let args: Vec<&str> = leaf["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    for expected in [
+        "--parent=sluice-root.sluice.svc:7777",
+        "--server-id=sluice-leaf",
+        "--etcd-endpoints=http://sluice-etcd.sluice.svc:2379",
+        "--election-key=/sluice/sluice/sluice-leaf",
+        "--tls-cert=/etc/sluice/tls/tls.crt",
+        "--parent-tls-ca=/etc/sluice/tls/ca.crt",
+    ] {
+        assert!(args.contains(&expected), "{expected} in {args:?}");
+    }
+    let root = container(pod_template(find(&tree, "StatefulSet", "sluice-root")), "server");
+    assert!(root["args"].as_array().unwrap().contains(&"--tls-client-ca=/etc/sluice/tls/ca.crt".into()));
+    assert_eq!(find(&tree, "StatefulSet", "sluice-root")["spec"]["replicas"], 3);
+    let webhook = documents(&render(&chart(), &["--values", &ci_values()[2]]).unwrap());
+    for kind in ["MutatingWebhookConfiguration", "Certificate", "PodMonitor", "ServiceMonitor", "PrometheusRule"] {
+        assert!(kinds(&webhook).iter().any(|k| k == kind), "webhook values: no {kind}");
+    }
+    let configuration = find(&webhook, "MutatingWebhookConfiguration", "sluice-injector");
+    for hook in configuration["webhooks"].as_array().unwrap() {
+        assert_eq!(hook["failurePolicy"], "Ignore");
+    }
+}
+
+#[test]
+fn the_generated_webhook_ca_is_the_webhook_configurations_ca_bundle() {
+    if !tools_ready("the chart test") {
+        return;
+    }
+    let objects = documents(&render(&chart(), &["--set", "injector.enabled=true"]).unwrap());
+    let secret = find(&objects, "Secret", "sluice-injector-tls");
+    let configuration = find(&objects, "MutatingWebhookConfiguration", "sluice-injector");
+    assert_eq!(configuration["webhooks"][0]["clientConfig"]["caBundle"], secret["data"]["ca.crt"]);
+    assert_eq!(configuration["webhooks"][1]["clientConfig"]["caBundle"], secret["data"]["ca.crt"]);
+    validate(&objects.iter().map(|o| serde_json::to_string(o).unwrap()).collect::<Vec<_>>().join("\n---\n"))
+        .expect("valid");
+}
+
+/// `helm template` with `values` must fail, saying `expected`.
+fn refused(values: &str, expected: &str) {
+    if !tools_ready("the values schema test") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad-values.yaml");
+    fs::write(&file, values).unwrap();
+    let error = render(&chart(), &["--values", file.to_str().unwrap()]).expect_err("bad values must be refused");
+    assert!(error.contains(expected), "{expected:?} not in:\n{error}");
+}
+
+#[test]
+fn a_misspelt_value_is_refused() {
+    refused("injectr:\n  enabled: true\n", "additional properties 'injectr' not allowed");
+}
+
+#[test]
+fn a_tier_without_a_name_or_configuration_is_refused() {
+    refused("tiers:\n  - replicas: 1\n", "missing properties 'name', 'config'");
+}
+
+#[test]
+fn zero_replicas_are_refused() {
+    refused(
+        "tiers:\n  - {name: root, replicas: 0, config: 'resources: []'}\n",
+        "at '/tiers/0/replicas': minimum: got 0, want 1",
+    );
+}
+
+#[test]
+fn an_unknown_certificate_source_is_refused() {
+    refused("injector:\n  certificate:\n    source: selfsigned\n", "at '/injector/certificate/source'");
+}
+
+#[test]
+fn a_bad_sidecar_memory_quantity_is_refused() {
+    refused(
+        "sidecar:\n  resources:\n    requests: {cpu: 50m, memory: 32MB}\n    limits: {memory: 128Mi}\n",
+        "at '/sidecar/resources/requests/memory'",
+    );
+}
+
+#[test]
+fn an_https_etcd_endpoint_is_refused() {
+    refused("etcd:\n  endpoints: [\"https://etcd:2379\"]\n", "at '/etcd/endpoints/0'");
+}
+
+#[test]
+fn a_parent_that_is_not_an_earlier_tier_is_refused() {
+    refused(
+        "tiers:\n  - {name: root, config: 'resources: []'}\n  - {name: leaf, parent: region, config: 'resources: []'}\n",
+        "tiers[1] (leaf): parent \"region\" must name a tier listed before it",
+    );
+}
+
+#[test]
+fn replicas_without_etcd_are_refused() {
+    refused(
+        "tiers:\n  - {name: root, replicas: 2, config: 'resources: []'}\n",
+        "tiers[0] (root): 2 replicas elect their master through etcd: set etcd.endpoints or etcd.trial.enabled",
+    );
+}
+
+#[test]
+fn a_grpc_probe_on_a_tls_tier_is_refused() {
+    refused(
+        "server:\n  readinessProbe: grpc\ntiers:\n  - {name: root, tls: {secretName: s}, config: 'resources: []'}\n",
+        "server.readinessProbe grpc needs plaintext gRPC",
+    );
+}
+
+#[test]
+fn the_rules_and_the_dashboard_are_deploys_files_not_copies() {
+    if !tools_ready("the chart test") {
+        return;
+    }
+    // The chart links to them: one file each in the repository.
+    for (link, target) in
+        [("sluice-rules.yaml", "deploy/prometheus/sluice-rules.yaml"), ("sluice.json", "deploy/grafana/sluice.json")]
+    {
+        let link = chart().join("files").join(link);
+        assert!(fs::symlink_metadata(&link).unwrap().is_symlink(), "{} is a link", link.display());
+        assert_eq!(fs::canonicalize(&link).unwrap(), fs::canonicalize(repo().join(target)).unwrap());
+    }
+    let objects = documents(
+        &render(
+            &chart(),
+            &["--set", "monitoring.prometheusRule.enabled=true", "--set", "monitoring.dashboard.enabled=true"],
+        )
+        .unwrap(),
+    );
+    let rules = &find(&objects, "PrometheusRule", "sluice")["spec"];
+    let deployed = &documents(&fs::read_to_string(repo().join("deploy/prometheus/sluice-rules.yaml")).unwrap())[0];
+    assert_eq!(rules, deployed);
+    let dashboard = find(&objects, "ConfigMap", "sluice-dashboard");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json = |text: &str| serde_json::from_str::<Value>(text).unwrap();
+    let deployed = fs::read_to_string(repo().join("deploy/grafana/sluice.json")).unwrap();
+    assert_eq!(json(dashboard["data"]["sluice.json"].as_str().unwrap()), json(&deployed));
+
+    // A packaged chart holds their content, not a dangling link.
+    let dir = tempfile::tempdir().unwrap();
+    helm(&["package", chart().to_str().unwrap(), "--destination", dir.path().to_str().unwrap()]).expect("helm package");
+    let package = dir.path().join(format!("sluice-{}.tgz", env!("CARGO_PKG_VERSION")));
+    let out = Command::new("tar").arg("-xzOf").arg(&package).arg("sluice/files/sluice-rules.yaml").output().unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        fs::read_to_string(repo().join("deploy/prometheus/sluice-rules.yaml")).unwrap()
+    );
+}
+
+#[test]
+fn deploy_k8s_is_what_render_sh_makes() {
+    if !tools_ready("the manifests test") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(repo().join("deploy/k8s/render.sh"))
+        .arg(dir.path())
+        .env("SIDECAR", binary("sluice-sidecar"))
+        .output()
+        .expect("render.sh runs");
+    assert!(out.status.success(), "render.sh: {}", String::from_utf8_lossy(&out.stderr));
+    for file in ["sluice.yaml", "injector.yaml", "example-app.yaml"] {
+        let fresh = fs::read_to_string(dir.path().join(file)).unwrap();
+        let kept = fs::read_to_string(repo().join("deploy/k8s").join(file)).unwrap();
+        assert!(fresh == kept, "deploy/k8s/{file} is out of date: run deploy/k8s/render.sh");
+        validate(&kept).unwrap_or_else(|e| panic!("deploy/k8s/{file}: {e}"));
+    }
+    // The chart's version is the binaries'; its default image is what inject adds.
+    let chart_yaml = documents(&fs::read_to_string(chart().join("Chart.yaml")).unwrap()).remove(0);
+    assert_eq!(chart_yaml["appVersion"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(chart_yaml["version"], env!("CARGO_PKG_VERSION"));
+}
+
+/// `sluice-sidecar inject` with `args` on `input`.
+fn inject(input: &str, args: &[&str]) -> String {
+    let out = run_with_input(Command::new(binary("sluice-sidecar")).arg("inject").args(args).arg("-"), input);
+    assert!(out.status.success(), "inject: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn inject_output_validates_strictly_for_every_kind() {
+    if !tools_ready("the inject validation test") {
+        return;
+    }
+    let workloads = fs::read_to_string(repo().join("sidecar/src/inject/testdata/workloads.yaml")).unwrap();
+    for classic in [&[][..], &["--classic"][..]] {
+        let args = [&["--config-map", "app-sidecar", "--server", "sluice-leaf.sluice.svc:7777"][..], classic].concat();
+        let once = inject(&workloads, &args);
+        let summary = validate(&once).unwrap_or_else(|e| panic!("inject {args:?}: {e}"));
+        for kind in ["Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob"] {
+            assert!(summary.contains(&format!(" {kind}\n")), "{kind} validated: {summary}");
+        }
+        assert_eq!(inject(&once, &args), once, "injecting twice is injecting once");
+    }
+}
+
+#[test]
+fn the_named_template_is_the_container_inject_adds() {
+    if !tools_ready("the named template test") {
+        return;
+    }
+    // A chart of one's own would include it; here a copy of the chart renders a pod with it.
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("sluice");
+    let status = Command::new("cp").arg("-rL").arg(chart()).arg(&copy).status().unwrap();
+    assert!(status.success());
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: app\nspec:\n  containers:\n    - name: app\n      image: example.com/app:1\n";
+    fs::write(
+        copy.join("templates/app.yaml"),
+        format!(
+            "{pod}  initContainers:\n    {{{{- include \"sluice.sidecar\" (dict \"root\" $) | nindent 4 }}}}\n  \
+             volumes:\n    {{{{- include \"sluice.sidecarVolume\" (dict \"configMap\" \"app-sidecar\") | nindent 4 }}}}\n"
+        ),
+    )
+    .unwrap();
+    let set = ["--set", "sidecar.resources.limits.cpu=500m", "--show-only", "templates/app.yaml"];
+    let rendered = documents(&render(&copy, &set).unwrap()).remove(0);
+    let injected = documents(&inject(
+        pod,
+        &["--config-map", "app-sidecar", "--server", "sluice-root.sluice.svc:7777", "--cpu-limit", "500m"],
+    ))
+    .remove(0);
+    assert_eq!(rendered["spec"], injected["spec"]);
+    validate(&serde_json::to_string(&rendered).unwrap()).expect("valid");
+    // And the webhook the chart runs is given the same settings.
+    let objects = documents(
+        &render(&chart(), &["--set", "injector.enabled=true", "--set", "sidecar.resources.limits.cpu=500m"]).unwrap(),
+    );
+    let injector = container(pod_template(find(&objects, "Deployment", "sluice-injector")), "injector");
+    let args: Vec<&str> = injector["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    for expected in [
+        "--server=sluice-root.sluice.svc:7777",
+        "--cpu-limit=500m",
+        "--config-map=sluice-sidecar",
+        concat!("--image=sluice:", env!("CARGO_PKG_VERSION")),
+    ] {
+        assert!(args.contains(&expected), "{expected} in {args:?}");
+    }
+}
