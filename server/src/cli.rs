@@ -91,6 +91,12 @@ pub struct Args {
           value_parser = at_least_one, allow_hyphen_values = true)]
     pub max_resources: usize,
 
+    /// How often the status pages' charts take a sample (they show the last 120); tests
+    /// shorten it.
+    #[arg(long, env = "SLUICE_HISTORY_INTERVAL", value_parser = positive_duration, allow_hyphen_values = true,
+          default_value = defaults::HISTORY_INTERVAL, hide = true)]
+    pub history_interval: Duration,
+
     /// PEM certificate chain for TLS on the gRPC listener.
     #[arg(long, env = "SLUICE_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,

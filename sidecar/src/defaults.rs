@@ -19,6 +19,19 @@ pub const SHUTDOWN_GRACE: &str = "10s";
 /// The configuration used without `--config`: standalone, one listener in front of a local app.
 pub const EMBEDDED_CONFIG: &str = include_str!("default_config.yaml");
 
+/// The status page reloads itself this often, in seconds.
+pub const STATUS_REFRESH_SECONDS: u32 = 5;
+
+/// The status page charts each resource's requests admitted, delayed and refused per second,
+/// and its capacity, over its last `HISTORY_LENGTH` samples, one taken every
+/// `HISTORY_INTERVAL` (the hidden flag `--history-interval`, which tests shorten): 10 minutes
+/// by default.
+pub const HISTORY_INTERVAL: &str = "5s";
+pub const HISTORY_LENGTH: usize = 120;
+
+/// Resources charted, in the configuration's order; those beyond are not. About 5 KB each.
+pub const HISTORY_RESOURCES: usize = 100;
+
 /// How often recorded histogram samples are folded into their buckets. Until then each request's
 /// samples are kept one by one, so memory grew with traffic between scrapes.
 pub const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(1);
