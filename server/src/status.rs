@@ -412,7 +412,8 @@ pub fn resource_html(d: &ResourceDetail, history: &ResourceHistory, now: UnixSec
         None => {
             let _ = write!(
                 html,
-                "<p>Not charted: history is kept for the {} resources with the largest Σ wants.</p>",
+                "<p>Not charted (yet): only the {} resources with the largest Σ wants at each sample have a \
+                 history.</p>",
                 history.max_keys()
             );
         }
