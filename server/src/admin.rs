@@ -2,7 +2,7 @@
 //! per resource) and `/debug/status.json`. It runs on its own thread and runtime
 //! (`sluice_runtime::admin`) so it answers while the gRPC side is saturated.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use http_body_util::Full;
 use hyper::{
@@ -16,15 +16,25 @@ use crate::{
     defaults::STATUS_LEASES_SHOWN,
     metrics,
     state::{self, State},
-    status,
+    status::{self, ResourceHistory},
 };
 
 /// Serves the server's debug listener on a thread of its own until the process exits.
-pub fn spawn(listener: std::net::TcpListener, state: Arc<State>, handle: PrometheusHandle) -> std::io::Result<()> {
-    serve(listener, move |req| route(req, &state, &handle))
+pub fn spawn(
+    listener: std::net::TcpListener,
+    state: Arc<State>,
+    history: Arc<Mutex<ResourceHistory>>,
+    handle: PrometheusHandle,
+) -> std::io::Result<()> {
+    serve(listener, move |req| route(req, &state, &history, &handle))
 }
 
-fn route(req: &Request<Incoming>, state: &State, handle: &PrometheusHandle) -> Response<Full<Bytes>> {
+fn route(
+    req: &Request<Incoming>,
+    state: &State,
+    history: &Mutex<ResourceHistory>,
+    handle: &PrometheusHandle,
+) -> Response<Full<Bytes>> {
     let resource = query(req, "resource");
     match req.uri().path() {
         "/metrics" => {
@@ -35,13 +45,21 @@ fn route(req: &Request<Incoming>, state: &State, handle: &PrometheusHandle) -> R
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
         "/readyz" if state.is_ready() => reply(StatusCode::OK, "text/plain", "ready\n".into()),
         "/readyz" => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n".into()),
-        "/debug/status" => match resource {
-            None => reply(StatusCode::OK, "text/html; charset=utf-8", status::server_html(&status_of(state))),
-            Some(id) => match detail(state, &id) {
-                Some(d) => reply(StatusCode::OK, "text/html; charset=utf-8", status::resource_html(&d)),
-                None => unknown(&id),
-            },
-        },
+        "/debug/status" => {
+            let (now, end) = (state::now(), state::precise_now());
+            let page = match resource {
+                None => {
+                    status::server_html(&status_of(state), &history.lock().unwrap_or_else(PoisonError::into_inner), end)
+                }
+                Some(id) => match detail(state, &id) {
+                    Some(d) => {
+                        status::resource_html(&d, &history.lock().unwrap_or_else(PoisonError::into_inner), now, end)
+                    }
+                    None => return unknown(&id),
+                },
+            };
+            reply(StatusCode::OK, "text/html; charset=utf-8", page)
+        }
         "/debug/status.json" => match resource {
             None => json(&status_of(state)),
             Some(id) => match detail(state, &id) {

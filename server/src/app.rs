@@ -1,11 +1,18 @@
 //! Wires the server together: configuration, listeners, the gRPC service, the debug listener,
 //! reload and expiry sweeping, the master election, and shutdown.
 
-use std::{future::Future, pin::Pin, sync::Arc};
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use sluice_client::discovery::Servers;
 use sluice_proto::{FILE_DESCRIPTOR_SET, capacity_server::CapacityServer};
 use sluice_runtime::{
+    defaults::HISTORY_LENGTH,
+    history::History,
     process::{Failure, read_config, termination},
     reload::{ConfigStatus, Reloader, rotating},
     telemetry,
@@ -23,12 +30,14 @@ use crate::{
     cli::Args,
     config,
     defaults::{
-        EMBEDDED_CONFIG, HEALTH_CHECK_INTERVAL, MAX_REQUEST_BYTES, SHUTDOWN_GRACE, SWEEP_BATCH, SWEEP_INTERVAL,
+        EMBEDDED_CONFIG, HEALTH_CHECK_INTERVAL, HISTORY_RESOURCES, MAX_REQUEST_BYTES, SHUTDOWN_GRACE, SWEEP_BATCH,
+        SWEEP_INTERVAL,
     },
     election::Election,
     metrics, parent,
     service::CapacityService,
     state::{self, ParentLink, State},
+    status::{self, ResourceHistory},
     tls,
 };
 
@@ -80,7 +89,11 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         state::now(),
     ));
     tokio::spawn(parent::run(state.clone()));
-    admin::spawn(admin, state.clone(), handle.clone()).map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
+    let history =
+        Arc::new(Mutex::new(History::new(HISTORY_LENGTH, args.history_interval.as_secs_f64(), HISTORY_RESOURCES)));
+    tokio::spawn(record_history(state.clone(), history.clone(), args.history_interval));
+    admin::spawn(admin, state.clone(), history, handle.clone())
+        .map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
     let election = election.map(|settings| Election::spawn(settings, state.clone()));
     tokio::spawn(sweep(state.clone(), handle));
     // Installed before serving: SIGHUP's default action would end the process.
@@ -188,5 +201,17 @@ async fn sweep(state: Arc<State>, handle: metrics_exporter_prometheus::Prometheu
             tokio::task::yield_now().await;
         }
         handle.run_upkeep();
+    }
+}
+
+/// Samples the busiest resources for the status pages' charts every `interval`.
+async fn record_history(state: Arc<State>, history: Arc<Mutex<ResourceHistory>>, interval: Duration) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let round = status::sample(&state.ledger(), state::now(), HISTORY_RESOURCES);
+        let mut history = history.lock().unwrap_or_else(PoisonError::into_inner);
+        history.record(state::precise_now(), round.iter().map(|(id, values)| (id.as_str(), *values)));
     }
 }

@@ -4,7 +4,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Parser;
 use sluice_client::{id, tls::ClientTlsFiles};
-use sluice_runtime::cli::{LogFormat, host_port, poll_interval};
+use sluice_runtime::cli::{LogFormat, host_port, poll_interval, positive_duration};
 
 use crate::{defaults, election, tls::TlsFiles};
 
@@ -83,6 +83,12 @@ pub struct Args {
     #[arg(long, env = "SLUICE_MAX_RESOURCES", default_value_t = defaults::MAX_RESOURCES,
           value_parser = at_least_one, allow_hyphen_values = true)]
     pub max_resources: usize,
+
+    /// How often the status pages' charts take a sample (they show the last 120); tests
+    /// shorten it.
+    #[arg(long, env = "SLUICE_HISTORY_INTERVAL", value_parser = positive_duration, allow_hyphen_values = true,
+          default_value = sluice_runtime::defaults::HISTORY_INTERVAL, hide = true)]
+    pub history_interval: Duration,
 
     /// PEM certificate chain for TLS on the gRPC listener.
     #[arg(long, env = "SLUICE_TLS_CERT", requires = "tls_key")]

@@ -68,6 +68,11 @@ pub const DURATION_BUCKETS: &[f64] = &[
 /// Leases listed on a resource's debug page; the page says how many more there are.
 pub const STATUS_LEASES_SHOWN: usize = 1_000;
 
+/// Resources with a history: the busiest (largest Σ wants) at each sample. A server may hold
+/// `--max-resources` (100,000 by default); the others are not charted, and a resource that
+/// drops out of the busiest loses its history. About 4 KB each, so 200 KB in all.
+pub const HISTORY_RESOURCES: usize = 50;
+
 /// Time a client has to finish its TLS handshake on the gRPC listener (Linkerd's default): a
 /// connection that stops half-way does not hold a socket for ever.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,15 +1,26 @@
 //! Snapshots of the server for people and scrapers: the JSON and HTML of `/debug/status` and the
 //! figures behind the per-resource gauges.
 
-use std::fmt::Write;
+use std::{cmp::Ordering, collections::BinaryHeap, fmt::Write};
 
 use serde::Serialize;
-use sluice_runtime::{html::escape, reload::ConfigStatus};
+use sluice_runtime::{
+    chart::{CAPACITY_COLOR, CHART_STYLE, Chart, Line},
+    defaults::STATUS_REFRESH_SECONDS,
+    history::History,
+    html::escape,
+    reload::ConfigStatus,
+    when::{date, date_and_age, span},
+};
 
 use crate::{
     core::{Choice, Ledger, PriorityMode, Resource, SubtreeWants, UnixSeconds},
     state::{Role, State},
 };
+
+/// What is charted per resource, in this order: the capacity it shares (NaN without one), Σ
+/// wants and Σ has.
+pub type ResourceHistory = History<3>;
 
 #[derive(Serialize)]
 pub struct ServerStatus {
@@ -223,22 +234,89 @@ fn resource(ledger: &Ledger, id: &str, r: &Resource, now: UnixSeconds) -> Resour
     }
 }
 
-/// `/debug/status`: the server and a table of its resources.
-pub fn server_html(s: &ServerStatus) -> String {
+/// One round of samples for [`ResourceHistory`]: the `keep` resources with the largest Σ wants
+/// (ties by id, so that a calm server charts the same ones each time), busiest first.
+pub fn sample(ledger: &Ledger, now: UnixSeconds, keep: usize) -> Vec<(String, [f64; 3])> {
+    // A bounded heap whose top is the least busy kept: one pass, whatever the resource count,
+    // and a single comparison for most resources once it is full.
+    let mut kept = BinaryHeap::with_capacity(keep);
+    for (id, r) in ledger.resources() {
+        let candidate = Busiest(r.bands().sums().wants, id, r);
+        if kept.len() < keep {
+            kept.push(candidate);
+        } else if let Some(mut least) = kept.peek_mut()
+            && candidate < *least
+        {
+            *least = candidate;
+        }
+    }
+    kept.into_sorted_vec()
+        .into_iter()
+        .map(|Busiest(wants, id, r)| {
+            (id.to_owned(), [r.capacity(now).unwrap_or(f64::NAN), wants, r.bands().sums().has])
+        })
+        .collect()
+}
+
+/// Ordered busiest first: larger Σ wants, then the smaller id.
+struct Busiest<'a>(f64, &'a str, &'a Resource);
+
+impl Ord for Busiest<'_> {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.0.total_cmp(&self.0).then_with(|| self.1.cmp(other.1))
+    }
+}
+
+impl PartialOrd for Busiest<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Busiest<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Busiest<'_> {}
+
+/// A resource's chart, if it has a history.
+fn resource_chart(history: &ResourceHistory, id: &str, end: f64) -> Option<String> {
+    let ring = history.get(id)?;
+    let line = |label: &str, color, k: usize| Line {
+        label: label.to_owned(),
+        color,
+        dashed: k == 0,
+        points: ring.iter().map(|s| (s.at, s.values[k])).collect(),
+    };
+    let chart = Chart {
+        title: &format!("{id}: capacity, Σ wants and Σ has over the last {}", span(history.window() as u64)),
+        unit: "",
+        end,
+        window: history.window(),
+        lines: vec![line("capacity", CAPACITY_COLOR, 0), line("Σ wants", "#ff7f0e", 1), line("Σ has", "#1f77b4", 2)],
+    };
+    Some(chart.svg())
+}
+
+/// `/debug/status`: the server, charts of its busiest resources and a table of them all.
+/// `history` was recorded on the clock of `end`, the page's time.
+pub fn server_html(s: &ServerStatus, history: &ResourceHistory, end: f64) -> String {
     let mut html = page_head("Sluice capacity server");
     let e = &s.election;
     let _ = write!(
         html,
-        "<p>role: <b>{}</b> since {} · master: {} · election: {}{} · serving since {} · now {}</p>",
+        "<p>role: <b>{}</b> since {} · master: {} · election: {}{} · serving since {} · page made {}</p>",
         e.role,
-        e.since,
+        date_and_age(e.since, s.now),
         escape(s.master_address.as_deref().unwrap_or("unknown")),
         e.mode,
         e.key.as_deref().map_or_else(String::new, |key| format!(" on key {}", escape(key))),
-        s.serving_since,
-        s.now
+        date_and_age(s.serving_since, s.now),
+        date(s.now)
     );
-    html.push_str(&s.config.html());
+    html.push_str(&s.config.html(s.now));
     if let Some(p) = &s.parent {
         let _ = write!(
             html,
@@ -248,7 +326,28 @@ pub fn server_html(s: &ServerStatus) -> String {
             p.failures
         );
     }
-    html.push_str("<h2>Resources</h2><table><tr><th>resource</th><th>template</th><th>algorithm</th><th>capacity</th><th>own lease expires</th><th>bands</th><th>Σ has</th><th>Σ wants</th><th>clients</th><th>subclients</th><th>safe capacity</th><th>learning</th></tr>");
+    let mut busiest: Vec<&ResourceStatus> = s.resources.iter().filter(|r| history.get(&r.id).is_some()).collect();
+    busiest.sort_by(|a, b| b.wants.total_cmp(&a.wants).then_with(|| a.id.cmp(&b.id)));
+    let _ = write!(
+        html,
+        "<h2>The last {}</h2><p>{} of {} resources charted: the {} with the largest Σ wants at each sample \
+         are kept; the others have no history.</p><div class=\"charts\">",
+        span(history.window() as u64),
+        busiest.len(),
+        s.resources.len(),
+        history.max_keys()
+    );
+    for r in busiest {
+        if let Some(svg) = resource_chart(history, &r.id, end) {
+            let _ = write!(
+                html,
+                "<figure><figcaption><a href=\"/debug/status?resource={}\">{}</a></figcaption>{svg}</figure>",
+                query_escape(&r.id),
+                escape(&r.id)
+            );
+        }
+    }
+    html.push_str("</div><h2>Resources</h2><table><tr><th>resource</th><th>template</th><th>algorithm</th><th>capacity</th><th>own lease expires</th><th>bands</th><th>Σ has</th><th>Σ wants</th><th>clients</th><th>subclients</th><th>safe capacity</th><th>learning</th></tr>");
     for r in &s.resources {
         let _ = write!(
             html,
@@ -258,7 +357,7 @@ pub fn server_html(s: &ServerStatus) -> String {
             escape(&r.template),
             r.algorithm,
             capacity(r),
-            r.parent_lease.as_ref().map_or_else(|| "-".to_owned(), |l| l.expiry_time.to_string()),
+            r.parent_lease.as_ref().map_or_else(|| "-".to_owned(), |l| date_and_age(l.expiry_time, s.now)),
             bands(r),
             r.has,
             r.wants,
@@ -289,8 +388,8 @@ pub fn server_html(s: &ServerStatus) -> String {
     html
 }
 
-/// `/debug/status?resource=ID`: one resource and its leases.
-pub fn resource_html(d: &ResourceDetail) -> String {
+/// `/debug/status?resource=ID`: one resource, its chart and its leases.
+pub fn resource_html(d: &ResourceDetail, history: &ResourceHistory, now: UnixSeconds, end: f64) -> String {
     let r = &d.resource;
     let mut html = page_head(&format!("Resource {}", r.id));
     let _ = write!(
@@ -307,6 +406,18 @@ pub fn resource_html(d: &ResourceDetail) -> String {
         r.safe_capacity,
         if r.learning { "yes" } else { "no" }
     );
+    let _ = write!(html, "<h2>The last {}</h2>", span(history.window() as u64));
+    match resource_chart(history, &r.id, end) {
+        Some(svg) => html.push_str(&svg),
+        None => {
+            let _ = write!(
+                html,
+                "<p>Not charted (yet): only the {} resources with the largest Σ wants at each sample have a \
+                 history.</p>",
+                history.max_keys()
+            );
+        }
+    }
     if d.lease_count > d.leases.len() {
         let _ = write!(html, "<p>showing {} of {} leases</p>", d.leases.len(), d.lease_count);
     }
@@ -322,7 +433,7 @@ pub fn resource_html(d: &ResourceDetail) -> String {
             l.has,
             l.wants,
             l.subclients,
-            l.expiry_time,
+            date_and_age(l.expiry_time, now),
             if l.lapsed { " (lapsed: kept as its subtree's safe capacity)" } else { "" }
         );
     }
@@ -351,11 +462,35 @@ fn bands(r: &ResourceStatus) -> String {
 
 fn page_head(title: &str) -> String {
     format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{0}</title><style>body{{font-family:sans-serif}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}td:first-child{{text-align:left}}</style></head><body><h1>{0}</h1>",
+        "<!doctype html><html><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"{STATUS_REFRESH_SECONDS}\"><title>{0}</title><style>body{{font-family:sans-serif}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}td:first-child{{text-align:left}}{CHART_STYLE}</style></head><body><h1>{0}</h1>",
         escape(title)
     )
 }
 
 fn query_escape(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{config, core::Claim};
+
+    #[test]
+    fn sampling_keeps_the_busiest_resources_with_ties_by_id() {
+        let repository = config::parse(crate::defaults::EMBEDDED_CONFIG).expect("embedded config");
+        let mut ledger = Ledger::new(Arc::new(repository), 0);
+        for (id, wants) in [("d", 1.0), ("c", 5.0), ("b", 1.0), ("a", 0.0), ("e", 9.0)] {
+            ledger.claim(100, "client", id, &Claim::single(0, wants, None));
+        }
+        let round = sample(&ledger, 100, 3);
+        let ids: Vec<&str> = round.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["e", "c", "b"], "busiest first; of the two at 1, the smaller id");
+        let [capacity, wants, has] = round[0].1;
+        assert!(capacity > 0.0 && wants == 9.0 && has > 0.0, "{:?}", round[0].1);
+        assert!(sample(&ledger, 100, 0).is_empty());
+        assert_eq!(sample(&ledger, 100, 10).len(), 5);
+    }
 }

@@ -1,9 +1,12 @@
 //! The sidecar's admin listener (SPEC §4.5): `/metrics`, `/live` (never depends on the capacity
 //! servers), `/ready`, `/debug/status` and `/debug/status.json`, on a thread of its own.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
 };
 
 use arc_swap::ArcSwap;
@@ -12,10 +15,15 @@ use hyper::{Request, Response, StatusCode, body::Bytes, body::Incoming};
 use metrics_exporter_prometheus::PrometheusHandle;
 use sluice_runtime::{
     admin::{json, reply, serve},
+    clock::precise_now,
     reload::{ConfigStatus, SharedConfigStatus},
 };
 
-use crate::{plan::Plan, status};
+use crate::{
+    plan::Plan,
+    status::{self, GateHistory},
+    sync,
+};
 
 /// What the admin listener reads.
 pub struct Admin {
@@ -28,6 +36,8 @@ pub struct Admin {
     pub started: AtomicBool,
     /// Set at SIGTERM: the listeners no longer accept connections.
     pub draining: AtomicBool,
+    /// The charts' samples.
+    pub history: Mutex<GateHistory>,
 }
 
 impl Admin {
@@ -37,6 +47,22 @@ impl Admin {
     /// of its Service as its first requests arrive would only see them fail elsewhere.
     pub fn is_ready(&self) -> bool {
         self.started.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Samples every resource for the status page's charts every `interval`.
+    pub async fn record_history(self: Arc<Self>, interval: Duration) {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let plan = self.live.load();
+            let round: Vec<_> = plan.gates.iter().map(|g| (g.id.clone(), status::figures(g))).collect();
+            sync::lock(&self.history).record(precise_now(), round.iter().map(|(id, figures)| (&**id, *figures)));
+        }
+    }
+
+    fn status(&self, now: f64) -> status::SidecarStatus {
+        status::snapshot(&self.live.load(), &self.client_id, ConfigStatus::now(&self.config), now.floor() as i64)
     }
 }
 
@@ -55,14 +81,12 @@ fn route(req: &Request<Incoming>, admin: &Admin) -> Response<Full<Bytes>> {
         "/live" => reply(StatusCode::OK, "text/plain", "live\n".into()),
         "/ready" if admin.is_ready() => reply(StatusCode::OK, "text/plain", "ready\n".into()),
         "/ready" => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n".into()),
-        "/debug/status" => reply(
-            StatusCode::OK,
-            "text/html; charset=utf-8",
-            status::html(&status::snapshot(&admin.live.load(), &admin.client_id, ConfigStatus::now(&admin.config))),
-        ),
-        "/debug/status.json" => {
-            json(&status::snapshot(&admin.live.load(), &admin.client_id, ConfigStatus::now(&admin.config)))
+        "/debug/status" => {
+            let now = precise_now();
+            let page = status::html(&admin.status(now), &sync::lock(&admin.history), now);
+            reply(StatusCode::OK, "text/html; charset=utf-8", page)
         }
+        "/debug/status.json" => json(&admin.status(precise_now())),
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
 }

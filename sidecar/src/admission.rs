@@ -89,18 +89,17 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Durat
     for (i, gate) in charge.gates.iter().enumerate() {
         let budget = deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
         match gate.admit(*cost, budget).await {
-            Ok(waited) if waited.is_zero() => gate.metrics.allowed.increment(1),
+            Ok(waited) if waited.is_zero() => gate.metrics.record_allowed(),
             Ok(waited) => {
-                gate.metrics.delayed.increment(1);
-                gate.metrics.wait.record(waited.as_secs_f64());
+                gate.metrics.record_delayed(waited);
                 waited_in_all += waited;
             }
             Err(_) if charge.on_limit == OnLimit::Shadow => {
-                gate.metrics.shadow_rejected.increment(1);
+                gate.metrics.record_refused(true);
                 continue;
             }
             Err(refused) => {
-                gate.metrics.rejected.increment(1);
+                gate.metrics.record_refused(false);
                 // Every earlier gate admitted (only shadow goes on past a refusal): rates get
                 // their tokens back, concurrency permits go when `permits` drops.
                 for earlier in charge.gates[..i].iter().filter(|g| g.kind == Kind::Rate) {

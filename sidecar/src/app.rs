@@ -5,6 +5,8 @@ use std::sync::{Arc, Mutex, atomic::Ordering};
 
 use arc_swap::ArcSwap;
 use sluice_runtime::{
+    defaults::HISTORY_LENGTH,
+    history::History,
     process::{Failure, read_config, termination},
     reload::{self, ConfigStatus, Reloader},
     telemetry,
@@ -20,7 +22,7 @@ use crate::{
     ca_rotation,
     cli::Args,
     config::{self, Config},
-    defaults::EMBEDDED_CONFIG,
+    defaults::{EMBEDDED_CONFIG, HISTORY_RESOURCES},
     leasing::Leasing,
     listener, metrics,
     plan::Plan,
@@ -68,8 +70,10 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         config: config_status.clone(),
         started: false.into(),
         draining: false.into(),
+        history: Mutex::new(History::new(HISTORY_LENGTH, args.history_interval.as_secs_f64(), HISTORY_RESOURCES)),
     });
     admin::spawn(admin_listener, admin.clone()).map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
+    tokio::spawn(admin.clone().record_history(args.history_interval));
 
     // Installed before serving: SIGHUP's default action would end the process.
     let hangup = signal(SignalKind::hangup()).map_err(|e| Failure::Runtime(format!("SIGHUP handler: {e}")))?;

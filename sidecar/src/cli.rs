@@ -123,6 +123,12 @@ pub struct Args {
           default_value = defaults::SHUTDOWN_GRACE)]
     pub shutdown_grace: Duration,
 
+    /// How often the status page's charts take a sample (they show the last 120); tests
+    /// shorten it.
+    #[arg(long, env = "SLUICE_SIDECAR_HISTORY_INTERVAL", value_parser = positive_duration, allow_hyphen_values = true,
+          default_value = sluice_runtime::defaults::HISTORY_INTERVAL, hide = true)]
+    pub history_interval: Duration,
+
     /// Log format.
     #[arg(long, env = "SLUICE_SIDECAR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -22,6 +22,9 @@ pub const SHUTDOWN_GRACE: &str = "10s";
 /// The configuration used without `--config`: standalone, one listener in front of a local app.
 pub const EMBEDDED_CONFIG: &str = include_str!("default_config.yaml");
 
+/// Resources charted, in the configuration's order; those beyond are not. About 5 KB each.
+pub const HISTORY_RESOURCES: usize = 100;
+
 /// How often recorded histogram samples are folded into their buckets. Until then each request's
 /// samples are kept one by one, so memory grew with traffic between scrapes.
 pub const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(1);

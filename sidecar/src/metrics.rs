@@ -5,9 +5,12 @@ use std::{
     convert::Infallible,
     future::Future,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     task::{Context, Poll, ready},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use http::Response;
@@ -110,11 +113,14 @@ pub fn record_rpc(method: &'static str, ok: bool) {
 /// the gauges are looked up each time they are set (seldom: on a change, a lease check or a
 /// scrape), so that a series dropped as stale comes back when it is set again.
 pub struct GateMetrics {
-    pub allowed: Counter,
-    pub delayed: Counter,
-    pub rejected: Counter,
-    pub shadow_rejected: Counter,
-    pub wait: Histogram,
+    allowed: Counter,
+    delayed: Counter,
+    rejected: Counter,
+    shadow_rejected: Counter,
+    wait: Histogram,
+    /// The same decisions counted where the status page can read them back (a `Counter` is
+    /// write-only): admitted at once, delayed, refused (shadow refusals included).
+    decisions: [AtomicU64; 3],
     resource: Arc<str>,
     lease: Mutex<LeaseTimes>,
 }
@@ -138,6 +144,7 @@ impl GateMetrics {
             rejected: decision("rejected"),
             shadow_rejected: decision("shadow_rejected"),
             wait: histogram!(WAIT, "resource" => resource()),
+            decisions: Default::default(),
             resource: id.clone(),
             lease: Mutex::new(LeaseTimes::default()),
         }
@@ -146,6 +153,33 @@ impl GateMetrics {
     /// A lease came with this refresh interval (shown at the next scrape).
     pub fn refresh_interval(&self, seconds: i64) {
         sync::lock(&self.lease).refresh_interval = Some(seconds);
+    }
+
+    /// A request admitted at once.
+    pub fn record_allowed(&self) {
+        self.allowed.increment(1);
+        self.decisions[0].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request admitted after waiting `waited`.
+    pub fn record_delayed(&self, waited: Duration) {
+        self.delayed.increment(1);
+        self.wait.record(waited.as_secs_f64());
+        self.decisions[1].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request refused, or one let through under `shadow` that would have been.
+    pub fn record_refused(&self, shadow: bool) {
+        match shadow {
+            true => self.shadow_rejected.increment(1),
+            false => self.rejected.increment(1),
+        }
+        self.decisions[2].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests admitted at once, delayed and refused since the gate was made.
+    pub fn decisions(&self) -> [u64; 3] {
+        self.decisions.each_ref().map(|d| d.load(Ordering::Relaxed))
     }
 
     pub fn wants(&self, wants: f64) {

@@ -4,15 +4,36 @@
 use std::fmt::Write;
 
 use serde::Serialize;
-use sluice_runtime::{html::escape, reload::ConfigStatus};
+use sluice_runtime::{
+    chart::{CAPACITY_COLOR, CHART_STYLE, Chart, Line, number},
+    defaults::STATUS_REFRESH_SECONDS,
+    history::{History, Ring, Sample},
+    html::escape,
+    reload::ConfigStatus,
+    when::{date, date_and_age, span},
+};
 
 use crate::{
     core::Kind,
+    gate::Gate,
     plan::{Plan, Target},
 };
 
+/// What is charted per resource, in this order: the capacity enforced (NaN: no limit), then the
+/// requests admitted at once, delayed and refused so far; the chart draws the counts' rates.
+pub type GateHistory = History<4>;
+
+/// A resource's figures for [`GateHistory`].
+pub fn figures(gate: &Gate) -> [f64; 4] {
+    let capacity = gate.applied().capacity;
+    let [admitted, delayed, refused] = gate.metrics.decisions();
+    [if capacity.is_finite() { capacity } else { f64::NAN }, admitted as f64, delayed as f64, refused as f64]
+}
+
 #[derive(Serialize)]
 pub struct SidecarStatus {
+    /// Unix time the status was taken.
+    pub now: i64,
     pub client_id: String,
     /// The capacity servers; empty in standalone mode.
     pub servers: Vec<String>,
@@ -42,9 +63,14 @@ pub struct ResourceStatus {
     pub in_flight: f64,
     pub queued: usize,
     pub used: bool,
+    /// Requests since the resource's gate was made (a reload keeps it unless the kind
+    /// changes): admitted at once, delayed, and refused (shadow refusals included).
+    pub admitted: u64,
+    pub delayed: u64,
+    pub refused: u64,
 }
 
-pub fn snapshot(plan: &Plan, client_id: &str, config_status: ConfigStatus) -> SidecarStatus {
+pub fn snapshot(plan: &Plan, client_id: &str, config_status: ConfigStatus, now: i64) -> SidecarStatus {
     let config = &plan.config;
     let listeners = config
         .listeners
@@ -71,6 +97,7 @@ pub fn snapshot(plan: &Plan, client_id: &str, config_status: ConfigStatus) -> Si
         .map(|g| {
             let applied = g.applied();
             let (in_flight, queued) = g.load();
+            let [admitted, delayed, refused] = g.metrics.decisions();
             ResourceStatus {
                 id: g.id.to_string(),
                 kind: match g.kind {
@@ -84,10 +111,14 @@ pub fn snapshot(plan: &Plan, client_id: &str, config_status: ConfigStatus) -> Si
                 in_flight,
                 queued,
                 used: g.used(),
+                admitted,
+                delayed,
+                refused,
             }
         })
         .collect();
     SidecarStatus {
+        now,
         client_id: client_id.to_owned(),
         servers: config.server.as_ref().map_or_else(Vec::new, |s| s.addresses.clone()),
         config: config_status,
@@ -96,17 +127,42 @@ pub fn snapshot(plan: &Plan, client_id: &str, config_status: ConfigStatus) -> Si
     }
 }
 
-pub fn html(status: &SidecarStatus) -> String {
-    let mut page = String::from(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>sluice-sidecar</title>\
-         <style>body{font-family:sans-serif}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px}</style>\
-         </head><body><h1>sluice-sidecar</h1>",
+/// `/debug/status`: the sidecar, charts of its resources' last minutes and tables. `history`
+/// was recorded on the clock of `end`, the page's time.
+pub fn html(status: &SidecarStatus, history: &GateHistory, end: f64) -> String {
+    let mut page = format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\">\
+         <meta http-equiv=\"refresh\" content=\"{STATUS_REFRESH_SECONDS}\"><title>sluice-sidecar</title>\
+         <style>body{{font-family:sans-serif}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px}}{CHART_STYLE}</style>\
+         </head><body><h1>sluice-sidecar</h1>"
     );
     let servers = if status.servers.is_empty() { "standalone".to_owned() } else { status.servers.join(", ") };
-    let _ =
-        write!(page, "<p>client id <b>{}</b>; capacity servers: {}</p>", escape(&status.client_id), escape(&servers));
-    page.push_str(&status.config.html());
-    page.push_str("<h2>Listeners</h2><table><tr><th>name</th><th>address</th><th>routes</th><th>rules</th></tr>");
+    let _ = write!(
+        page,
+        "<p>client id <b>{}</b>; capacity servers: {} · page made {}</p>",
+        escape(&status.client_id),
+        escape(&servers),
+        date(status.now)
+    );
+    page.push_str(&status.config.html(status.now));
+    let _ = write!(page, "<h2>The last {}</h2><div class=\"charts\">", span(history.window() as u64));
+    for r in &status.resources {
+        if let Some(ring) = history.get(&r.id) {
+            let _ = write!(
+                page,
+                "<figure><figcaption><b>{}</b> · {} · {}{}</figcaption>{}</figure>",
+                escape(&r.id),
+                r.kind,
+                r.mode,
+                match (r.kind, r.capacity) {
+                    ("concurrency", Some(c)) => format!(" · limit {} at once (not drawn)", number(c)),
+                    _ => String::new(),
+                },
+                chart(&r.id, r.kind, ring, history.window(), end)
+            );
+        }
+    }
+    page.push_str("</div><h2>Listeners</h2><table><tr><th>name</th><th>address</th><th>routes</th><th>rules</th></tr>");
     for l in &status.listeners {
         let _ = write!(
             page,
@@ -119,24 +175,75 @@ pub fn html(status: &SidecarStatus) -> String {
     }
     page.push_str(
         "</table><h2>Resources</h2><table><tr><th>id</th><th>kind</th><th>mode</th><th>capacity</th>\
-         <th>lease expiry</th><th>wants</th><th>in flight</th><th>queued</th></tr>",
+         <th>lease expires</th><th>wants</th><th>in flight</th><th>queued</th><th>admitted</th><th>delayed</th>\
+         <th>refused</th></tr>",
     );
     for r in &status.resources {
         let capacity = r.capacity.map_or_else(|| "no limit".to_owned(), |c| format!("{c:.2}"));
-        let expiry = r.lease_expiry.map_or_else(String::new, |e| e.to_string());
+        let expiry = r.lease_expiry.map_or_else(String::new, |e| date_and_age(e, status.now));
         let _ = write!(
             page,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{capacity}</td><td>{expiry}</td><td>{:.2}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{capacity}</td><td>{expiry}</td><td>{:.2}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(&r.id),
             r.kind,
             r.mode,
             r.wants,
             r.in_flight,
-            r.queued
+            r.queued,
+            r.admitted,
+            r.delayed,
+            r.refused
         );
     }
     page.push_str(
         "</table><p><a href=\"/debug/status.json\">JSON</a> · <a href=\"/metrics\">metrics</a></p></body></html>",
     );
     page
+}
+
+/// A resource's chart: requests per second admitted at once, delayed and refused, against the
+/// capacity for a rate (a concurrency limit is not a rate: it is left out).
+fn chart(id: &str, kind: &str, ring: &Ring<Sample<4>>, window: f64, end: f64) -> String {
+    let mut lines = Vec::new();
+    if kind == "rate" {
+        let points = ring.iter().map(|s| (s.at, s.values[0])).collect();
+        lines.push(Line { label: "capacity".into(), color: CAPACITY_COLOR, dashed: true, points });
+    }
+    for (k, label, color) in [(1, "admitted", "#1f77b4"), (2, "delayed", "#ff7f0e"), (3, "refused", "#d62728")] {
+        lines.push(Line { label: label.into(), color, dashed: false, points: rates(ring, k) });
+    }
+    let title =
+        format!("{id}: requests per second admitted, delayed and refused over the last {}", span(window as u64));
+    Chart { title: &title, unit: "/s", end, window, lines }.svg()
+}
+
+/// The rate of counter `k` between consecutive samples, at the later one's time; a gap where
+/// the counter went back (the gate was made anew) or the clock did not move.
+fn rates(ring: &Ring<Sample<4>>, k: usize) -> Vec<(f64, f64)> {
+    let samples: Vec<&Sample<4>> = ring.iter().collect();
+    samples
+        .windows(2)
+        .map(|pair| {
+            let (elapsed, counted) = (pair[1].at - pair[0].at, pair[1].values[k] - pair[0].values[k]);
+            let rate = if elapsed > 0.0 && counted >= 0.0 { counted / elapsed } else { f64::NAN };
+            (pair[1].at, rate)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_come_from_counter_differences_with_gaps_at_resets() {
+        let mut ring = Ring::new(5);
+        for (at, count) in [(0.0, 0.0), (5.0, 50.0), (10.0, 60.0), (15.0, 2.0), (15.0, 3.0)] {
+            ring.push(Sample { at, values: [1.0, count, 0.0, 0.0] });
+        }
+        let rates = rates(&ring, 1);
+        assert_eq!(rates[..2], [(5.0, 10.0), (10.0, 2.0)]);
+        assert!(rates[2].1.is_nan() && rates[3].1.is_nan(), "a reset, then no time: {rates:?}");
+    }
 }

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bench_sidecar;
+pub mod browser;
 pub mod cli;
 pub mod demo;
 pub mod docker;

@@ -12,3 +12,12 @@ pub const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// After a failed accept on the admin listener (out of file descriptors, say), the pause before
 /// the next, so that the loop does not spin.
 pub const ADMIN_ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+
+/// The status pages reload themselves this often, in seconds.
+pub const STATUS_REFRESH_SECONDS: u32 = 5;
+
+/// The status pages chart each resource's last `HISTORY_LENGTH` samples, one taken every
+/// `HISTORY_INTERVAL` (the hidden flag `--history-interval`, which tests shorten): 10 minutes
+/// by default.
+pub const HISTORY_INTERVAL: &str = "5s";
+pub const HISTORY_LENGTH: usize = 120;

@@ -15,7 +15,7 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::signal::unix::Signal;
 
-use crate::{clock::now, html::escape};
+use crate::{clock::now, html::escape, when::date_and_age};
 
 /// Where the configuration in force came from, and the last file rejected since: the status
 /// pages show it, so that a rejected file is seen without reading the logs.
@@ -51,14 +51,13 @@ impl ConfigStatus {
         shared.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// One paragraph for a status page.
-    pub fn html(&self) -> String {
+    /// One paragraph for a status page made at `now`.
+    pub fn html(&self, now: i64) -> String {
         let source = self.path.as_deref().map_or_else(|| "embedded default".to_owned(), escape);
-        let rejected = self
-            .rejected
-            .as_ref()
-            .map_or_else(String::new, |r| format!(" · <b>last change rejected</b> at {}: {}", r.at, escape(&r.error)));
-        format!("<p>configuration: {source}, applied at {}{rejected}</p>", self.applied_at)
+        let rejected = self.rejected.as_ref().map_or_else(String::new, |r| {
+            format!(" · <b>last change rejected</b> at {}: {}", date_and_age(r.at, now), escape(&r.error))
+        });
+        format!("<p>configuration: {source}, applied at {}{rejected}</p>", date_and_age(self.applied_at, now))
     }
 }
 
