@@ -248,6 +248,25 @@ fn the_servers_and_the_sidecar_the_manifests_describe_run_and_answer_their_probe
         grpc_of.insert(tier, replicas);
     }
 
+    // The `helm test` pod's script asks the root tier for capacity (with this machine's grpcurl:
+    // its image cannot be pulled here).
+    if can_run("the helm test pod's script", &missing_tools(&["grpcurl", "sed", "grep"])) {
+        let test = container(find(&objects, "Pod", "sluice-test-capacity"), "get-capacity");
+        let mut launch = Launch::of(test, &HashMap::new());
+        assert_eq!(launch.env[0], ("ROOT".to_owned(), "sluice-root.sluice.svc:7777".to_owned()));
+        launch.env[0].1 = grpc_of["root"][1].to_string();
+        let out = Command::new(&launch.command[0])
+            .args(&launch.command[1..])
+            .envs(launch.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .expect("the script runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "the helm test script failed: {}", describe(&out));
+        let master = stdout.lines().next().unwrap().strip_prefix("root tier's master: ").expect("a master");
+        assert!(grpc_of["root"].iter().any(|a| a.to_string() == master), "{stdout}");
+        assert!(stdout.contains("\"gets\""), "{stdout}");
+    }
+
     // The example application's sidecar, leasing from the leaf tier.
     let example = documents(&fs::read_to_string(repo().join("deploy/k8s/example-app.yaml")).unwrap());
     let template = pod_template(find(&example, "Deployment", "orders-client"));
