@@ -9,5 +9,6 @@ pub mod etcd;
 pub mod harness;
 pub mod http;
 pub mod loadgen;
+pub mod raw;
 pub mod relay;
 pub mod upstream;
