@@ -78,7 +78,7 @@ pub fn snapshot(plan: &Plan, client_id: &str, config_status: ConfigStatus) -> Si
                     Kind::Concurrency => "concurrency",
                 },
                 mode: applied.mode,
-                capacity: applied.capacity.is_finite().then_some(applied.capacity),
+                capacity: applied.capacity.is_limited().then_some(applied.capacity.get()),
                 lease_expiry: applied.expiry,
                 wants: g.wants(),
                 in_flight,

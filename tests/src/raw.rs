@@ -75,18 +75,22 @@ pub fn closed_after(stream: &mut TcpStream) -> Duration {
     }
 }
 
+/// The bytes one connection has received so far.
+type Record = Arc<Mutex<Vec<u8>>>;
+
 /// An upstream on a raw socket: each connection is served on a thread of its own by the test's
 /// handler, and every byte read from it is recorded.
 pub struct RawUpstream {
     addr: SocketAddr,
-    received: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>,
+    /// One record per connection, in the order they were accepted.
+    received: Arc<Mutex<Vec<Record>>>,
 }
 
 /// One accepted connection, as the handler sees it.
 pub struct Connection {
     stream: TcpStream,
     /// Everything read from it so far.
-    record: Arc<Mutex<Vec<u8>>>,
+    record: Record,
     /// Read past the last head taken.
     unread: Vec<u8>,
 }
@@ -122,7 +126,7 @@ impl RawUpstream {
     pub fn start(handle: impl Fn(Connection) + Send + Sync + 'static) -> RawUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").expect("listen");
         let addr = listener.local_addr().unwrap();
-        let received: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>> = Arc::default();
+        let received: Arc<Mutex<Vec<Record>>> = Arc::default();
         let connections = received.clone();
         let handle = Arc::new(handle);
         thread::spawn(move || {
