@@ -2,7 +2,7 @@
 //! caller's clock (every method that needs the time takes `now`), so the proxy, the tests and a
 //! simulator all run the same code.
 //!
-//! - [`Cost`] and [`Capacity`]: the bounded amounts everything above is charged and limited in;
+//! - [`Cost`] and [`Capacity`]: bounded amounts, what requests are charged and resources allow;
 //! - [`Limiter`]: admission for one resource, a token bucket or a semaphore with a FIFO queue,
 //!   and the demand it has seen;
 //! - [`LeaseClient`]: the Doorman client half, what to ask the capacity servers for and when,
