@@ -31,3 +31,4 @@ pub mod route;
 pub mod stack;
 pub mod status;
 pub mod sync;
+pub mod time;

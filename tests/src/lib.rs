@@ -12,5 +12,6 @@ pub mod harness;
 pub mod http;
 pub mod loadgen;
 pub mod prometheus;
+pub mod raw;
 pub mod relay;
 pub mod upstream;
