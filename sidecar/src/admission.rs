@@ -16,12 +16,13 @@ use tower::Service;
 
 use crate::{
     body::Body,
-    classify::Charged,
-    config::OnLimit,
-    core::Kind,
+    classify::{Charge, Charged, Costed},
+    config::{CostRule, OnLimit},
+    core::{Cost, Kind},
     gate::Permits,
     respond,
     stack::{Exchange, ResponseFuture},
+    time,
 };
 
 #[derive(Clone)]
@@ -78,17 +79,21 @@ where
 /// rejection.
 async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Duration), Response<Body>> {
     let Charged { charge, cost } = charged;
+    let cost = bounded(charge, *cost).map_err(|(declared, most)| {
+        tracing::debug!(rule = %charge.rule, declared, most = most.get(), "declared cost refused");
+        respond::cost_too_large(respond::is_grpc(headers), &charge.rule, declared, most)
+    })?;
     let max_wait = match charge.on_limit {
         OnLimit::Delay => grpc_timeout(headers).map_or(charge.max_wait, |d| d.min(charge.max_wait)),
         OnLimit::Reject | OnLimit::Shadow => Duration::ZERO,
     };
     // One budget for all the gates; a request that may not wait reads no clock.
-    let deadline = (!max_wait.is_zero()).then(|| Instant::now() + max_wait);
+    let deadline = (!max_wait.is_zero()).then(|| time::after(Instant::now(), max_wait));
     let mut permits = Permits::default();
     let mut waited_in_all = Duration::ZERO;
     for (i, gate) in charge.gates.iter().enumerate() {
         let budget = deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
-        match gate.admit(*cost, budget).await {
+        match gate.admit(cost, budget).await {
             Ok(waited) if waited.is_zero() => gate.metrics.record_allowed(),
             Ok(waited) => {
                 gate.metrics.record_delayed(waited);
@@ -103,19 +108,34 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Durat
                 // Every earlier gate admitted (only shadow goes on past a refusal): rates get
                 // their tokens back, concurrency permits go when `permits` drops.
                 for earlier in charge.gates[..i].iter().filter(|g| g.kind == Kind::Rate) {
-                    earlier.refund(*cost);
+                    earlier.refund(cost);
                 }
-                let capacity = gate.applied().capacity;
+                let capacity = gate.applied().capacity.get();
                 let kind = gate.kind;
                 let grpc = respond::is_grpc(headers);
                 return Err(respond::limited(grpc, &gate.id, &charge.rule, kind, capacity, refused.retry_after));
             }
         }
         if gate.kind == Kind::Concurrency {
-            permits.push(gate.clone(), *cost);
+            permits.push(gate.clone(), cost);
         }
     }
     Ok((permits, waited_in_all))
+}
+
+/// The cost to charge: a declared one only up to the rule's `max_cost`, or without one, up to
+/// the least that any of its resources takes at once now (a rate's burst: more would leave it
+/// in debt). Else the declared cost and that bound.
+fn bounded(charge: &Charge, cost: Costed) -> Result<Cost, (f64, Cost)> {
+    let declared = match cost {
+        Costed::Fixed(cost) => return Ok(cost),
+        Costed::Declared(declared) => declared,
+    };
+    let most = match &charge.cost {
+        CostRule::Header { max: Some(max), .. } => *max,
+        _ => charge.gates.iter().map(|g| g.largest_cost()).fold(Cost::MAX, |a, b| if b < a { b } else { a }),
+    };
+    Cost::new(declared).filter(|c| *c <= most).ok_or((declared, most))
 }
 
 /// Takes `waited` off a gRPC call's `grpc-timeout`, so the upstream works to the caller's real
@@ -158,6 +178,38 @@ fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{config, plan::Plan};
+
+    #[test]
+    fn a_declared_cost_is_bounded_by_max_cost_or_what_each_resource_takes_at_once() {
+        let yaml = "listeners:\n  - {name: l, address: 127.0.0.1:1, upstream: u}\n\
+            upstreams:\n  - {name: u, url: http://127.0.0.1:2}\n\
+            resources:\n  - {id: rate, capacity: 10, burst: 2}\n  - {id: pool, kind: concurrency, capacity: 5}\n\
+            rules:\n\
+              - {match: {path: {prefix: /a}}, resource: pool, also: [rate], cost: {header: x-cost}}\n\
+              - {match: {path: {prefix: /b}}, resource: pool, cost: {header: x-cost}}\n\
+              - {match: {path: {prefix: /c}}, resource: rate, cost: {header: x-cost}, max_cost: 100}\n\
+              - {resource: rate, cost: 7}\n";
+        let plan = Plan::build(config::parse(yaml).unwrap(), None, None).unwrap();
+        let charged = |path: &str, cost: &str| {
+            let request = http::Request::get(path).header("x-cost", cost).body(()).unwrap();
+            let Charged { charge, cost } = plan.listeners[0].rules.classify(&request).unwrap();
+            bounded(&charge, cost).map(Cost::get).map_err(|(declared, most)| (declared, most.get()))
+        };
+        // The least of a rate's burst and a semaphore's capacity.
+        assert_eq!(charged("/a", "2"), Ok(2.0));
+        assert_eq!(charged("/a", "2.5"), Err((2.5, 2.0)));
+        assert_eq!(charged("/a", "1e300"), Err((1e300, 2.0)));
+        assert_eq!(charged("/b", "5"), Ok(5.0));
+        assert_eq!(charged("/b", "6"), Err((6.0, 5.0)));
+        // A rule's own bound, above the burst (the bucket goes into debt, boundedly).
+        assert_eq!(charged("/c", "100"), Ok(100.0));
+        assert_eq!(charged("/c", "100.5"), Err((100.5, 100.0)));
+        // A cost the configuration names is the operator's: never refused as too large.
+        assert_eq!(charged("/d", "1e300"), Ok(7.0));
+        // An unusable header is no declaration: the default applies.
+        assert_eq!(charged("/a", "-1"), Ok(1.0));
+    }
 
     #[test]
     fn grpc_timeouts_parse() {

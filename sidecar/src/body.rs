@@ -1,12 +1,15 @@
 //! The bodies on the data path. The response body the sidecar hands back is an upstream's body
 //! streamed through (for HTTP/1.1, read off its pooled connection), holding the request's
 //! concurrency permits and its place among the open streams of its HTTP/2 connections until it
-//! ends, or a small synthetic one.
+//! ends, or is cut off when the upstream sends nothing for its `body_idle_timeout`; or a small
+//! synthetic one.
 
 use std::{
     fmt,
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
+    time::Duration,
 };
 
 use bytes::Bytes;
@@ -15,7 +18,7 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
-use crate::{gate::Permits, inbound::Inbound, pool::Http1Body, sync::Open};
+use crate::{gate::Permits, inbound::Inbound, listener::Progress, pool::Http1Body, sync::Open, time::Timer};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -45,9 +48,10 @@ pin_project! {
         Upstream {
             #[pin]
             inner: Either<Http1Body, Incoming>,
+            idle: IdleWatch,
             permits: Option<Permits>,
             upstream_stream: Option<Open>,
-            app_stream: Option<Open>,
+            app_stream: Option<(Open, Option<Arc<Progress>>)>,
         },
         Synthetic {
             #[pin]
@@ -57,13 +61,28 @@ pin_project! {
 }
 
 impl Body {
-    pub fn http1(inner: Http1Body) -> Body {
-        Body::Upstream { inner: Either::Left(inner), permits: None, upstream_stream: None, app_stream: None }
+    /// The body of a response read off an HTTP/1.1 connection, cut off after `idle` without a
+    /// byte.
+    pub fn http1(inner: Http1Body, idle: Duration) -> Body {
+        Body::Upstream {
+            inner: Either::Left(inner),
+            idle: IdleWatch::new(idle),
+            permits: None,
+            upstream_stream: None,
+            app_stream: None,
+        }
     }
 
-    /// The body of a response on `stream` of an upstream's HTTP/2 connection.
-    pub fn http2(inner: Incoming, stream: Open) -> Body {
-        Body::Upstream { inner: Either::Right(inner), permits: None, upstream_stream: Some(stream), app_stream: None }
+    /// The body of a response on `stream` of an upstream's HTTP/2 connection, cut off after
+    /// `idle` without a frame.
+    pub fn http2(inner: Incoming, stream: Open, idle: Duration) -> Body {
+        Body::Upstream {
+            inner: Either::Right(inner),
+            idle: IdleWatch::new(idle),
+            permits: None,
+            upstream_stream: Some(stream),
+            app_stream: None,
+        }
     }
 
     pub fn synthetic(bytes: impl Into<Bytes>) -> Body {
@@ -81,12 +100,38 @@ impl Body {
         }
     }
 
-    /// Keeps `stream` of the application's HTTP/2 connection open until this body ends; a
-    /// synthetic body is sent at once.
-    pub fn hold_stream(&mut self, stream: Open) {
+    /// Keeps `stream` of the application's HTTP/2 connection open until this body ends, and
+    /// tells its `progress` of each piece handed over to be sent; a synthetic body is sent at
+    /// once.
+    pub fn hold_stream(&mut self, stream: Open, progress: Option<Arc<Progress>>) {
         if let Body::Upstream { app_stream, .. } = self {
-            *app_stream = Some(stream);
+            *app_stream = Some((stream, progress));
         }
+    }
+}
+
+/// A body the upstream has sent nothing of for `timeout` fails: a stalled upstream must not
+/// hold a connection, a stream and the request's permits for ever.
+pub struct IdleWatch {
+    timeout: Duration,
+    /// Runs while the body waits for the upstream.
+    timer: Timer,
+    /// Whether the timer runs for the current wait; a frame ends the wait.
+    armed: bool,
+}
+
+impl IdleWatch {
+    fn new(timeout: Duration) -> IdleWatch {
+        IdleWatch { timeout, timer: Timer::default(), armed: false }
+    }
+
+    /// The body waits for the upstream: ready once it has waited `timeout` since the last frame.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if !self.armed {
+            self.timer.start(self.timeout);
+            self.armed = true;
+        }
+        self.timer.poll_fired(cx)
     }
 }
 
@@ -96,7 +141,29 @@ impl HttpBody for Body {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project() {
-            Projection::Upstream { inner, .. } => inner.poll_frame(cx),
+            Projection::Upstream { inner, idle, app_stream, .. } => {
+                let polled = match inner.poll_frame(cx) {
+                    Poll::Pending => match idle.poll_expired(cx) {
+                        Poll::Ready(()) => {
+                            let silent = humantime::format_duration(idle.timeout);
+                            tracing::debug!(%silent, "the upstream's response body stalled; cut off");
+                            Poll::Ready(Some(Err(format!("the upstream sent nothing for {silent}").into())))
+                        }
+                        Poll::Pending => Poll::Pending,
+                    },
+                    Poll::Ready(frame) => {
+                        idle.armed = false;
+                        Poll::Ready(frame)
+                    }
+                };
+                if let Some((_, Some(progress))) = app_stream {
+                    match &polled {
+                        Poll::Ready(Some(Ok(_))) => progress.handed(),
+                        _ => progress.taken(),
+                    }
+                }
+                polled
+            }
             Projection::Synthetic { inner } => inner.poll_frame(cx).map_err(|never| match never {}),
         }
     }

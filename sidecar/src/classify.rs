@@ -15,7 +15,8 @@ use tower::Service;
 
 use crate::{
     body::Body,
-    config::{Cost, Match, OnLimit, PathMatch},
+    config::{CostRule, Match, OnLimit, PathMatch},
+    core::Cost,
     gate::Gate,
     respond,
     stack::Exchange,
@@ -26,7 +27,7 @@ pub struct Charge {
     pub rule: String,
     /// The rule's resource first, then its `also` resources.
     pub gates: Vec<Arc<Gate>>,
-    pub cost: Cost,
+    pub cost: CostRule,
     pub on_limit: OnLimit,
     pub max_wait: Duration,
 }
@@ -34,7 +35,17 @@ pub struct Charge {
 /// The charge for one request, as classification found it.
 pub struct Charged {
     pub charge: Arc<Charge>,
-    pub cost: f64,
+    pub cost: Costed,
+}
+
+/// What a request is to be charged.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Costed {
+    /// By the rule: its constant, or its default for a request that declares none.
+    Fixed(Cost),
+    /// Declared by the request in the rule's header: a finite number ≥ 0, to be checked against
+    /// what the rule's resources take at once before it is charged anywhere.
+    Declared(f64),
 }
 
 /// One listener's rules, in order.
@@ -53,8 +64,10 @@ impl Rules {
         let mut path = None;
         let (_, charge) = self.rules.iter().find(|(m, _)| matches(m, req, &mut path))?;
         let cost = match &charge.cost {
-            Cost::Constant(c) => *c,
-            Cost::Header { name, default } => header_cost(req.headers(), name).unwrap_or(*default),
+            CostRule::Constant(c) => Costed::Fixed(*c),
+            CostRule::Header { name, default, .. } => {
+                header_cost(req.headers(), name).map_or(Costed::Fixed(*default), Costed::Declared)
+            }
         };
         Some(Charged { charge: charge.clone(), cost })
     }
@@ -212,7 +225,13 @@ mod tests {
     }
 
     fn classify(plan: &Plan, req: Request<()>) -> Option<(String, f64)> {
-        plan.listeners[0].rules.classify(&req).map(|c| (c.charge.rule.clone(), c.cost))
+        plan.listeners[0].rules.classify(&req).map(|c| {
+            let cost = match c.cost {
+                Costed::Fixed(cost) => cost.get(),
+                Costed::Declared(cost) => cost,
+            };
+            (c.charge.rule.clone(), cost)
+        })
     }
 
     #[test]

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use crate::{
     classify::normalized,
-    core::{Fallback, Kind},
+    core::{Capacity, Cost, Fallback, Kind, MAX_AMOUNT},
     defaults,
 };
 
@@ -52,6 +52,8 @@ pub struct Listener {
     pub max_connections: usize,
     pub idle_timeout: Duration,
     pub header_read_timeout: Duration,
+    /// How long a response, or an HTTP/2 stream's, may wait for the application to take more.
+    pub send_timeout: Duration,
     pub max_header_bytes: usize,
 }
 
@@ -66,6 +68,8 @@ pub struct Upstream {
     pub ca: Option<PathBuf>,
     /// Whole-request timeout toward the upstream (until response headers); none by default.
     pub timeout: Option<Duration>,
+    /// How long a response body from the upstream may send nothing before it is cut off.
+    pub body_idle_timeout: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -73,13 +77,13 @@ pub struct Resource {
     pub id: String,
     pub kind: Kind,
     /// Standalone mode's capacity (requests or cost units per second, or in-flight).
-    pub capacity: Option<f64>,
-    /// Token bucket depth; `None`: [`defaults::BURST_SECONDS`] of the current rate.
-    pub burst: Option<f64>,
+    pub capacity: Option<Capacity>,
+    /// Token bucket depth, above 0; `None`: [`defaults::BURST_SECONDS`] of the current rate.
+    pub burst: Option<Cost>,
     pub priority: i64,
     pub when_unreachable: Fallback,
     /// Capacity under `safe` before any server has named one; `None`: no limit.
-    pub safe_capacity: Option<f64>,
+    pub safe_capacity: Option<Capacity>,
 }
 
 #[derive(Clone, Debug)]
@@ -88,7 +92,7 @@ pub struct Rule {
     pub matcher: Match,
     /// The resource the rule charges first, then its `also` resources.
     pub resources: Vec<String>,
-    pub cost: Cost,
+    pub cost: CostRule,
     pub on_limit: OnLimit,
     pub max_wait: Duration,
 }
@@ -113,13 +117,17 @@ pub enum PathMatch {
     Glob(globset::GlobMatcher),
 }
 
+/// What a rule charges each request.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Cost {
-    Constant(f64),
-    /// Read from a request header; `default` when it is absent or not a non-negative number.
+pub enum CostRule {
+    Constant(Cost),
+    /// Declared by the request in a header; `default` when it is absent or not a non-negative
+    /// number. A declared cost above `max` (`None`: what each charged resource takes at once,
+    /// see [`Limiter::largest_cost`](crate::core::Limiter::largest_cost)) is refused.
     Header {
         name: http::HeaderName,
-        default: f64,
+        default: Cost,
+        max: Option<Cost>,
     },
 }
 
@@ -171,6 +179,7 @@ struct ListenerDoc {
     max_connections: Option<usize>,
     idle_timeout: Option<String>,
     header_read_timeout: Option<String>,
+    send_timeout: Option<String>,
     max_header_bytes: Option<usize>,
 }
 
@@ -183,6 +192,7 @@ struct UpstreamDoc {
     hosts: Vec<String>,
     ca: Option<PathBuf>,
     timeout: Option<String>,
+    body_idle_timeout: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -228,6 +238,7 @@ struct RuleDoc {
     also: Vec<String>,
     #[serde(default)]
     cost: CostDoc,
+    max_cost: Option<f64>,
     on_limit: Option<OnLimit>,
     max_wait: Option<String>,
 }
@@ -375,8 +386,12 @@ fn upstream(i: usize, doc: UpstreamDoc) -> Result<Upstream, String> {
         return Err(format!("{}: a CA applies to https:// upstreams only", at("ca")));
     }
     let hosts = doc.hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
-    let timeout = doc.timeout.as_deref().map(|t| positive(t, &at("timeout"))).transpose()?;
-    Ok(Upstream { name: doc.name, url, hosts, ca: doc.ca, timeout })
+    let timeout = doc.timeout.as_deref().map(|t| duration(t, &at("timeout"))).transpose()?;
+    let body_idle_timeout = doc
+        .body_idle_timeout
+        .as_deref()
+        .map_or(Ok(defaults::UPSTREAM_BODY_IDLE_TIMEOUT), |t| duration(t, &at("body_idle_timeout")))?;
+    Ok(Upstream { name: doc.name, url, hosts, ca: doc.ca, timeout, body_idle_timeout })
 }
 
 fn listener(i: usize, doc: ListenerDoc, upstreams: &[Upstream]) -> Result<Listener, String> {
@@ -390,18 +405,29 @@ fn listener(i: usize, doc: ListenerDoc, upstreams: &[Upstream]) -> Result<Listen
         }
         _ => {}
     }
-    let duration = |value: &Option<String>, field: &str, default: Duration| {
-        value.as_deref().map_or(Ok(default), |t| positive(t, &at(field)))
+    let timeout = |value: &Option<String>, field: &str, default: Duration| {
+        value.as_deref().map_or(Ok(default), |t| duration(t, &at(field)))
     };
-    let count = |value: Option<usize>, field: &str, default: usize| match value {
-        Some(0) => Err(format!("{}: must be at least 1", at(field))),
+    let count = |value: Option<usize>, field: &str, default: usize, limit: usize| match value {
+        Some(n) if n == 0 || n > limit => Err(format!("{}: must be from 1 to {limit}", at(field))),
         v => Ok(v.unwrap_or(default)),
     };
     Ok(Listener {
-        max_connections: count(doc.max_connections, "max_connections", defaults::MAX_CONNECTIONS)?,
-        idle_timeout: duration(&doc.idle_timeout, "idle_timeout", defaults::IDLE_TIMEOUT)?,
-        header_read_timeout: duration(&doc.header_read_timeout, "header_read_timeout", defaults::HEADER_READ_TIMEOUT)?,
-        max_header_bytes: count(doc.max_header_bytes, "max_header_bytes", defaults::MAX_HEADER_BYTES)?,
+        max_connections: count(
+            doc.max_connections,
+            "max_connections",
+            defaults::MAX_CONNECTIONS,
+            defaults::MAX_CONNECTIONS_LIMIT,
+        )?,
+        idle_timeout: timeout(&doc.idle_timeout, "idle_timeout", defaults::IDLE_TIMEOUT)?,
+        header_read_timeout: timeout(&doc.header_read_timeout, "header_read_timeout", defaults::HEADER_READ_TIMEOUT)?,
+        send_timeout: timeout(&doc.send_timeout, "send_timeout", defaults::SEND_TIMEOUT)?,
+        max_header_bytes: count(
+            doc.max_header_bytes,
+            "max_header_bytes",
+            defaults::MAX_HEADER_BYTES,
+            defaults::MAX_HEADER_BYTES_LIMIT,
+        )?,
         name: doc.name,
         address: doc.address,
         upstream: doc.upstream,
@@ -413,24 +439,25 @@ fn resource(i: usize, doc: ResourceDoc, standalone: bool) -> Result<Resource, St
     if doc.id.is_empty() {
         return Err(format!("resources[{i}].id: must not be empty"));
     }
-    let non_negative = |value: Option<f64>, field: &str| match value {
-        Some(v) if v.is_nan() || v < 0.0 => Err(format!("{}: must be a number ≥ 0 (or .inf)", at(field))),
-        _ => Ok(value),
+    let capacity = |value: Option<f64>, field: &str| {
+        value
+            .map(|v| {
+                Capacity::new(v)
+                    .ok_or_else(|| format!("{}: must be a number from 0 to {MAX_AMOUNT:e}, or .inf", at(field)))
+            })
+            .transpose()
     };
-    let capacity = non_negative(doc.capacity, "capacity")?;
-    if standalone && capacity.is_none() {
+    let standalone_capacity = capacity(doc.capacity, "capacity")?;
+    if standalone && standalone_capacity.is_none() {
         return Err(format!("{}: required in standalone mode (no `server`)", at("capacity")));
     }
-    let burst = non_negative(doc.burst, "burst")?;
-    if burst == Some(0.0) {
-        return Err(format!("{}: must be greater than 0", at("burst")));
-    }
+    let burst = doc.burst.map(|b| amount(b, &at("burst"))).transpose()?;
     Ok(Resource {
         kind: match doc.kind {
             KindDoc::Rate => Kind::Rate,
             KindDoc::Concurrency => Kind::Concurrency,
         },
-        capacity,
+        capacity: standalone_capacity,
         burst,
         priority: doc.priority,
         when_unreachable: match doc.when_unreachable {
@@ -438,7 +465,7 @@ fn resource(i: usize, doc: ResourceDoc, standalone: bool) -> Result<Resource, St
             FallbackDoc::Optimistic => Fallback::Optimistic,
             FallbackDoc::Pessimistic => Fallback::Pessimistic,
         },
-        safe_capacity: non_negative(doc.safe_capacity, "safe_capacity")?,
+        safe_capacity: capacity(doc.safe_capacity, "safe_capacity")?,
         id: doc.id,
     })
 }
@@ -494,19 +521,32 @@ fn rule(i: usize, doc: RuleDoc, listeners: &[Listener], resources: &[Resource]) 
         })
         .collect::<Result<Vec<_>, _>>()?;
     let (grpc_service, grpc_method) = m.grpc.map_or((None, None), |g| (g.service, g.method));
+    let cost_of = |value: f64, field: &str| {
+        Cost::new(value).ok_or_else(|| format!("{}: must be a number from 0 to {MAX_AMOUNT:e}", at(field)))
+    };
+    let max = doc.max_cost.map(|m| amount(m, &at("max_cost"))).transpose()?;
     let cost = match doc.cost {
-        CostDoc::Constant(c) if c >= 0.0 && c.is_finite() => Cost::Constant(c),
-        CostDoc::Header { header, default } if default >= 0.0 && default.is_finite() => Cost::Header {
-            name: http::HeaderName::from_bytes(header.as_bytes())
-                .map_err(|_| format!("{}: {header:?} is not a header name", at("cost.header")))?,
-            default,
-        },
-        _ => return Err(format!("{}: must be a finite number ≥ 0", at("cost"))),
+        CostDoc::Constant(_) if max.is_some() => {
+            return Err(format!("{}: bounds a cost read from a header only", at("max_cost")));
+        }
+        CostDoc::Constant(c) => CostRule::Constant(cost_of(c, "cost")?),
+        CostDoc::Header { header, default } => {
+            let default = cost_of(default, "cost.default")?;
+            if max.is_some_and(|max| default > max) {
+                return Err(format!("{}: is above max_cost", at("cost.default")));
+            }
+            CostRule::Header {
+                name: http::HeaderName::from_bytes(header.as_bytes())
+                    .map_err(|_| format!("{}: {header:?} is not a header name", at("cost.header")))?,
+                default,
+                max,
+            }
+        }
     };
     let on_limit = doc.on_limit.unwrap_or(OnLimit::Reject);
     let max_wait = match doc.max_wait.as_deref() {
         None => defaults::MAX_WAIT,
-        Some(t) => humantime::parse_duration(t).map_err(|e| format!("{}: {t:?}: {e}", at("max_wait")))?,
+        Some(t) => within_limit(t, &at("max_wait"))?,
     };
     if on_limit == OnLimit::Delay && max_wait.is_zero() {
         return Err(format!("{}: `on_limit: delay` needs a max_wait above 0", at("max_wait")));
@@ -521,12 +561,30 @@ fn rule(i: usize, doc: RuleDoc, listeners: &[Listener], resources: &[Resource]) 
     })
 }
 
-fn positive(text: &str, at: &str) -> Result<Duration, String> {
+/// A duration setting: at most [`defaults::MAX_SETTING_DURATION`].
+fn within_limit(text: &str, at: &str) -> Result<Duration, String> {
     match humantime::parse_duration(text) {
-        Ok(d) if d.is_zero() => Err(format!("{at}: must be greater than 0")),
+        Ok(d) if d > defaults::MAX_SETTING_DURATION => {
+            Err(format!("{at}: must be at most {}", humantime::format_duration(defaults::MAX_SETTING_DURATION)))
+        }
         Ok(d) => Ok(d),
         Err(e) => Err(format!("{at}: {text:?}: {e}")),
     }
+}
+
+/// A timeout: above 0 and at most [`defaults::MAX_SETTING_DURATION`].
+fn duration(text: &str, at: &str) -> Result<Duration, String> {
+    match within_limit(text, at)? {
+        d if d.is_zero() => Err(format!("{at}: must be greater than 0")),
+        d => Ok(d),
+    }
+}
+
+/// An amount that must be above 0 (a burst, a bound on costs).
+fn amount(value: f64, at: &str) -> Result<Cost, String> {
+    Cost::new(value)
+        .filter(|c| c.get() > 0.0)
+        .ok_or_else(|| format!("{at}: must be a number above 0, at most {MAX_AMOUNT:e}"))
 }
 
 fn unique<'a>(what: &str, names: impl Iterator<Item = &'a str>) -> Result<(), String> {
@@ -577,7 +635,7 @@ mod tests {
         assert_eq!(example.rules[0].resources, ["orders.write", "orders.all"]);
         assert_eq!(example.rules[0].on_limit, OnLimit::Delay);
         let embedded = parse(defaults::EMBEDDED_CONFIG).expect("embedded default");
-        assert!(embedded.server.is_none() && embedded.resources[0].capacity == Some(100.0));
+        assert!(embedded.server.is_none() && embedded.resources[0].capacity == Capacity::new(100.0));
     }
 
     #[test]
@@ -599,7 +657,10 @@ mod tests {
                     upstreams:\n  - name: u\n    url: http://127.0.0.1:2\n";
         let cases = [
             ("resources:\n  - id: r\n", "resources[0] (r).capacity: required in standalone mode"),
-            ("resources:\n  - id: r\n    capacity: -1\n", "resources[0] (r).capacity: must be a number ≥ 0"),
+            (
+                "resources:\n  - id: r\n    capacity: -1\n",
+                "resources[0] (r).capacity: must be a number from 0 to 1e15, or .inf",
+            ),
             (
                 "resources:\n  - id: r\n    capacity: 1\nrules:\n  - resource: x\n",
                 "rules[0] (rules[0]).resource: \"x\" is not a declared resource",
@@ -629,5 +690,74 @@ mod tests {
         assert!(parse(&bad_url).unwrap_err().contains("must be http://host[:port] or https://host[:port]"));
         let path_url = base.replace("http://127.0.0.1:2", "http://x/base");
         assert!(parse(&path_url).unwrap_err().contains("must not have a path"));
+    }
+
+    #[test]
+    fn every_duration_and_amount_has_a_limit() {
+        let listener = |extra: &str| {
+            format!(
+                "listeners:\n  - {{name: l, address: 127.0.0.1:1, upstream: u{extra}}}\n\
+                 upstreams:\n  - {{name: u, url: http://127.0.0.1:2}}\n"
+            )
+        };
+        let with = |resource: &str, rule: &str| {
+            format!("{}resources:\n  - {{id: r, {resource}}}\nrules:\n  - {{resource: r{rule}}}\n", listener(""))
+        };
+        let cases = [
+            (listener(", idle_timeout: 25h"), "listeners[0] (l).idle_timeout: must be at most 1day"),
+            (listener(", header_read_timeout: 0s"), "listeners[0] (l).header_read_timeout: must be greater than 0"),
+            (listener(", send_timeout: 300000000000years"), "listeners[0] (l).send_timeout: must be at most 1day"),
+            (listener(", max_connections: 1000001"), "listeners[0] (l).max_connections: must be from 1 to 1000000"),
+            (listener(", max_header_bytes: 2000000"), "listeners[0] (l).max_header_bytes: must be from 1 to 1048576"),
+            (
+                listener("").replace("http://127.0.0.1:2", "http://127.0.0.1:2, timeout: 2days"),
+                "upstreams[0] (u).timeout: must be at most 1day",
+            ),
+            (
+                listener("").replace("http://127.0.0.1:2", "http://127.0.0.1:2, body_idle_timeout: 0s"),
+                "upstreams[0] (u).body_idle_timeout: must be greater than 0",
+            ),
+            (with("capacity: 1e300", ""), "resources[0] (r).capacity: must be a number from 0 to 1e15, or .inf"),
+            (with("capacity: 1, safe_capacity: .nan", ""), "resources[0] (r).safe_capacity: must be a number from 0"),
+            (with("capacity: 1, burst: .inf", ""), "resources[0] (r).burst: must be a number above 0, at most 1e15"),
+            (with("capacity: 1", ", cost: 1e16"), "rules[0] (rules[0]).cost: must be a number from 0 to 1e15"),
+            (
+                with("capacity: 1", ", cost: {header: x-cost, default: -1}"),
+                "rules[0] (rules[0]).cost.default: must be a number from 0 to 1e15",
+            ),
+            (
+                with("capacity: 1", ", cost: 2, max_cost: 5"),
+                "rules[0] (rules[0]).max_cost: bounds a cost read from a header only",
+            ),
+            (
+                with("capacity: 1", ", cost: {header: x-cost, default: 6}, max_cost: 5"),
+                "rules[0] (rules[0]).cost.default: is above max_cost",
+            ),
+            (
+                with("capacity: 1", ", cost: {header: x-cost}, max_cost: 0"),
+                "rules[0] (rules[0]).max_cost: must be a number above 0",
+            ),
+            (
+                with("capacity: 1", ", on_limit: delay, max_wait: 300000000000years"),
+                "rules[0] (rules[0]).max_wait: must be at most 1day",
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let error = parse(&yaml).expect_err(&yaml);
+            assert!(error.contains(expected), "{error:?} should contain {expected:?}");
+        }
+        // At the limits, and the smallest capacities, all is well.
+        let fine =
+            with("capacity: 1e-25, burst: 1e15, safe_capacity: .inf", ", cost: {header: x-cost}, max_cost: 1e15")
+                .replace(
+                    "upstream: u}",
+                    "upstream: u, idle_timeout: 1day, send_timeout: 24h, max_connections: 1000000}",
+                );
+        let config = parse(&fine).expect("within the limits");
+        assert_eq!(config.resources[0].capacity, Capacity::new(1e-25));
+        assert_eq!(config.listeners[0].send_timeout, defaults::MAX_SETTING_DURATION);
+        assert_eq!(config.upstreams[0].body_idle_timeout, defaults::UPSTREAM_BODY_IDLE_TIMEOUT);
+        let CostRule::Header { max, default, .. } = &config.rules[0].cost else { panic!("a header cost") };
+        assert_eq!((*max, *default), (Some(Cost::MAX), Cost::ONE));
     }
 }

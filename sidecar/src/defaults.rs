@@ -39,6 +39,11 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// A downstream connection with no request in flight for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// A response (HTTP/1.1), or an HTTP/2 stream's, that the application takes no byte of for this
+/// long is cut off, and the concurrency permits it holds go (nginx's `send_timeout`): an
+/// application that stops reading must not hold a resource for everybody.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Largest request head accepted (HTTP/1.1 buffer and HTTP/2 header list).
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 
@@ -67,6 +72,11 @@ pub const STREAMS_PER_HTTP2_CONNECTION: usize = 100;
 /// Time to establish a TCP connection to an upstream.
 pub const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// An upstream's response body that sends nothing for this long is cut off (Envoy's
+/// `stream_idle_timeout`): long enough for a quiet stream, short enough that a stalled
+/// upstream does not hold a connection and its permits for ever.
+pub const UPSTREAM_BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// `on_limit: reject` unless a rule says otherwise: a limiter that silently delays surprises
 /// callers with their own timeouts.
 pub const MAX_WAIT: Duration = Duration::ZERO;
@@ -78,6 +88,22 @@ pub const BURST_SECONDS: f64 = 0.1;
 /// Retry-After for a rejection whose wait cannot be predicted (a concurrency limit, or no
 /// capacity at all).
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The longest Retry-After given: at a sliver of a rate the next token may be years away, but a
+/// larger lease may come long before.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// The longest duration a setting may name (timeouts, `max_wait`): a limit past a day protects
+/// nothing, and a bounded one keeps every deadline far from the clock's range.
+pub const MAX_SETTING_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// The most a listener's `max_connections` may be: far above what one process's file
+/// descriptors allow.
+pub const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
+
+/// The most a listener's `max_header_bytes` may be: a head is held whole while it is read, on
+/// each of up to `max_connections` connections.
+pub const MAX_HEADER_BYTES_LIMIT: usize = 1 << 20;
 
 /// How often leases are re-applied to the limiters between refreshes, so an expiry switches a
 /// resource to its fallback promptly.

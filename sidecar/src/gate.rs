@@ -16,17 +16,16 @@ use tokio::sync::{Notify, mpsc::UnboundedSender, oneshot};
 
 use crate::{
     config::Resource,
-    core::{Kind, Limiter, Offer, Seconds, Ticket},
+    core::{Capacity, Cost, Kind, Limiter, Offer, Seconds, Ticket},
     defaults,
     metrics::GateMetrics,
-    sync,
+    sync, time,
 };
 
 /// The lease a gate currently enforces, for status and metrics.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Applied {
-    /// INFINITY: no limit.
-    pub capacity: f64,
+    pub capacity: Capacity,
     /// e.g. "leased", "standalone", "fallback_safe".
     pub mode: &'static str,
     /// Unix seconds, when leased.
@@ -61,7 +60,7 @@ struct State {
 /// Logs a resource's change of mode once, when it happens, so that the log shows when it fell
 /// back on its fallback and when a lease came back, without a line per refresh.
 fn log_mode_change(resource: &str, from: &'static str, to: &Applied) {
-    let (mode, capacity) = (to.mode, to.capacity);
+    let (mode, capacity) = (to.mode, to.capacity.get());
     if mode.starts_with("fallback") {
         tracing::warn!(resource, from, mode, capacity, "no valid lease: the fallback applies");
     } else if from.starts_with("fallback") {
@@ -79,12 +78,12 @@ pub struct Refused {
 impl Gate {
     /// A gate at the resource's standalone capacity (0 when it has none, until a lease applies).
     pub fn new(settings: Resource, cue: Option<UnboundedSender<Arc<str>>>) -> Gate {
-        let capacity = settings.capacity.unwrap_or(0.0);
+        let capacity = settings.capacity.unwrap_or(Capacity::ZERO);
         let mode = if cue.is_some() { "pending" } else { "standalone" };
         let burst = burst(&settings, capacity);
         let id: Arc<str> = settings.id.as_str().into();
         let metrics = GateMetrics::new(&id);
-        let limiter = Limiter::new(settings.kind, capacity, burst, 0.0);
+        let limiter = Limiter::new(settings.kind, capacity.get(), burst.get(), 0.0);
         let gate = Gate {
             kind: settings.kind,
             state: Mutex::new(State {
@@ -115,7 +114,7 @@ impl Gate {
         }
         state.settings = settings.clone();
         let applied = match self.cue {
-            None => Applied { capacity: settings.capacity.unwrap_or(0.0), ..state.applied.clone() },
+            None => Applied { capacity: settings.capacity.unwrap_or(Capacity::ZERO), ..state.applied.clone() },
             Some(_) => state.applied.clone(),
         };
         self.enforce(&mut state, applied.clone());
@@ -138,7 +137,7 @@ impl Gate {
 
     /// Asks to pass `cost`, waiting in FIFO order up to `max_wait`. `Ok` carries the time
     /// waited.
-    pub async fn admit(&self, cost: f64, max_wait: Duration) -> Result<Duration, Refused> {
+    pub async fn admit(&self, cost: Cost, max_wait: Duration) -> Result<Duration, Refused> {
         if !self.used.load(Ordering::Relaxed)
             && !self.used.swap(true, Ordering::Relaxed)
             && let Some(cue) = &self.cue
@@ -148,7 +147,7 @@ impl Gate {
         let (ticket, receiver, answers) = {
             let mut state = self.lock();
             let now = self.now();
-            match state.limiter.offer(now, cost, max_wait.as_secs_f64()) {
+            match state.limiter.offer(now, cost.get(), max_wait.as_secs_f64()) {
                 Offer::Admitted => return Ok(Duration::ZERO),
                 Offer::Rejected { retry_after } => return Err(self.refusal(retry_after)),
                 Offer::Queued(ticket) => {
@@ -165,19 +164,25 @@ impl Gate {
     }
 
     /// Gives back what an admitted request will not use (another of its resources said no).
-    pub fn refund(&self, cost: f64) {
+    pub fn refund(&self, cost: Cost) {
         let mut state = self.lock();
         let now = self.now();
-        state.limiter.refund(now, cost);
+        state.limiter.refund(now, cost.get());
         poll(&mut state, now);
     }
 
     /// An admitted concurrency request finished.
-    fn release(&self, cost: f64) {
+    fn release(&self, cost: Cost) {
         let mut state = self.lock();
         let now = self.now();
-        state.limiter.release(now, cost);
+        state.limiter.release(now, cost.get());
         poll(&mut state, now);
+    }
+
+    /// The largest cost the resource takes at once as it is enforced now (see
+    /// [`Limiter::largest_cost`]).
+    pub fn largest_cost(&self) -> Cost {
+        Cost::saturating(self.lock().limiter.largest_cost())
     }
 
     /// Enforces a new lease (or fallback) from now on, in place.
@@ -200,8 +205,8 @@ impl Gate {
     fn enforce(&self, state: &mut State, applied: Applied) {
         let now = self.now();
         let burst = burst(&state.settings, applied.capacity);
-        let moved = (state.limiter.capacity(), state.limiter.burst()) != (applied.capacity, burst);
-        state.limiter.set_capacity(now, applied.capacity, burst);
+        let moved = (state.limiter.capacity(), state.limiter.burst()) != (applied.capacity.get(), burst.get());
+        state.limiter.set_capacity(now, applied.capacity.get(), burst.get());
         poll(state, now);
         if moved {
             // The turns of those still waiting moved: they look again.
@@ -264,9 +269,13 @@ impl Gate {
         (state.limiter.in_flight(), state.limiter.queued())
     }
 
+    /// The refusal to answer with: when to retry, as the limiter predicts it (a day at most: at a
+    /// sliver of a rate its prediction may be ages away) or, when it cannot, the default.
     fn refusal(&self, retry_after: Option<Seconds>) -> Refused {
-        let retry_after =
-            retry_after.filter(|s| s.is_finite() && *s > 0.0).map_or(defaults::RETRY_AFTER, Duration::from_secs_f64);
+        let retry_after = match retry_after {
+            Some(seconds) if seconds > 0.0 => time::seconds(seconds).min(defaults::MAX_RETRY_AFTER),
+            _ => defaults::RETRY_AFTER,
+        };
         Refused { retry_after }
     }
 }
@@ -276,7 +285,7 @@ impl Gate {
 struct Waiting<'a> {
     gate: &'a Gate,
     ticket: Ticket,
-    cost: f64,
+    cost: Cost,
     /// The gate's answer count when it was queued.
     answers: u64,
     finished: bool,
@@ -286,7 +295,7 @@ impl Waiting<'_> {
     async fn wait(&self, mut admitted: oneshot::Receiver<()>, max_wait: Duration) -> Result<Duration, Refused> {
         let gate = self.gate;
         let start = Instant::now();
-        let deadline = start + max_wait;
+        let deadline = time::after(start, max_wait);
         loop {
             // Listening for a capacity change from before the turn is computed, under the lock,
             // so that no change is missed in between.
@@ -340,7 +349,7 @@ impl Drop for Waiting<'_> {
         if state.waiters.remove(&self.ticket).is_some() {
             state.limiter.cancel(self.ticket);
         } else {
-            state.limiter.refund(now, self.cost);
+            state.limiter.refund(now, self.cost.get());
         }
         self.gate.queue_changed(&mut state);
     }
@@ -356,16 +365,18 @@ fn poll(state: &mut State, now: Seconds) -> Option<Seconds> {
     })
 }
 
-fn burst(settings: &Resource, capacity: f64) -> f64 {
-    settings.burst.unwrap_or_else(|| (capacity * defaults::BURST_SECONDS).max(2.0))
+/// The bucket's depth: the configured burst, else [`defaults::BURST_SECONDS`] of the rate (no
+/// limit: as deep as any cost).
+fn burst(settings: &Resource, capacity: Capacity) -> Cost {
+    settings.burst.unwrap_or_else(|| Cost::saturating((capacity.get() * defaults::BURST_SECONDS).max(2.0)))
 }
 
 /// Concurrency permits an admitted request holds until its response ends.
 #[derive(Default)]
-pub struct Permits(Vec<(Arc<Gate>, f64)>);
+pub struct Permits(Vec<(Arc<Gate>, Cost)>);
 
 impl Permits {
-    pub fn push(&mut self, gate: Arc<Gate>, cost: f64) {
+    pub fn push(&mut self, gate: Arc<Gate>, cost: Cost) {
         self.0.push((gate, cost));
     }
 
@@ -379,5 +390,29 @@ impl Drop for Permits {
         for (gate, cost) in self.0.drain(..) {
             gate.release(cost);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::Fallback;
+
+    #[tokio::test]
+    async fn a_sliver_of_a_rate_refuses_with_a_bounded_retry_after() {
+        let settings = Resource {
+            id: "r".into(),
+            kind: Kind::Rate,
+            capacity: Capacity::new(1e-25),
+            burst: Cost::new(1.0),
+            priority: 0,
+            when_unreachable: Fallback::Safe,
+            safe_capacity: None,
+        };
+        let gate = Gate::new(settings, None);
+        assert!(gate.admit(Cost::ONE, Duration::ZERO).await.is_ok(), "the bucket starts full");
+        // The next token is 1e25 s away: more than a Duration holds.
+        let Err(refused) = gate.admit(Cost::ONE, Duration::ZERO).await else { panic!("refused") };
+        assert_eq!(refused.retry_after, defaults::MAX_RETRY_AFTER);
     }
 }

@@ -7,6 +7,7 @@
 use std::{
     convert::Infallible,
     future::{Future, poll_fn},
+    io,
     pin::{Pin, pin},
     sync::{Arc, Mutex, MutexGuard, PoisonError},
     task::{Context, Poll},
@@ -19,7 +20,6 @@ use http::{
     header::{DATE, EXPECT, HOST},
 };
 use http_body::{Body as _, Frame, SizeHint};
-use http_body_util::BodyExt;
 use tokio::{
     io::{AsyncWrite, AsyncWriteExt},
     net::{
@@ -38,6 +38,7 @@ use crate::{
     respond,
     stack::Stack,
     sync,
+    time::{self, Timer},
 };
 
 /// What every HTTP/2 prior-knowledge connection starts with (RFC 9113 §3.4).
@@ -121,6 +122,7 @@ impl http_body::Body for Inbound {
 pub struct Limits {
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
+    pub send_timeout: Duration,
     pub max_header_bytes: usize,
 }
 
@@ -129,9 +131,79 @@ impl From<&config::Listener> for Limits {
         Limits {
             header_read_timeout: l.header_read_timeout,
             idle_timeout: l.idle_timeout,
+            send_timeout: l.send_timeout,
             max_header_bytes: l.max_header_bytes,
         }
     }
+}
+
+/// The write side of a connection: what is to go out, and the socket under the send timeout.
+struct Writer {
+    io: Timed,
+    out: BytesMut,
+}
+
+/// The connection's write half, failing with `TimedOut` once a write has waited for the
+/// application to take more for `timeout` (between two writes, not for a whole answer, as
+/// nginx's `send_timeout`): an application that stops reading its answer must not hold the
+/// connection and the request's permits for ever.
+struct Timed {
+    write: OwnedWriteHalf,
+    timeout: Duration,
+    timer: Timer,
+    /// The timer runs for the write that waits now.
+    armed: bool,
+}
+
+impl Timed {
+    fn watch<T>(&mut self, polled: Poll<io::Result<T>>, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.armed = false;
+            return polled;
+        }
+        if !self.armed {
+            self.timer.start(self.timeout);
+            self.armed = true;
+        }
+        match self.timer.poll_fired(cx) {
+            Poll::Ready(()) => {
+                let waited = humantime::format_duration(self.timeout);
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the application took nothing for {waited}"),
+                )))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncWrite for Timed {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.write).poll_write(cx, buf);
+        this.watch(polled, cx)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.write).poll_flush(cx);
+        this.watch(polled, cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.write).poll_shutdown(cx);
+        this.watch(polled, cx)
+    }
+}
+
+/// The application's side of a connection while its answer is written: its reader, watched for
+/// it leaving while the answer waits on the upstream (see [`gone`]).
+#[derive(Clone, Copy)]
+struct Peer<'a> {
+    shared: &'a Shared,
+    max_header_bytes: usize,
 }
 
 /// How a request head's wait ended.
@@ -152,7 +224,7 @@ pub async fn serve(
     limits: Limits,
     stop: watch::Receiver<bool>,
 ) -> Result<Option<(TcpStream, Bytes)>, BoxError> {
-    let (read, mut write) = stream.into_split();
+    let (read, write) = stream.into_split();
     let shared = Arc::new(Mutex::new(Reader {
         read,
         input: BytesMut::with_capacity(8 * 1024),
@@ -160,7 +232,11 @@ pub async fn serve(
         expect: Expect::Nothing,
         starved: None,
     }));
-    let mut output = BytesMut::with_capacity(8 * 1024);
+    let mut writer = Writer {
+        io: Timed { write, timeout: limits.send_timeout, timer: Timer::default(), armed: false },
+        out: BytesMut::with_capacity(8 * 1024),
+    };
+    let peer = Peer { shared: &shared, max_header_bytes: limits.max_header_bytes };
     let mut stop_wait = stop.clone();
     let mut stopping = pin!(stopped(&mut stop_wait));
     // Both deadlines are checked at ticks, so each is met within half of the shorter one; that
@@ -198,7 +274,7 @@ pub async fn serve(
                             break Next::Refuse(respond::head_timeout());
                         }
                         None if now - idle_since >= limits.idle_timeout => break Next::Close,
-                        _ => tick.as_mut().reset((now + period).into()),
+                        _ => tick.as_mut().reset(time::after(now, period).into()),
                     }
                 }
                 // A stopping listener closes connections between requests.
@@ -213,11 +289,11 @@ pub async fn serve(
                     .ok_or("no body outlives its head")?
                     .into_inner()
                     .unwrap_or_else(PoisonError::into_inner);
-                return Ok(Some((read.reunite(write)?, input.freeze())));
+                return Ok(Some((read.reunite(writer.io.write)?, input.freeze())));
             }
             Next::Refuse(response) => {
-                write_response(&mut write, &mut output, response, false, Version::HTTP_11, true).await?;
-                linger(&shared, &mut write).await;
+                write_response(&mut writer, peer, response, false, Version::HTTP_11, true).await?;
+                linger(&shared, &mut writer).await;
                 return Ok(None);
             }
         };
@@ -225,33 +301,33 @@ pub async fn serve(
         let (request, keep_alive) = match request(head, &shared) {
             Ok(request) => request,
             Err(response) => {
-                write_response(&mut write, &mut output, *response, false, version, true).await?;
-                linger(&shared, &mut write).await;
+                write_response(&mut writer, peer, *response, false, version, true).await?;
+                linger(&shared, &mut writer).await;
                 return Ok(None);
             }
         };
         let head_only = request.method() == Method::HEAD;
         let _ = poll_fn(|cx| stack.poll_ready(cx)).await;
-        let waited = wait(stack.call(request), &shared, &mut write, &limits).await?;
+        let waited = wait(stack.call(request), &shared, &mut writer.io, &limits).await?;
         let response = match waited {
-            Waited::Answered(response) => response,
-            Waited::Gone => {
+            Ok(response) => response,
+            Err(Unanswered::Gone) => {
                 tracing::debug!("the application closed its connection before the answer; request dropped");
                 return Ok(None);
             }
-            Waited::Stalled => {
+            Err(Unanswered::Stalled) => {
                 tracing::debug!("the request body stopped arriving for the idle timeout; request dropped");
-                write_response(&mut write, &mut output, respond::body_timeout(), false, version, true).await?;
-                linger(&shared, &mut write).await;
+                write_response(&mut writer, peer, respond::body_timeout(), false, version, true).await?;
+                linger(&shared, &mut writer).await;
                 return Ok(None);
             }
         };
         // A body left unread (a refused request) would be taken for the next head.
         let unread = !finish_body(&shared);
         let close = !keep_alive || unread || *stop.borrow();
-        if write_response(&mut write, &mut output, response, head_only, version, close).await? {
+        if write_response(&mut writer, peer, response, head_only, version, close).await? {
             if unread {
-                linger(&shared, &mut write).await;
+                linger(&shared, &mut writer).await;
             }
             return Ok(None);
         }
@@ -266,30 +342,30 @@ pub async fn serve(
 async fn wait(
     call: impl Future<Output = Result<Response<Body>, Infallible>>,
     shared: &Shared,
-    write: &mut OwnedWriteHalf,
+    write: &mut Timed,
     limits: &Limits,
-) -> std::io::Result<Waited> {
+) -> io::Result<Result<Response<Body>, Unanswered>> {
     let mut call = pin!(call);
     let mut continued = 0;
     // Armed once the request's body is awaited and does not come.
     let mut stall = None::<Pin<Box<tokio::time::Sleep>>>;
     poll_fn(|cx| {
         if let Poll::Ready(Ok(response)) = call.as_mut().poll(cx) {
-            return Poll::Ready(Ok(Waited::Answered(response)));
+            return Poll::Ready(Ok(Ok(response)));
         }
         let asked = {
             let reader = &mut *lock(shared);
             if gone(reader, limits.max_header_bytes, cx) {
-                return Poll::Ready(Ok(Waited::Gone));
+                return Poll::Ready(Ok(Err(Unanswered::Gone)));
             }
             if let Some(since) = reader.starved {
-                let deadline = (since + limits.idle_timeout).into();
+                let deadline = time::after(since, limits.idle_timeout).into();
                 let timer = stall.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
                 if timer.deadline() != deadline {
                     timer.as_mut().reset(deadline);
                 }
                 if timer.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Ok(Waited::Stalled));
+                    return Poll::Ready(Ok(Err(Unanswered::Stalled)));
                 }
             }
             reader.expect == Expect::Asked
@@ -310,9 +386,8 @@ async fn wait(
     .await
 }
 
-/// How the wait for a response ended.
-enum Waited {
-    Answered(Response<Body>),
+/// Why the wait for a response ended without one.
+enum Unanswered {
     /// The application closed its connection.
     Gone,
     /// The request body the stack was reading stopped arriving for the idle timeout.
@@ -351,8 +426,8 @@ fn gone(reader: &mut Reader, max_header_bytes: usize, cx: &mut Context<'_>) -> b
 /// Closes a connection that may have unread input — a request body, or the rest of a refused
 /// head (`defaults::LINGER_TIME`): the write side first, then what the application still sends
 /// is read and dropped until it closes too, or for a bounded time and size.
-async fn linger(shared: &Shared, write: &mut OwnedWriteHalf) {
-    let _ = write.shutdown().await;
+async fn linger(shared: &Shared, writer: &mut Writer) {
+    let _ = writer.io.shutdown().await;
     let mut left = defaults::LINGER_BYTES;
     let drained = async {
         loop {
@@ -443,14 +518,15 @@ fn request(
 /// closing. Returns whether the connection is to close: asked to, or the body could not be
 /// delimited or failed midway. Trailers are dropped (gRPC, which needs them, is HTTP/2).
 async fn write_response(
-    write: &mut OwnedWriteHalf,
-    out: &mut BytesMut,
+    writer: &mut Writer,
+    peer: Peer<'_>,
     response: Response<Body>,
     head_only: bool,
     version: Version,
     mut close: bool,
-) -> std::io::Result<bool> {
+) -> io::Result<bool> {
     let (parts, mut body) = response.into_parts();
+    let out = &mut writer.out;
     let status = parts.status;
     let bodiless = head_only
         || status.is_informational()
@@ -492,28 +568,33 @@ async fn write_response(
     }
     out.extend_from_slice(b"\r\n");
     if !bodiless {
-        close |= !write_body(write, out, &mut body, &mut framing).await?;
+        close |= !write_body(writer, peer, &mut body, &mut framing).await?;
     }
-    write.write_all(out).await?;
+    writer.io.write_all(&writer.out).await?;
     Ok(close)
 }
 
-/// Streams `body` behind what `out` holds; false if it broke its framing or failed.
-async fn write_body(
-    write: &mut OwnedWriteHalf,
-    out: &mut BytesMut,
-    body: &mut Body,
-    framing: &mut Framing,
-) -> std::io::Result<bool> {
+/// Streams `body` behind what the writer holds; false if it broke its framing or failed. While
+/// the upstream keeps it waiting, the application is watched: one that leaves ends the answer
+/// (an error), and with it the request's hold on its permits, the upstream's connection or
+/// stream, at once rather than when the upstream next sends something.
+async fn write_body(writer: &mut Writer, peer: Peer<'_>, body: &mut Body, framing: &mut Framing) -> io::Result<bool> {
     let chunked = matches!(framing, Framing::Chunked(_));
     loop {
         // What is ready now joins the head; only a wait for more sends what is buffered.
         let frame = match poll_fn(|cx| Poll::Ready(Pin::new(&mut *body).poll_frame(cx))).await {
             Poll::Ready(frame) => frame,
             Poll::Pending => {
-                write.write_all(out).await?;
-                out.clear();
-                body.frame().await
+                writer.io.write_all(&writer.out).await?;
+                writer.out.clear();
+                poll_fn(|cx| match Pin::new(&mut *body).poll_frame(cx) {
+                    Poll::Ready(frame) => Poll::Ready(Ok(frame)),
+                    Poll::Pending if gone(&mut lock(peer.shared), peer.max_header_bytes, cx) => Poll::Ready(Err(
+                        io::Error::new(io::ErrorKind::ConnectionAborted, "the application left mid-answer"),
+                    )),
+                    Poll::Pending => Poll::Pending,
+                })
+                .await?
             }
         };
         let data = match frame {
@@ -533,22 +614,22 @@ async fn write_body(
                 tracing::debug!("response body longer than its content-length; closing the connection");
                 data.truncate(usize::try_from(*left).unwrap_or(usize::MAX));
                 *left = 0;
-                append(write, out, &data).await?;
+                append(writer, &data).await?;
                 return Ok(false);
             }
             *left -= data.len() as u64;
         }
         if chunked {
-            h1::write_number(out, data.len() as u64, 16);
-            out.extend_from_slice(b"\r\n");
-            append(write, out, &data).await?;
-            out.extend_from_slice(b"\r\n");
+            h1::write_number(&mut writer.out, data.len() as u64, 16);
+            writer.out.extend_from_slice(b"\r\n");
+            append(writer, &data).await?;
+            writer.out.extend_from_slice(b"\r\n");
         } else {
-            append(write, out, &data).await?;
+            append(writer, &data).await?;
         }
     }
     if chunked {
-        out.extend_from_slice(b"0\r\n\r\n");
+        writer.out.extend_from_slice(b"0\r\n\r\n");
     }
     Ok(match framing {
         Framing::Length(left) => *left == 0,
@@ -556,17 +637,17 @@ async fn write_body(
     })
 }
 
-/// Adds `data` to what goes out: copied when small, else written after what `out` holds. What
-/// `out` holds goes out once it reaches [`COPY_LIMIT`], so a body the upstream sends faster
+/// Adds `data` to what goes out: copied when small, else written after what the writer holds.
+/// What it holds goes out once it reaches [`COPY_LIMIT`], so a body the upstream sends faster
 /// than the application reads is not gathered in memory.
-async fn append(write: &mut OwnedWriteHalf, out: &mut BytesMut, data: &Bytes) -> std::io::Result<()> {
+async fn append(writer: &mut Writer, data: &Bytes) -> io::Result<()> {
     let large = data.len() > COPY_LIMIT;
     if !large {
-        out.extend_from_slice(data);
+        writer.out.extend_from_slice(data);
     }
-    if large || out.len() >= COPY_LIMIT {
-        write.write_all(out).await?;
-        out.clear();
+    if large || writer.out.len() >= COPY_LIMIT {
+        writer.io.write_all(&writer.out).await?;
+        writer.out.clear();
     }
-    if large { write.write_all(data).await } else { Ok(()) }
+    if large { writer.io.write_all(data).await } else { Ok(()) }
 }

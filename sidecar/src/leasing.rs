@@ -15,13 +15,13 @@ use tokio::sync::{mpsc::UnboundedReceiver, watch};
 
 use crate::{
     config::{Config, ServerConfig},
-    core::{Answer, LeaseClient, Mode, ResourceSpec},
+    core::{Answer, Capacity, LeaseClient, Mode, ResourceSpec},
     defaults,
     gate::Applied,
     listener::stopped,
     metrics,
     plan::Plan,
-    sync,
+    sync, time,
 };
 
 pub struct Leasing {
@@ -57,7 +57,7 @@ impl Leasing {
             id: r.id.clone(),
             priority: r.priority,
             fallback: r.when_unreachable,
-            safe_capacity: r.safe_capacity.unwrap_or(f64::INFINITY),
+            safe_capacity: r.safe_capacity.unwrap_or(Capacity::UNLIMITED).get(),
         }))
     }
 
@@ -73,7 +73,10 @@ impl Leasing {
                 if let Some(seconds) = effective.refresh_interval {
                     gate.metrics.refresh_interval(seconds);
                 }
-                gate.apply(Applied { capacity: effective.capacity, mode: effective.label(), expiry: effective.expiry });
+                // Leases come cleaned (`sluice_client::Granted`) and fallbacks from validated
+                // settings: the saturation only keeps the gate's type honest.
+                let capacity = Capacity::saturating(effective.capacity);
+                gate.apply(Applied { capacity, mode: effective.label(), expiry: effective.expiry });
             }
         }
     }
@@ -93,7 +96,7 @@ impl Leasing {
             }
             let now = precise_now();
             let due = self.lock().next_due();
-            let until_due = due.map_or(Duration::MAX, |d| Duration::from_secs_f64((d - now).max(0.0)));
+            let until_due = due.map_or(Duration::MAX, |d| time::seconds(d - now));
             let refresh = until_due.is_zero();
             if !refresh {
                 tokio::select! {

@@ -32,4 +32,5 @@ pub mod route;
 pub mod stack;
 pub mod status;
 pub mod sync;
+pub mod time;
 pub mod webhook;

@@ -1,6 +1,6 @@
 //! Accepting the application's connections: HTTP/1.1 (inbound.rs) and HTTP/2 prior knowledge
-//! (hyper) on one port, with a cap on open connections, header and idle timeouts, and a graceful
-//! drain at shutdown.
+//! (hyper) on one port, with a cap on open connections, header, idle and send timeouts, and a
+//! graceful drain at shutdown.
 
 use std::{
     convert::Infallible,
@@ -10,7 +10,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     task::{Context, Poll},
     time::{Duration, Instant},
@@ -20,12 +20,13 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::{body::Incoming, server::conn::http2};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use pin_project_lite::pin_project;
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, TcpStream},
     sync::{Semaphore, watch},
+    task::futures::TaskLocalFuture,
     time::Sleep,
 };
 use tower::{ServiceExt, util::Oneshot};
@@ -36,6 +37,7 @@ use crate::{
     plan::Plan,
     stack::{self, Stack},
     sync::{Open, OpenCount},
+    time::{self, Timer},
 };
 
 /// Serves the `index`-th configured listener until `stop` turns true, then lets open
@@ -99,7 +101,7 @@ async fn serve_http2(
     limits: Limits,
     stop: watch::Receiver<bool>,
 ) -> Result<(), BoxError> {
-    let mut builder = http2::Builder::new(TokioExecutor::new());
+    let mut builder = http2::Builder::new(StreamExecutor { send_timeout: limits.send_timeout });
     builder.timer(TokioTimer::new()).max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
     let activity = Activity::default();
     let io = TokioIo::new(Tracked { stream, preface, activity: activity.clone() });
@@ -160,10 +162,110 @@ impl Future for Counted {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let mut response = std::task::ready!(this.call.poll(cx))?;
+        // Polled on the stream's task: the head goes to hyper to send, and the application has
+        // to take it (and the body after it) within the send timeout.
+        let progress = Progress::current();
+        if let Some(progress) = &progress {
+            progress.handed();
+        }
         if let Some(stream) = this.stream.take() {
-            response.body_mut().hold_stream(stream);
+            response.body_mut().hold_stream(stream, progress);
         }
         Poll::Ready(Ok(response))
+    }
+}
+
+tokio::task_local! {
+    /// The progress of the HTTP/2 stream whose task is running.
+    static STREAM: Arc<Progress>;
+}
+
+/// How an HTTP/2 stream's response is getting on: whether what it last handed hyper to send (its
+/// head, a piece of its body) still waits for the application to make room for it.
+#[derive(Default)]
+pub struct Progress {
+    /// Pieces handed over so far.
+    handed: AtomicU64,
+    /// The last one has not been taken yet: hyper has not asked for the next.
+    waiting: AtomicBool,
+}
+
+impl Progress {
+    /// The progress of the HTTP/2 stream this runs on, if any.
+    fn current() -> Option<Arc<Progress>> {
+        STREAM.try_with(Arc::clone).ok()
+    }
+
+    /// A piece went to hyper to send: it waits for the application's flow-control window.
+    pub fn handed(&self) {
+        self.handed.fetch_add(1, Ordering::Relaxed);
+        self.waiting.store(true, Ordering::Relaxed);
+    }
+
+    /// Hyper asked the body for more (it found room for what it had): the body waits for the
+    /// upstream now, or has ended.
+    pub fn taken(&self) {
+        self.waiting.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Runs each HTTP/2 stream of an application's connection on a task of its own, as hyper's
+/// `TokioExecutor` does, and ends it (hyper resets the stream, its response body and the
+/// request's permits go) once what it handed over has waited for the application for
+/// `send_timeout`. The body cannot time this out itself: hyper polls it only when the stream's
+/// flow-control window has room, so a window the application keeps shut leaves it unpolled.
+#[derive(Clone)]
+struct StreamExecutor {
+    send_timeout: Duration,
+}
+
+impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for StreamExecutor {
+    fn execute(&self, stream: F) {
+        let progress = Arc::new(Progress::default());
+        tokio::spawn(SendTimed {
+            stream: STREAM.scope(progress.clone(), stream),
+            progress,
+            timeout: self.send_timeout,
+            timer: Timer::default(),
+            armed_for: 0,
+        });
+    }
+}
+
+pin_project! {
+    /// An HTTP/2 stream's task under its send timeout.
+    struct SendTimed<F: Future> {
+        #[pin]
+        stream: TaskLocalFuture<Arc<Progress>, F>,
+        progress: Arc<Progress>,
+        timeout: Duration,
+        timer: Timer,
+        // The hand-over the timer runs for (0: none, the first is 1).
+        armed_for: u64,
+    }
+}
+
+impl<F: Future<Output = ()>> Future for SendTimed<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.project();
+        if this.stream.poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        if !this.progress.waiting.load(Ordering::Relaxed) {
+            return Poll::Pending;
+        }
+        let handed = this.progress.handed.load(Ordering::Relaxed);
+        if *this.armed_for != handed {
+            *this.armed_for = handed;
+            this.timer.start(*this.timeout);
+        }
+        if this.timer.poll_fired(cx).is_ready() {
+            tracing::debug!(timeout = ?this.timeout, "an HTTP/2 answer waited for the application past the send timeout; stream reset");
+            return Poll::Ready(());
+        }
+        Poll::Pending
     }
 }
 
@@ -197,7 +299,7 @@ pin_project! {
 }
 
 /// An HTTP/2 connection, served by the listener's stack.
-type Connection = http2::Connection<TokioIo<Tracked>, Http2Service, TokioExecutor>;
+type Connection = http2::Connection<TokioIo<Tracked>, Http2Service, StreamExecutor>;
 
 impl<S: Future<Output = ()>> Future for Serving<Connection, S> {
     type Output = Result<(), BoxError>;
@@ -236,7 +338,7 @@ impl<S: Future<Output = ()>> Future for Serving<Connection, S> {
                 // The GOAWAY goes out as the connection is polled again.
                 cx.waker().wake_by_ref();
             }
-            this.tick.as_mut().reset((now + *this.tick_period).into());
+            this.tick.as_mut().reset(time::after(now, *this.tick_period).into());
             // The next tick registers on the next poll, with a fresh budget.
             *this.armed = false;
             cx.waker().wake_by_ref();

@@ -188,7 +188,7 @@ impl GateMetrics {
 
     pub fn applied(&self, applied: &Applied) {
         let resource = || self.resource.clone();
-        gauge!(CAPACITY, "resource" => resource()).set(applied.capacity);
+        gauge!(CAPACITY, "resource" => resource()).set(applied.capacity.get());
         gauge!(EXPIRY, "resource" => resource()).set(applied.expiry.map_or(0.0, |e| e as f64));
         for mode in MODES {
             gauge!(MODE, "resource" => resource(), "mode" => *mode).set(f64::from(u8::from(*mode == applied.mode)));

@@ -151,7 +151,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::config;
+    use crate::{config, core::Cost};
 
     fn plan(resource: &str, previous: Option<&Plan>) -> Plan {
         let yaml = format!(
@@ -166,13 +166,13 @@ mod tests {
     async fn a_reload_changes_a_resource_in_place() {
         let first = plan("{id: r, kind: concurrency, capacity: 1}", None);
         let gate = first.gate("r").unwrap().clone();
-        assert!(gate.admit(1.0, Duration::ZERO).await.is_ok());
+        assert!(gate.admit(Cost::ONE, Duration::ZERO).await.is_ok());
 
         let second = plan("{id: r, kind: concurrency, capacity: 2, priority: 3}", Some(&first));
         assert!(Arc::ptr_eq(second.gate("r").unwrap(), &gate), "the same gate");
-        assert_eq!((gate.load().0, gate.applied().capacity), (1.0, 2.0), "the request in flight still counts");
-        assert!(gate.admit(1.0, Duration::ZERO).await.is_ok());
-        assert!(gate.admit(1.0, Duration::ZERO).await.is_err(), "two in flight fill the new capacity");
+        assert_eq!((gate.load().0, gate.applied().capacity.get()), (1.0, 2.0), "the request in flight still counts");
+        assert!(gate.admit(Cost::ONE, Duration::ZERO).await.is_ok());
+        assert!(gate.admit(Cost::ONE, Duration::ZERO).await.is_err(), "two in flight fill the new capacity");
 
         let third = plan("{id: r, kind: rate, capacity: 2}", Some(&second));
         assert!(!Arc::ptr_eq(third.gate("r").unwrap(), &gate), "another kind, another gate");
@@ -182,11 +182,11 @@ mod tests {
     async fn a_raised_capacity_lets_waiters_go_at_once() {
         let first = plan("{id: r, capacity: 0.5, burst: 1}", None);
         let gate = first.gate("r").unwrap().clone();
-        assert!(gate.admit(1.0, Duration::ZERO).await.is_ok());
+        assert!(gate.admit(Cost::ONE, Duration::ZERO).await.is_ok());
         let started = Instant::now();
         let waiter = tokio::spawn({
             let gate = gate.clone();
-            async move { gate.admit(1.0, Duration::from_secs(10)).await.is_ok() }
+            async move { gate.admit(Cost::ONE, Duration::from_secs(10)).await.is_ok() }
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(gate.load().1, 1, "waiting");
@@ -200,11 +200,11 @@ mod tests {
         let first = plan("{id: r, kind: concurrency, capacity: 5}", None);
         let gate = first.gate("r").unwrap().clone();
         for _ in 0..4 {
-            assert!(gate.admit(1.0, Duration::ZERO).await.is_ok());
+            assert!(gate.admit(Cost::ONE, Duration::ZERO).await.is_ok());
         }
         let started = Instant::now();
         let wait = |cost: f64, max_wait: u64| {
-            let gate = gate.clone();
+            let (gate, cost) = (gate.clone(), Cost::new(cost).unwrap());
             tokio::spawn(async move { gate.admit(cost, Duration::from_millis(max_wait)).await.is_ok() })
         };
         let (big, small) = (wait(5.0, 300), wait(1.0, 5000));

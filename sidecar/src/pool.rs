@@ -15,7 +15,7 @@ use std::{
 };
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, header::CONTENT_LENGTH, uri::Scheme};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version, header::CONTENT_LENGTH, uri::Scheme};
 use http_body::{Body as _, Frame, SizeHint};
 use hyper::{
     body::Incoming,
@@ -162,8 +162,10 @@ enum Sent {
     Broken(io::Error),
 }
 
-/// An exchange that failed; `Unsent` gives the request back when the upstream cannot have seen
-/// it, so that it can go out on another connection.
+/// An exchange that failed; `Unsent` gives the request back when RFC 9112 §9.3.1 lets it go
+/// again: its head never went out whole, so the upstream cannot have acted on it; or the
+/// connection closed without a byte of answer to a bodiless request of a method that may be
+/// repeated (idempotent, RFC 9110 §9.2.2), which the upstream may have seen.
 enum Failure {
     // Boxed: the rare way out should not make every exchange's result larger.
     Unsent(Box<Request<RequestBody>>),
@@ -390,12 +392,19 @@ fn idempotent(method: &Method) -> bool {
 /// How the response body is delimited (RFC 9112 §6.3). A response with both Transfer-Encoding and
 /// Content-Length is refused rather than guessed at: it is how response splitting looks. So is
 /// one with a transfer coding other than chunked: the sidecar never offers one (it sends no
-/// `TE` but `trailers`), and would pass the body on without it.
+/// `TE` but `trailers`), and would pass the body on without it. And so is an HTTP/1.0 response
+/// with any Transfer-Encoding, which HTTP/1.0 does not have: RFC 9112 §6.1 has its framing
+/// taken as faulty (likely forwarded by something that did not decode it) and its connection
+/// closed, as the refusal does.
 fn response_framing(method: &Method, head: &ResponseHead) -> Result<Framing, Malformed> {
+    let coding = h1::transfer_coding(&head.headers);
+    if coding.is_some() && head.version == Version::HTTP_10 {
+        return Err(Malformed("HTTP/1.0 response with transfer-encoding"));
+    }
     if method == Method::HEAD || head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED {
         return Ok(Framing::EMPTY);
     }
-    match (h1::transfer_coding(&head.headers), h1::content_length(&head.headers)?) {
+    match (coding, h1::content_length(&head.headers)?) {
         (Some(_), Some(_)) => Err(Malformed("response has both transfer-encoding and content-length")),
         (Some(Coding::Chunked), None) => Ok(Framing::chunked()),
         (Some(Coding::Layered | Coding::Unchunked), None) => {
@@ -415,16 +424,18 @@ impl Http1Pool {
         sync::lock(&self.idle)
     }
 
-    /// Sends `req` on an idle connection or a new one. A request the upstream never saw (its idle
-    /// connection had closed) is sent again on the next one.
+    /// Sends `req` on an idle connection or a new one. A request that an idle connection failed
+    /// before the upstream can have acted on it (see [`Failure::Unsent`]) goes once more, on a
+    /// new connection — once only (RFC 9112 §9.3.1: no retry of a retry): an upstream that drops
+    /// every request must not get each of them once per pooled connection.
     pub async fn send(self: &Arc<Self>, mut req: Request<RequestBody>) -> Result<Response<Http1Body>, BoxError> {
+        let (mut connection, mut reused) = match self.checkout().await {
+            Some(connection) => (connection, true),
+            // Boxed: opening a connection is rare, and its future would otherwise make every
+            // request's future larger.
+            None => (Box::pin(self.connect()).await?, false),
+        };
         loop {
-            let (mut connection, reused) = match self.checkout().await {
-                Some(connection) => (connection, true),
-                // Boxed: opening a connection is rare, and its future would otherwise make every
-                // request's future larger.
-                None => (Box::pin(self.connect()).await?, false),
-            };
             match connection.exchange(req).await {
                 Ok((head, framing)) => {
                     let mut body = Http1Body { connection: Some(connection), framing, pool: self.clone() };
@@ -437,8 +448,13 @@ impl Http1Pool {
                     *response.headers_mut() = head.headers;
                     return Ok(response);
                 }
-                Err(Failure::Unsent(unsent)) if reused => req = *unsent,
-                Err(Failure::Unsent(_)) => return Err("the upstream closed a new connection".into()),
+                // The other idle connections are as old as the one that failed: a new one.
+                Err(Failure::Unsent(unsent)) if reused => {
+                    req = *unsent;
+                    reused = false;
+                    connection = Box::pin(self.connect()).await?;
+                }
+                Err(Failure::Unsent(_)) => return Err("the upstream closed the connection without answering".into()),
                 Err(Failure::Failed(e)) => return Err(e),
             }
         }
@@ -554,10 +570,11 @@ impl Http2Pool {
         Some((chosen, stream))
     }
 
-    /// Sends `req`; a request a connection refused before sending it (it was closing) is sent
-    /// again on another. The response comes with its place among the connection's open streams,
-    /// for its body to hold.
+    /// Sends `req`; a request a shared connection refused before sending it (it was closing) is
+    /// sent once more, on another. The response comes with its place among the connection's open
+    /// streams, for its body to hold.
     pub async fn send(&self, mut req: Request<RequestBody>) -> Result<(Response<Incoming>, Open), BoxError> {
+        let mut retried = false;
         loop {
             let ((Http2Connection { mut sender, .. }, stream), reused) = match self.spare() {
                 Some(spare) => (spare, true),
@@ -566,7 +583,10 @@ impl Http2Pool {
             match sender.try_send_request(req).await {
                 Ok(response) => return Ok((response, stream)),
                 Err(mut failed) => match failed.take_message() {
-                    Some(unsent) if reused => req = unsent,
+                    Some(unsent) if reused && !retried => {
+                        req = unsent;
+                        retried = true;
+                    }
                     _ => return Err(TrySendError::into_error(failed).into()),
                 },
             }
@@ -633,6 +653,13 @@ mod tests {
         assert_eq!(response_framing(&Method::GET, &head(200, &[])), Ok(Framing::UntilClose));
         let both = [("transfer-encoding", "chunked"), ("content-length", "3")];
         assert!(response_framing(&Method::GET, &head(200, &both)).is_err());
+        // HTTP/1.0 has no transfer codings: framing that names one is faulty, even on a 204.
+        for status in [200, 204] {
+            let mut old = head(status, &[("transfer-encoding", "chunked"), ("connection", "keep-alive")]);
+            old.version = Version::HTTP_10;
+            let refused = response_framing(&Method::GET, &old);
+            assert_eq!(refused, Err(Malformed("HTTP/1.0 response with transfer-encoding")));
+        }
         assert!(response_framing(&Method::GET, &head(200, &[("content-length", "3, 4")])).is_err());
     }
 }

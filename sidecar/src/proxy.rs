@@ -109,14 +109,14 @@ impl UpstreamClient {
                 .path_and_query(path)
                 .build()?;
             let (response, stream) = self.http2.send(Request::from_parts(parts, body)).await?;
-            Ok(response.map(|body| Body::http2(body, stream)))
+            Ok(response.map(|body| Body::http2(body, stream, self.config.body_idle_timeout)))
         } else {
             // HTTP/1.1 sends the target in origin form, the authority in Host.
             parts.version = Version::HTTP_11;
             parts.headers.insert(HOST, self.host.clone());
             parts.uri = Uri::from(path);
             let response = self.http1.send(Request::from_parts(parts, body)).await?;
-            Ok(response.map(Body::http1))
+            Ok(response.map(|body| Body::http1(body, self.config.body_idle_timeout)))
         }
     }
 }

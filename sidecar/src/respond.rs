@@ -6,10 +6,14 @@ use std::{fmt::Write, time::Duration};
 
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 
-use crate::{body::Body, core::Kind};
+use crate::{
+    body::Body,
+    core::{Cost, Kind},
+};
 
 /// gRPC status codes used here (grpc/doc/statuscodes.md).
 mod code {
+    pub const INVALID_ARGUMENT: u8 = 3;
     pub const DEADLINE_EXCEEDED: u8 = 4;
     pub const RESOURCE_EXHAUSTED: u8 = 8;
     pub const UNIMPLEMENTED: u8 = 12;
@@ -62,6 +66,19 @@ pub fn limited(
         headers.insert("ratelimit", v);
     }
     response
+}
+
+/// A request that declared a cost above what its rule takes (`most`): a fault of the request,
+/// which no retry mends, so 400 or INVALID_ARGUMENT rather than 429.
+pub fn cost_too_large(grpc: bool, rule: &str, declared: f64, most: Cost) -> Response<Body> {
+    // Shortest exact form: 3, 0.5, 1e300 (never a 300-digit number).
+    let number = |n: f64| if n.abs() < 1e16 { format!("{n}") } else { format!("{n:e}") };
+    let message = format!(
+        "sluice: declared cost {} is above the {} that rule {rule:?} takes at once",
+        number(declared),
+        number(most.get())
+    );
+    if grpc { trailers_only(code::INVALID_ARGUMENT, &message) } else { plain(StatusCode::BAD_REQUEST, message) }
 }
 
 /// A request for a host or listener with no configured upstream: never forwarded.
@@ -160,6 +177,18 @@ fn sf_string(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cost_too_large_is_the_requests_fault() {
+        let http = cost_too_large(false, "writes", 1e300, Cost::ONE);
+        assert_eq!(http.status(), StatusCode::BAD_REQUEST);
+        let grpc = cost_too_large(true, "writes", 2.5, Cost::ONE);
+        assert_eq!(grpc.headers()["grpc-status"], "3");
+        assert_eq!(
+            grpc.headers()["grpc-message"],
+            "sluice: declared cost 2.5 is above the 1 that rule \"writes\" takes at once"
+        );
+    }
 
     #[test]
     fn the_ratelimit_policy_states_the_rate_over_a_window_that_holds_a_unit() {

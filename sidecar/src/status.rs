@@ -27,7 +27,7 @@ pub type GateHistory = History<4>;
 pub fn figures(gate: &Gate) -> [f64; 4] {
     let capacity = gate.applied().capacity;
     let [admitted, delayed, refused] = gate.metrics.decisions();
-    [if capacity.is_finite() { capacity } else { f64::NAN }, admitted as f64, delayed as f64, refused as f64]
+    [if capacity.is_limited() { capacity.get() } else { f64::NAN }, admitted as f64, delayed as f64, refused as f64]
 }
 
 #[derive(Serialize)]
@@ -105,7 +105,7 @@ pub fn snapshot(plan: &Plan, client_id: &str, config_status: ConfigStatus, now: 
                     Kind::Concurrency => "concurrency",
                 },
                 mode: applied.mode,
-                capacity: applied.capacity.is_finite().then_some(applied.capacity),
+                capacity: applied.capacity.is_limited().then_some(applied.capacity.get()),
                 lease_expiry: applied.expiry,
                 wants: g.wants(),
                 in_flight,

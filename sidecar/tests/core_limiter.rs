@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use proptest::prelude::*;
-use sluice_sidecar::core::{Kind, Limiter, MAX_QUEUED, Offer, Ticket};
+use sluice_sidecar::core::{Kind, Limiter, MAX_AMOUNT, MAX_QUEUED, Offer, Ticket};
 
 fn queued(offer: Offer) -> Ticket {
     match offer {
@@ -439,4 +439,43 @@ fn a_low_steady_rate_is_no_surge_and_a_fallback_waits_for_none() {
     assert!(limiter.surged(10.0));
     limiter.unleased();
     assert!(!limiter.surged(10.0));
+}
+
+#[test]
+fn amounts_beyond_the_protocols_maximum_are_bounded() {
+    // A limited resource refuses a cost no capacity could pay, and never goes into a debt
+    // larger than the largest it admits.
+    let mut limiter = Limiter::new(Kind::Rate, 1e300, 1e300, 0.0);
+    assert_eq!((limiter.capacity(), limiter.burst()), (MAX_AMOUNT, MAX_AMOUNT));
+    limiter.set_capacity(0.0, 10.0, 2.0);
+    assert_eq!(limiter.offer(0.0, 1e300, 0.0), Offer::Rejected { retry_after: None });
+    assert_eq!(limiter.offer(0.0, MAX_AMOUNT, 0.0), Offer::Admitted, "a full bucket takes what it may");
+    let Offer::Rejected { retry_after: Some(wait) } = limiter.offer(0.0, 1.0, 0.0) else { panic!("in debt") };
+    assert!(wait.is_finite() && wait > 1e13, "{wait}");
+    // Unlimited, it admits any cost, counted as at most the maximum.
+    let mut limiter = Limiter::new(Kind::Concurrency, f64::INFINITY, f64::INFINITY, 0.0);
+    assert_eq!(limiter.offer(0.0, 1e300, 0.0), Offer::Admitted);
+    assert_eq!(limiter.in_flight(), MAX_AMOUNT);
+    assert!(limiter.wants(0.0).is_finite());
+}
+
+#[test]
+fn the_largest_cost_is_a_rates_burst_or_a_semaphores_capacity() {
+    assert_eq!(Limiter::new(Kind::Rate, 100.0, 10.0, 0.0).largest_cost(), 10.0);
+    assert_eq!(Limiter::new(Kind::Concurrency, 100.0, 10.0, 0.0).largest_cost(), 100.0);
+    assert_eq!(Limiter::new(Kind::Concurrency, 0.0, 2.0, 0.0).largest_cost(), 2.0, "no capacity: the burst");
+}
+
+#[test]
+fn a_sliver_of_a_rate_names_a_finite_turn() {
+    let mut limiter = Limiter::new(Kind::Rate, 1e-25, 1.0, 0.0);
+    assert_eq!(limiter.offer(0.0, 1.0, 0.0), Offer::Admitted);
+    let Offer::Rejected { retry_after: Some(wait) } = limiter.offer(0.0, 1.0, 0.0) else { panic!("refused") };
+    // Far beyond what a Duration holds, but a number the gate can bound.
+    assert!((wait / 1e25 - 1.0).abs() < 1e-12, "{wait}");
+    let waiter = queued(limiter.offer(0.0, 1.0, f64::INFINITY));
+    let (none, turn) = poll(&mut limiter, 0.0);
+    let turn = turn.expect("a turn");
+    assert!(none.is_empty() && (turn / 1e25 - 1.0).abs() < 1e-12, "{turn}");
+    assert_eq!(poll(&mut limiter, turn), (vec![waiter], None));
 }

@@ -13,5 +13,6 @@ pub mod http;
 pub mod kube;
 pub mod loadgen;
 pub mod prometheus;
+pub mod raw;
 pub mod relay;
 pub mod upstream;

@@ -16,6 +16,7 @@ use std::{
 
 use sluice_tests::{
     harness::{Sidecar, free_port},
+    raw::{closed_after, connect, read_all, read_head, response},
     upstream::UpstreamProcess,
 };
 
@@ -44,55 +45,12 @@ fn start(upstream: SocketAddr, limits: &str, resource: &str, rule: &str) -> (Sid
     (Sidecar::builder().config(&config).start_sidecar(), listen)
 }
 
-fn connect(addr: SocketAddr) -> TcpStream {
-    let stream = TcpStream::connect(addr).expect("connect");
-    // A sidecar that stops reading or answering fails the test rather than hanging it.
-    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    stream.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
-    stream
-}
-
 const GET: &[u8] = b"GET /echo HTTP/1.1\r\nhost: app\r\n\r\n";
 
 /// Sends [`GET`] on `stream` and returns the answer's status code.
 fn get(stream: &mut TcpStream) -> u16 {
     stream.write_all(GET).unwrap();
     response(stream)
-}
-
-/// Reads one response head and its `content-length` body; returns the status code.
-fn response(stream: &mut TcpStream) -> u16 {
-    let mut bytes = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = stream.read(&mut buf).expect("read a response");
-        assert!(n > 0, "closed before a whole response: {:?}", String::from_utf8_lossy(&bytes));
-        bytes.extend_from_slice(&buf[..n]);
-        let text = String::from_utf8_lossy(&bytes).into_owned();
-        let Some(end) = text.find("\r\n\r\n") else { continue };
-        let length = text[..end]
-            .lines()
-            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
-            .unwrap_or(0usize);
-        if bytes.len() >= end + 4 + length {
-            return text[9..12].parse().expect("a status code");
-        }
-    }
-}
-
-/// Waits until the sidecar closes `stream`; returns how long that took. Anything it sends
-/// first (such as a 408) is read and dropped.
-fn closed_after(stream: &mut TcpStream) -> Duration {
-    let start = Instant::now();
-    let mut buf = [0u8; 1024];
-    loop {
-        match stream.read(&mut buf) {
-            Ok(0) => return start.elapsed(),
-            Ok(_) => {}
-            Err(e) if e.kind() == ErrorKind::ConnectionReset => return start.elapsed(),
-            Err(e) => panic!("the connection stayed open ({e}) after {:?}", start.elapsed()),
-        }
-    }
 }
 
 /// Reads until the sidecar closes `stream`, which must be after a 408 sent about a second (a
@@ -184,13 +142,6 @@ fn connections_beyond_the_limit_wait_for_a_slot() {
     drop(first);
     second.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     assert_eq!(response(&mut second), 200);
-}
-
-/// Reads until the peer closes; everything it sent.
-fn read_all(stream: &mut TcpStream) -> String {
-    let mut bytes = Vec::new();
-    let _ = stream.read_to_end(&mut bytes);
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 #[test]
@@ -313,20 +264,6 @@ fn large_bodies_stream_both_ways() {
     assert!(answer.contains(r#"["expect","100-continue"]"#), "the upstream was asked to continue");
     let body = answer.split_once(r#""body":""#).and_then(|(_, rest)| rest.split('"').next()).unwrap_or("");
     assert_eq!(body.matches('x').count(), 64 * 64 * 1024);
-}
-
-/// Reads up to the end of a request head (and whatever came with it); `None` if the connection
-/// closed or failed first.
-fn read_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut head = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        match stream.read(&mut buf) {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
-        }
-    }
-    Some(head)
 }
 
 /// An upstream that refuses uploads the way many do: it reads a request's head and answers 413

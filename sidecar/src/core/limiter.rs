@@ -4,7 +4,11 @@
 
 use std::collections::VecDeque;
 
-use super::{Seconds, demand::Demand};
+use super::{
+    Seconds,
+    amount::{Capacity, Cost, MAX_AMOUNT},
+    demand::Demand,
+};
 use crate::defaults::{SURGE, SURGE_FLOOR};
 
 /// Waiters one resource may hold. Each parks a request (and its connection) in the proxy; past
@@ -61,11 +65,12 @@ pub struct Limiter {
 
 impl Limiter {
     /// `capacity`: rate (cost/s) or in-flight cost, INFINITY for no limit. The bucket starts full.
+    /// Amounts out of range are taken as the nearest [`Capacity`] and [`Cost`].
     pub fn new(kind: Kind, capacity: f64, burst: f64, now: Seconds) -> Limiter {
-        let burst = non_negative(burst);
+        let burst = Cost::saturating(burst).get();
         Limiter {
             kind,
-            capacity: non_negative(capacity),
+            capacity: Capacity::saturating(capacity).get(),
             burst,
             tokens: burst,
             updated: now,
@@ -86,20 +91,22 @@ impl Limiter {
     }
 
     /// Every arrival goes through here, whatever becomes of it, so that demand counts offered
-    /// load. `max_wait` 0: admit or reject at once.
+    /// load. `max_wait` 0: admit or reject at once. A cost above [`MAX_AMOUNT`] counts as that,
+    /// and no limit admits it.
     pub fn offer(&mut self, now: Seconds, cost: f64, max_wait: Seconds) -> Offer {
-        let cost = non_negative(cost);
+        let counted = Cost::saturating(cost).get();
         match self.kind {
-            Kind::Rate => self.demand.record(now, cost),
-            Kind::Concurrency => self.demand.record(now, self.in_flight + self.queued_cost + cost),
+            Kind::Rate => self.demand.record(now, counted),
+            Kind::Concurrency => self.demand.record(now, self.in_flight + self.queued_cost + counted),
         }
         if self.capacity == f64::INFINITY {
-            self.take(cost);
+            self.take(counted);
             return Offer::Admitted;
         }
-        if cost == f64::INFINITY {
+        if cost > MAX_AMOUNT {
             return Offer::Rejected { retry_after: None };
         }
+        let cost = counted;
         self.refill(now);
         if self.capacity > 0.0 && self.queue.is_empty() && self.fits(cost) {
             self.take(cost);
@@ -169,7 +176,8 @@ impl Limiter {
     pub fn release(&mut self, _now: Seconds, cost: f64) {
         if self.kind == Kind::Concurrency {
             self.holders = self.holders.saturating_sub(1);
-            self.in_flight = if self.holders == 0 { 0.0 } else { (self.in_flight - non_negative(cost)).max(0.0) };
+            self.in_flight =
+                if self.holders == 0 { 0.0 } else { (self.in_flight - Cost::saturating(cost).get()).max(0.0) };
         }
     }
 
@@ -180,7 +188,7 @@ impl Limiter {
             Kind::Rate => {
                 if self.capacity < f64::INFINITY {
                     self.refill(now);
-                    self.tokens = (self.tokens + non_negative(cost)).min(self.burst);
+                    self.tokens = (self.tokens + Cost::saturating(cost).get()).min(self.burst);
                 }
             }
             Kind::Concurrency => self.release(now, cost),
@@ -196,8 +204,8 @@ impl Limiter {
             self.tokens = f64::INFINITY;
         }
         self.refill(now);
-        self.capacity = non_negative(capacity);
-        self.burst = non_negative(burst);
+        self.capacity = Capacity::saturating(capacity).get();
+        self.burst = Cost::saturating(burst).get();
         self.tokens = self.tokens.min(self.burst);
     }
 
@@ -207,6 +215,16 @@ impl Limiter {
 
     pub fn burst(&self) -> f64 {
         self.burst
+    }
+
+    /// The largest cost this resource takes at once as it is enforced now: a rate's burst (a
+    /// larger one would leave the bucket in debt), a semaphore's capacity (at least the burst,
+    /// so that a resource with none still tells a cost too large from one refused for now).
+    pub fn largest_cost(&self) -> f64 {
+        match self.kind {
+            Kind::Rate => self.burst,
+            Kind::Concurrency => self.capacity.max(self.burst),
+        }
     }
 
     /// Concurrency: cost admitted and not yet released (0 for a rate).
@@ -295,9 +313,4 @@ impl Limiter {
             self.updated = now;
         }
     }
-}
-
-/// NaN and negatives (a bad header or lease) count as 0.
-fn non_negative(value: f64) -> f64 {
-    if value >= 0.0 { value } else { 0.0 }
 }

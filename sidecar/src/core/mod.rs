@@ -2,15 +2,18 @@
 //! caller's clock (every method that needs the time takes `now`), so the proxy, the tests and a
 //! simulator all run the same code.
 //!
+//! - [`Cost`] and [`Capacity`]: bounded amounts, what requests are charged and resources allow;
 //! - [`Limiter`]: admission for one resource, a token bucket or a semaphore with a FIFO queue,
 //!   and the demand it has seen;
 //! - [`LeaseClient`]: the Doorman client half, what to ask the capacity servers for and when,
 //!   and what to enforce without a lease.
 
+mod amount;
 mod demand;
 mod lease;
 mod limiter;
 
+pub use amount::{Capacity, Cost, MAX_AMOUNT};
 pub use demand::HEADROOM;
 pub use lease::{Answer, Effective, Fallback, LeaseClient, Mode, ResourceSpec};
 pub use limiter::{Kind, Limiter, MAX_QUEUED, Offer, Ticket};
