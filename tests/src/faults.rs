@@ -122,7 +122,9 @@ async fn serve(listener: TcpListener, addr: SocketAddr, target: SocketAddr, mut 
             changed = fault.changed() => if changed.is_err() { return },
             accepted = open.accept() => {
                 let Ok((client, _)) = accepted else { continue };
-                if current == Fault::Reset {
+                // The mode now, not at the top of the loop: a change may be waiting beside this
+                // connection, and one set before the client connected must apply to it.
+                if *fault.borrow() == Fault::Reset {
                     let _ = client.set_zero_linger();
                 } else {
                     tokio::spawn(relay(client, target, fault.clone()));
