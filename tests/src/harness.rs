@@ -306,6 +306,15 @@ pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> 
     Ok((code, body.to_owned()))
 }
 
+/// The `/debug/status.json` of a server or sidecar by its admin address; `None` while it does
+/// not answer (e.g. killed), for tests that sample it through a fault.
+pub fn status_json(admin: SocketAddr) -> Option<serde_json::Value> {
+    match http_get(admin, "/debug/status.json") {
+        Ok((200, body)) => serde_json::from_str(&body).ok(),
+        _ => None,
+    }
+}
+
 /// Clock ticks per second of the CPU times in /proc/PID/stat: Linux's USER_HZ, fixed at 100 in
 /// its user-space ABI whatever the kernel's own tick rate.
 const USER_HZ: f64 = 100.0;

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod demo;
 pub mod docker;
 pub mod etcd;
+pub mod faults;
 pub mod harness;
 pub mod http;
 pub mod kube;
