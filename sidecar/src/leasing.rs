@@ -90,7 +90,7 @@ impl Leasing {
     ) {
         // Failed attempts since the last answer: the first is a warning, the rest are not news.
         let mut failing: u32 = 0;
-        loop {
+        'refresh: loop {
             if self.servers.renewed_since_failure() {
                 self.lock().retry_now();
             }
@@ -120,9 +120,16 @@ impl Leasing {
                 for r in &request.resource {
                     tracing::debug!(resource = %r.resource_id, wants = r.wants, "asking");
                 }
-                let answer = tokio::select! {
-                    answer = self.servers.call("GetCapacity", |mut c| async move { c.get_capacity(request).await }) => answer,
-                    _ = stopped(&mut stop) => break,
+                let call = self.servers.call("GetCapacity", |mut c| async move { c.get_capacity(request).await });
+                tokio::pin!(call);
+                // A call can hang up to its timeout (a partition): leases that run out meanwhile
+                // give way to their fallback on time, as between calls.
+                let answer = loop {
+                    tokio::select! {
+                        answer = &mut call => break answer,
+                        _ = tokio::time::sleep(defaults::LEASE_CHECK_INTERVAL) => self.apply(&plan),
+                        _ = stopped(&mut stop) => break 'refresh,
+                    }
                 };
                 let now = precise_now();
                 match answer {
