@@ -13,6 +13,7 @@ pub mod harness;
 pub mod http;
 pub mod kube;
 pub mod loadgen;
+pub mod pki;
 pub mod prometheus;
 pub mod raw;
 pub mod relay;

@@ -395,8 +395,12 @@ async fn a_killed_server_leaves_its_sidecar_on_the_lease_then_the_fallback_until
     reconverged(what, &samples, healed, leased);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_slower_than_the_refresh_interval_costs_no_request() {
+/// The processes of [`behind_a_proxy`], which live as long as this value.
+type Processes = (UpstreamProcess, Server, Greedy, Sidecar);
+
+/// A sidecar under load, warmed up, whose server (with a greedy client beside it) is behind a
+/// fault proxy.
+async fn behind_a_proxy() -> (Processes, FaultProxy, Watch, Load, Sampler, f64) {
     let upstream = UpstreamProcess::start(None);
     let server = Server::builder().config(&template(0)).start();
     let proxy = FaultProxy::start(server.grpc);
@@ -405,6 +409,12 @@ async fn a_server_slower_than_the_refresh_interval_costs_no_request() {
     let watch =
         Watch { sidecar: sidecar.admin, roots: vec![server.admin], leaf: None, greedy: Some(greedy.lease.clone()) };
     let (load, sampler, since) = warm_up(&watch, listen).await;
+    ((upstream, server, greedy, sidecar), proxy, watch, load, sampler, since)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_slower_than_the_refresh_interval_costs_no_request() {
+    let (_processes, proxy, watch, load, sampler, since) = behind_a_proxy().await;
 
     // A second each way: every answer comes two refresh intervals after its question.
     proxy.set(Fault::Delay(Duration::from_secs(1)));
@@ -429,14 +439,7 @@ async fn a_server_slower_than_the_refresh_interval_costs_no_request() {
 /// A sidecar under load behind a fault proxy to its server: each of `faults` in turn for so
 /// many seconds, then healed; judged as `what`.
 async fn sidecar_through(what: &str, faults: &[(Fault, u64)]) {
-    let upstream = UpstreamProcess::start(None);
-    let server = Server::builder().config(&template(0)).start();
-    let proxy = FaultProxy::start(server.grpc);
-    let greedy = Greedy::start(server.grpc);
-    let (sidecar, listen) = sidecar(&[proxy.addr()], &upstream, "pod", &delay_mode());
-    let watch =
-        Watch { sidecar: sidecar.admin, roots: vec![server.admin], leaf: None, greedy: Some(greedy.lease.clone()) };
-    let (load, sampler, since) = warm_up(&watch, listen).await;
+    let (_processes, proxy, watch, load, sampler, since) = behind_a_proxy().await;
 
     let mut heals = Vec::new();
     for &(fault, seconds) in faults {

@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, KeyUsagePurpose};
+use rcgen::{CertificateParams, KeyPair};
 use sluice_proto::{DiscoveryRequest, capacity_client::CapacityClient};
 use sluice_tests::{
     harness::{self, Server, Sidecar, free_port, http_get},
@@ -26,10 +26,7 @@ impl Pki {
     /// A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA,
     /// in files; and a file that is not PEM.
     fn new() -> Pki {
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
-        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+        let ca = sluice_tests::pki::ca();
         let leaf = |names: Vec<String>| {
             let key = KeyPair::generate().unwrap();
             let cert = CertificateParams::new(names).unwrap().signed_by(&key, &ca).unwrap();

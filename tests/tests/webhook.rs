@@ -16,7 +16,7 @@ use base64::{Engine, engine::general_purpose::STANDARD};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, KeyUsagePurpose};
+use rcgen::{CertificateParams, KeyPair};
 use serde_json::{Value, json};
 use sluice_tests::{
     harness::{binary, free_port},
@@ -39,10 +39,7 @@ struct Pki {
 
 impl Pki {
     fn new() -> Pki {
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
-        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+        let ca = sluice_tests::pki::ca();
         let key = KeyPair::generate().unwrap();
         let cert = CertificateParams::new(vec![HOST.to_owned()]).unwrap().signed_by(&key, &ca).unwrap();
         Pki { ca: ca.pem(), cert: cert.pem(), key: key.serialize_pem() }

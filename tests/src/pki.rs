@@ -1,0 +1,11 @@
+//! Certificates for the TLS tests, made fresh by rcgen for each test.
+
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, KeyUsagePurpose};
+
+/// A self-signed CA that signs the certificates a test needs.
+pub fn ca() -> CertifiedIssuer<'static, KeyPair> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+    CertifiedIssuer::self_signed(params, KeyPair::generate().expect("a key")).expect("a self-signed CA")
+}
