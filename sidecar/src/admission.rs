@@ -17,10 +17,10 @@ use tower::Service;
 use crate::{
     body::Body,
     classify::{Charge, Charged, Costed},
-    config::{CostRule, OnLimit},
+    config::{CostRule, OnLimit, Side},
     core::{Cost, Kind},
     gate::Permits,
-    respond,
+    metered, respond,
     stack::{Exchange, ResponseFuture},
     time,
 };
@@ -51,9 +51,10 @@ where
     }
 
     fn call(&mut self, mut exchange: Exchange) -> Self::Future {
-        let Some(charged) = exchange.charged.take() else {
+        let Some(mut charged) = exchange.charged.take() else {
             return Either::Left(self.inner.call(exchange));
         };
+        let metered = metered::up_front(&mut charged, exchange.request.body());
         // The clone is ready, not `self.inner` (tower's rule for services driven in a future).
         let inner = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, inner);
@@ -65,9 +66,16 @@ where
             if !waited.is_zero() {
                 shorten_grpc_timeout(exchange.request.headers_mut(), waited);
             }
+            let charge = &charged.charge;
+            if metered == Some(Side::Request) {
+                exchange.request.body_mut().charge_to(charge.clone(), charge.on_limit == OnLimit::Delay);
+            }
             let mut response = inner.call(exchange).await?;
             if !permits.is_empty() {
                 response.body_mut().hold(permits);
+            }
+            if metered == Some(Side::Response) {
+                response.body_mut().charge_to(charge.clone());
             }
             Ok(response)
         }))
@@ -94,9 +102,13 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Durat
     for (i, gate) in charge.gates.iter().enumerate() {
         let budget = deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
         match gate.admit(cost, budget).await {
-            Ok(waited) if waited.is_zero() => gate.metrics.record_allowed(),
+            Ok(waited) if waited.is_zero() => {
+                gate.metrics.record_allowed();
+                gate.metrics.record_cost(cost);
+            }
             Ok(waited) => {
                 gate.metrics.record_delayed(waited);
+                gate.metrics.record_cost(cost);
                 waited_in_all += waited;
             }
             Err(_) if charge.on_limit == OnLimit::Shadow => {
@@ -132,7 +144,7 @@ fn bounded(charge: &Charge, cost: Costed) -> Result<Cost, (f64, Cost)> {
         Costed::Declared(declared) => declared,
     };
     let most = match &charge.cost {
-        CostRule::Header { max: Some(max), .. } => *max,
+        CostRule::Header { max: Some(max), .. } | CostRule::Bytes { max: Some(max), .. } => *max,
         _ => charge.gates.iter().map(|g| g.largest_cost()).fold(Cost::MAX, |a, b| if b < a { b } else { a }),
     };
     Cost::new(declared).filter(|c| *c <= most).ok_or((declared, most))

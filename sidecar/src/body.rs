@@ -18,7 +18,10 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
-use crate::{gate::Permits, inbound::Inbound, listener::Progress, pool::Http1Body, sync::Open, time::Timer};
+use crate::{
+    classify::Charge, gate::Permits, inbound::Inbound, listener::Progress, metered::Metered, pool::Http1Body,
+    sync::Open, time::Timer,
+};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -36,18 +39,20 @@ impl fmt::Display for RequestBodyFailed {
 impl std::error::Error for RequestBodyFailed {}
 
 /// The body of a request on its way upstream, as the application's connection delivers it:
-/// from the own HTTP/1.1 codec, or from hyper's HTTP/2 server.
-pub type RequestBody = Either<Inbound, Incoming>;
+/// from the own HTTP/1.1 codec, or from hyper's HTTP/2 server; metered when its rule charges
+/// its bytes.
+pub type RequestBody = Metered<Either<Inbound, Incoming>>;
 
 pin_project! {
     #[project = Projection]
     pub enum Body {
         // An upstream's body holds the request's concurrency permits until it is dropped: for
         // a stream, the request is in flight until its last frame. So is the stream open on
-        // the upstream's HTTP/2 connection, and on the application's.
+        // the upstream's HTTP/2 connection, and on the application's. Metered when its rule
+        // charges its bytes.
         Upstream {
             #[pin]
-            inner: Either<Http1Body, Incoming>,
+            inner: Metered<Either<Http1Body, Incoming>>,
             idle: IdleWatch,
             permits: Option<Permits>,
             upstream_stream: Option<Open>,
@@ -65,7 +70,7 @@ impl Body {
     /// byte.
     pub fn http1(inner: Http1Body, idle: Duration) -> Body {
         Body::Upstream {
-            inner: Either::Left(inner),
+            inner: Metered::new(Either::Left(inner)),
             idle: IdleWatch::new(idle),
             permits: None,
             upstream_stream: None,
@@ -77,7 +82,7 @@ impl Body {
     /// `idle` without a frame.
     pub fn http2(inner: Incoming, stream: Open, idle: Duration) -> Body {
         Body::Upstream {
-            inner: Either::Right(inner),
+            inner: Metered::new(Either::Right(inner)),
             idle: IdleWatch::new(idle),
             permits: None,
             upstream_stream: Some(stream),
@@ -97,6 +102,14 @@ impl Body {
     pub fn hold(&mut self, held: Permits) {
         if let Body::Upstream { permits, .. } = self {
             *permits = Some(held);
+        }
+    }
+
+    /// Charges the bytes of an upstream's body to `charge`'s resources as they pass (after the
+    /// fact).
+    pub fn charge_to(&mut self, charge: Arc<Charge>) {
+        if let Body::Upstream { inner, .. } = self {
+            inner.charge_to(charge, false);
         }
     }
 

@@ -68,6 +68,8 @@ impl Rules {
             CostRule::Header { name, default, .. } => {
                 header_cost(req.headers(), name).map_or(Costed::Fixed(*default), Costed::Declared)
             }
+            // Admission reads the body's length, or meters the body as it passes.
+            CostRule::Bytes { .. } => Costed::Fixed(Cost::default()),
         };
         Some(Charged { charge: charge.clone(), cost })
     }

@@ -129,6 +129,21 @@ pub enum CostRule {
         default: Cost,
         max: Option<Cost>,
     },
+    /// The bytes of the request's or the response's body (`request_bytes`, `response_bytes`;
+    /// rate resources only): see [`crate::metered`]. `max` bounds a request's Content-Length,
+    /// charged up front, and the debt a body's bytes charged after the fact may leave (`None`:
+    /// what each resource takes at once, its burst).
+    Bytes {
+        of: Side,
+        max: Option<Cost>,
+    },
+}
+
+/// Which body a rule's cost in bytes counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Request,
+    Response,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -288,6 +303,14 @@ enum CostDoc {
         #[serde(default = "one")]
         default: f64,
     },
+    Bytes(BytesDoc),
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum BytesDoc {
+    RequestBytes,
+    ResponseBytes,
 }
 
 impl Default for CostDoc {
@@ -527,7 +550,7 @@ fn rule(i: usize, doc: RuleDoc, listeners: &[Listener], resources: &[Resource]) 
     let max = doc.max_cost.map(|m| amount(m, &at("max_cost"))).transpose()?;
     let cost = match doc.cost {
         CostDoc::Constant(_) if max.is_some() => {
-            return Err(format!("{}: bounds a cost read from a header only", at("max_cost")));
+            return Err(format!("{}: bounds a cost read from a header only, or in bytes", at("max_cost")));
         }
         CostDoc::Constant(c) => CostRule::Constant(cost_of(c, "cost")?),
         CostDoc::Header { header, default } => {
@@ -541,6 +564,22 @@ fn rule(i: usize, doc: RuleDoc, listeners: &[Listener], resources: &[Resource]) 
                 default,
                 max,
             }
+        }
+        CostDoc::Bytes(of) => {
+            // Bytes a second: a semaphore would hold a body's bytes until its response ended.
+            let held = resources.iter().find(|r| r.kind == Kind::Concurrency && charged.contains(&r.id));
+            if let Some(r) = held {
+                return Err(format!(
+                    "{}: bytes are charged to rate resources only (bytes a second); {:?} is a concurrency resource",
+                    at("cost"),
+                    r.id
+                ));
+            }
+            let of = match of {
+                BytesDoc::RequestBytes => Side::Request,
+                BytesDoc::ResponseBytes => Side::Response,
+            };
+            CostRule::Bytes { of, max }
         }
     };
     let on_limit = doc.on_limit.unwrap_or(OnLimit::Reject);
@@ -730,6 +769,15 @@ mod tests {
                 "rules[0] (rules[0]).max_cost: bounds a cost read from a header only",
             ),
             (
+                format!(
+                    "{}resources:\n  - {{id: r, capacity: 1}}\n  - {{id: p, kind: concurrency, capacity: 1}}\n\
+                     rules:\n  - {{resource: r, also: [p], cost: request_bytes}}\n",
+                    listener("")
+                ),
+                "rules[0] (rules[0]).cost: bytes are charged to rate resources only (bytes a second); \"p\" is a \
+                 concurrency resource",
+            ),
+            (
                 with("capacity: 1", ", cost: {header: x-cost, default: 6}, max_cost: 5"),
                 "rules[0] (rules[0]).cost.default: is above max_cost",
             ),
@@ -759,5 +807,9 @@ mod tests {
         assert_eq!(config.upstreams[0].body_idle_timeout, defaults::UPSTREAM_BODY_IDLE_TIMEOUT);
         let CostRule::Header { max, default, .. } = &config.rules[0].cost else { panic!("a header cost") };
         assert_eq!((*max, *default), (Some(Cost::MAX), Cost::ONE));
+        for (cost, of) in [("request_bytes", Side::Request), ("response_bytes", Side::Response)] {
+            let config = parse(&with("capacity: 1", &format!(", cost: {cost}, max_cost: 65536"))).expect(cost);
+            assert_eq!(config.rules[0].cost, CostRule::Bytes { of, max: Cost::new(65536.0) });
+        }
     }
 }

@@ -171,6 +171,15 @@ impl Gate {
         poll(&mut state, now);
     }
 
+    /// Charges `cost` after the fact, into debt down to `max_debt` below empty at most (`None`:
+    /// the burst); see [`Limiter::charge`].
+    pub fn charge(&self, cost: Cost, max_debt: Option<Cost>) {
+        let mut state = self.lock();
+        let now = self.now();
+        let max_debt = max_debt.map_or_else(|| state.limiter.burst(), Cost::get);
+        state.limiter.charge(now, cost.get(), max_debt);
+    }
+
     /// An admitted concurrency request finished.
     fn release(&self, cost: Cost) {
         let mut state = self.lock();

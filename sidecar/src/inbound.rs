@@ -20,6 +20,7 @@ use http::{
     header::{DATE, EXPECT, HOST},
 };
 use http_body::{Body as _, Frame, SizeHint};
+use http_body_util::Either;
 use tokio::{
     io::{AsyncWrite, AsyncWriteExt},
     net::{
@@ -506,7 +507,7 @@ fn request(
         reader.expect = if continues { Expect::Continue } else { Expect::Nothing };
         Inbound(Some(shared.clone()))
     };
-    let mut request = Request::new(crate::body::RequestBody::Left(body));
+    let mut request = Request::new(crate::body::RequestBody::new(Either::Left(body)));
     *request.method_mut() = method;
     *request.uri_mut() = uri;
     *request.version_mut() = version;

@@ -23,6 +23,7 @@ pub mod inbound;
 pub mod inject;
 pub mod leasing;
 pub mod listener;
+pub mod metered;
 pub mod metrics;
 pub mod plan;
 pub mod pool;

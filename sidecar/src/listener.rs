@@ -19,6 +19,7 @@ use std::{
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{Request, Response};
+use http_body_util::Either;
 use hyper::{body::Incoming, server::conn::http2};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use pin_project_lite::pin_project;
@@ -141,7 +142,7 @@ impl hyper::service::Service<Request<Incoming>> for Http2Service {
     type Future = Counted;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        let call = self.stack.clone().oneshot(request.map(RequestBody::Right));
+        let call = self.stack.clone().oneshot(request.map(|body| RequestBody::new(Either::Right(body))));
         Counted { call, stream: Some(self.streams.open()) }
     }
 }

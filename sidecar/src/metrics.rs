@@ -25,6 +25,7 @@ use tower::Service;
 
 use crate::{
     body::Body,
+    core::Cost,
     defaults::{DURATION_BUCKETS, METRICS_UPKEEP_INTERVAL, STALE_GAUGE_TIMEOUT},
     gate::Applied,
     plan::ListenerPlan,
@@ -34,6 +35,7 @@ use crate::{
 
 const REQUESTS: &str = "sluice_sidecar_requests_total";
 const WAIT: &str = "sluice_sidecar_wait_seconds";
+const COST: &str = "sluice_sidecar_admitted_cost_total";
 const CAPACITY: &str = "sluice_sidecar_lease_capacity";
 const WANTS: &str = "sluice_sidecar_wants";
 const EXPIRY: &str = "sluice_sidecar_lease_expiry_timestamp_seconds";
@@ -71,6 +73,7 @@ pub fn install() -> Result<PrometheusHandle, String> {
         "Requests charged to a resource, by decision (allowed, delayed, rejected, shadow_rejected)."
     );
     describe_histogram!(WAIT, Unit::Seconds, "Time delayed requests waited for capacity.");
+    describe_counter!(COST, "Cost admitted by the resource: requests' costs, and bytes for rules that charge bytes.");
     describe_gauge!(CAPACITY, "Capacity the resource's limiter enforces now (+Inf: no limit).");
     describe_gauge!(WANTS, "Capacity last asked for: the moving average of offered load with headroom.");
     describe_gauge!(EXPIRY, "Unix time the resource's lease expires.");
@@ -118,6 +121,10 @@ pub struct GateMetrics {
     rejected: Counter,
     shadow_rejected: Counter,
     wait: Histogram,
+    cost: Counter,
+    /// The admitted cost as an exact sum (an `f64`'s bits): costs may be fractions, and the
+    /// counter shows the whole units of the sum rather than each cost rounded.
+    cost_sum: AtomicU64,
     /// The same decisions counted where the status page can read them back (a `Counter` is
     /// write-only): admitted at once, delayed, refused (shadow refusals included).
     decisions: [AtomicU64; 3],
@@ -144,6 +151,8 @@ impl GateMetrics {
             rejected: decision("rejected"),
             shadow_rejected: decision("shadow_rejected"),
             wait: histogram!(WAIT, "resource" => resource()),
+            cost: counter!(COST, "resource" => resource()),
+            cost_sum: AtomicU64::new(0f64.to_bits()),
             decisions: Default::default(),
             resource: id.clone(),
             lease: Mutex::new(LeaseTimes::default()),
@@ -166,6 +175,16 @@ impl GateMetrics {
         self.delayed.increment(1);
         self.wait.record(waited.as_secs_f64());
         self.decisions[1].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Cost the resource admitted: a request's, or a body's bytes as they pass.
+    pub fn record_cost(&self, cost: Cost) {
+        let add = |bits: u64| Some((f64::from_bits(bits) + cost.get()).to_bits());
+        if let Ok(before) = self.cost_sum.fetch_update(Ordering::Relaxed, Ordering::Relaxed, add) {
+            let before = f64::from_bits(before);
+            // The whole units this cost completes.
+            self.cost.increment(((before + cost.get()).floor() - before.floor()) as u64);
+        }
     }
 
     /// A request refused, or one let through under `shadow` that would have been.

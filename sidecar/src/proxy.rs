@@ -19,6 +19,7 @@ use tower::Service;
 use crate::{
     body::{Body, BoxError, RequestBody, RequestBodyFailed},
     config,
+    metered::Limited,
     pool::{self, Http1Pool, Http2Pool},
     respond,
     stack::{Exchange, ResponseFuture},
@@ -84,6 +85,7 @@ impl UpstreamClient {
                 strip_hop_by_hop(response.headers_mut());
                 response
             }
+            Err(ref e) if let Some(limited) = Limited::cause(e) => limited.response(grpc),
             Err(e) if e.is::<RequestBodyFailed>() => {
                 tracing::debug!(upstream = self.name(), error = %e, "the application's request body failed");
                 respond::malformed(&e.to_string())

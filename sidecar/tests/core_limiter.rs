@@ -479,3 +479,54 @@ fn a_sliver_of_a_rate_names_a_finite_turn() {
     assert!(none.is_empty() && (turn / 1e25 - 1.0).abs() < 1e-12, "{turn}");
     assert_eq!(poll(&mut limiter, turn), (vec![waiter], None));
 }
+
+#[test]
+fn a_charge_after_the_fact_leaves_bounded_debt_that_later_arrivals_wait_out() {
+    let mut limiter = Limiter::new(Kind::Rate, 8.0, 4.0, 0.0);
+    // A body of 100 against a bucket of 4: 2 of debt at most.
+    limiter.charge(0.0, 100.0, 2.0);
+    assert_eq!(limiter.offer(0.0, 0.0, 0.0), Offer::Rejected { retry_after: Some(0.25) });
+    assert_eq!(limiter.offer(0.0, 1.0, 0.0), Offer::Rejected { retry_after: Some(0.375) });
+    assert_eq!(limiter.offer(0.25, 0.0, 0.0), Offer::Admitted, "the debt is repaid");
+    // A bucket deeper in debt than a later charge's bound stays as deep.
+    limiter.charge(0.25, 100.0, 8.0);
+    limiter.charge(0.25, 1.0, 2.0);
+    assert_eq!(limiter.offer(0.25, 0.0, 0.0), Offer::Rejected { retry_after: Some(1.0) });
+    // Within the tokens there are, a charge is an ordinary one.
+    limiter.charge(1.75, 3.0, 2.0);
+    assert_eq!(limiter.offer(1.75, 1.0, 0.0), Offer::Admitted);
+    assert_eq!(limiter.offer(1.75, 1.0, 0.0), Offer::Rejected { retry_after: Some(0.125) });
+    // The bytes count as offered load; a semaphore has nothing to charge after the fact.
+    assert!(limiter.wants(1.75) > 0.0);
+    let mut semaphore = Limiter::new(Kind::Concurrency, 1.0, 1.0, 0.0);
+    semaphore.charge(0.0, 100.0, 1.0);
+    assert_eq!(semaphore.offer(0.0, 1.0, 0.0), Offer::Admitted);
+}
+
+#[test]
+fn pieces_that_wait_their_turn_pass_at_the_rate() {
+    // A body paced in pieces of 48 against 1024 a second and a bucket of 128, for 5 s.
+    let (rate, burst, piece) = (1024.0, 128.0, 48.0);
+    let mut limiter = Limiter::new(Kind::Rate, rate, burst, 0.0);
+    let (mut now, mut passed) = (0.0, 0.0);
+    let mut waits = Vec::new();
+    while now < 5.0 {
+        match limiter.offer(now, piece, 1.0) {
+            Offer::Admitted => passed += piece,
+            Offer::Queued(ticket) => {
+                let (admitted, turn) = poll(&mut limiter, now);
+                assert!(admitted.is_empty());
+                let turn = turn.expect("a rate names the turn");
+                waits.push(turn - now);
+                now = turn;
+                assert_eq!(poll(&mut limiter, now), (vec![ticket], None));
+                passed += piece;
+            }
+            Offer::Rejected { .. } => panic!("a piece within the burst always gets its turn"),
+        }
+    }
+    // The bucket's content at once, then the rate: never more, and short of it by a piece at most.
+    let most = burst + rate * now;
+    assert!(passed <= most && passed > most - piece, "{passed} of {most}");
+    assert!(waits.iter().all(|&w| w <= piece / rate + 1e-9), "no piece waits longer than it takes to earn");
+}

@@ -195,6 +195,25 @@ impl Limiter {
         }
     }
 
+    /// Charges `cost` after the fact, whatever the bucket holds: bytes that have passed already
+    /// (a response body, a request body not paced). The bucket may go into debt, which later
+    /// arrivals wait out, but never deeper than `max_debt` below empty, so that one large body
+    /// cannot close the resource for longer than `max_debt` takes to repay; what would go
+    /// deeper is not owed. Counts as offered load. A semaphore has nothing to charge after the
+    /// fact.
+    pub fn charge(&mut self, now: Seconds, cost: f64, max_debt: f64) {
+        if self.kind != Kind::Rate {
+            return;
+        }
+        let cost = Cost::saturating(cost).get();
+        self.demand.record(now, cost);
+        if self.capacity < f64::INFINITY {
+            self.refill(now);
+            // A bucket already deeper in debt (charged under a larger bound) stays where it is.
+            self.tokens = self.tokens.min((self.tokens - cost).max(-Cost::saturating(max_debt).get()));
+        }
+    }
+
     /// Changes the capacity in place. A rate's tokens accrue at the old rate up to `now` and at
     /// the new one after, never beyond the new burst, so a change never releases a burst of its
     /// own. Permits held above a smaller semaphore just drain.

@@ -1,0 +1,204 @@
+//! Costs in bytes (`cost: request_bytes` or `response_bytes`): a body that charges its rule's
+//! rate resources for each piece of data as it passes, so that bandwidth can be leased as
+//! requests are.
+//!
+//! - A request body of known length (Content-Length, or an HTTP/2 stream that says it) is
+//!   charged up front by admission, as any cost is, and bounded as a declared cost is; it is not
+//!   metered again.
+//! - A request body that streams (chunked, or HTTP/2 without a length) is admitted at a cost of
+//!   0 — it waits out, or is refused for, any debt of its resources — and then metered. In
+//!   `delay` mode each piece waits its turn at every gate, in FIFO order with the resource's
+//!   requests, before it goes on: the stream is paced to the rate, and nothing but the piece
+//!   waiting is held. A piece whose turn is further off than the rule's `max_wait` ends the body
+//!   with [`Limited`]. In `reject` and `shadow` mode nothing waits: the pieces are charged as
+//!   they pass, after the fact.
+//! - A response body is charged as it passes, after the fact.
+//!
+//! What is charged after the fact may leave a resource in debt, which the requests after it
+//! wait out, but no deeper than the rule's `max_cost`, or else the resource's burst: one large
+//! body then closes the resource for no longer than that takes to repay, however large it is.
+
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::Response;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+
+use crate::{
+    body::{Body, BoxError, RequestBody, RequestBodyFailed},
+    classify::{Charge, Charged, Costed},
+    config::{CostRule, Side},
+    core::{Cost, Kind},
+    respond,
+};
+
+/// A body that charges `charge`'s resources for its bytes once [`Metered::charge_to`] says so;
+/// until then it only passes its inner body's frames on.
+pub struct Metered<B> {
+    inner: B,
+    meter: Option<Box<Meter>>,
+}
+
+struct Meter {
+    charge: Arc<Charge>,
+    /// Pieces wait their turn at the gates, else they are charged after the fact.
+    paced: bool,
+    /// How deep into debt a charge after the fact may leave a resource (`None`: its burst).
+    max_debt: Option<Cost>,
+    /// A piece waiting for its turn, and the turn.
+    waiting: Option<(Bytes, Turn)>,
+}
+
+type Turn = Pin<Box<dyn Future<Output = Result<(), Limited>> + Send>>;
+
+impl<B> Metered<B> {
+    pub fn new(inner: B) -> Metered<B> {
+        Metered { inner, meter: None }
+    }
+
+    /// From now on, charges the resources of `charge` (a rule's, which charges bytes) for each
+    /// piece of data: paced pieces wait their turn, the others are charged after the fact.
+    pub fn charge_to(&mut self, charge: Arc<Charge>, paced: bool) {
+        let max_debt = match charge.cost {
+            CostRule::Bytes { max, .. } => max,
+            _ => None,
+        };
+        self.meter = Some(Box::new(Meter { charge, paced, max_debt, waiting: None }));
+    }
+}
+
+impl<B> HttpBody for Metered<B>
+where
+    B: HttpBody<Data = Bytes, Error = BoxError> + Unpin,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let Some(meter) = &mut this.meter else { return Pin::new(&mut this.inner).poll_frame(cx) };
+        if let Some((_, turn)) = &mut meter.waiting {
+            let passed = ready!(turn.as_mut().poll(cx));
+            let (data, _) = meter.waiting.take().expect("a piece waits");
+            return Poll::Ready(Some(passed.map(|()| Frame::data(data)).map_err(BoxError::from)));
+        }
+        let frame = match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+            Some(Ok(frame)) => frame,
+            other => return Poll::Ready(other),
+        };
+        let bytes = match frame.data_ref() {
+            Some(data) if !data.is_empty() => Cost::saturating(data.len() as f64),
+            _ => return Poll::Ready(Some(Ok(frame))),
+        };
+        if !meter.paced {
+            for gate in &meter.charge.gates {
+                gate.charge(bytes, meter.max_debt);
+                gate.metrics.record_cost(bytes);
+            }
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        let data = frame.into_data().expect("a data frame");
+        let mut turn: Turn = Box::pin(turn(meter.charge.clone(), bytes));
+        match turn.as_mut().poll(cx) {
+            Poll::Ready(passed) => Poll::Ready(Some(passed.map(|()| Frame::data(data)).map_err(BoxError::from))),
+            Poll::Pending => {
+                meter.waiting = Some((data, turn));
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.meter.as_ref().is_none_or(|m| m.waiting.is_none()) && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let inner = self.inner.size_hint();
+        let Some((data, _)) = self.meter.as_ref().and_then(|m| m.waiting.as_ref()) else { return inner };
+        // The piece waiting is still to come.
+        let held = data.len() as u64;
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower().saturating_add(held));
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(held));
+        }
+        hint
+    }
+}
+
+/// A paced piece of `bytes` waits its turn at each gate in order, as a request would; refused
+/// by one, it gives back what the gates before took.
+async fn turn(charge: Arc<Charge>, bytes: Cost) -> Result<(), Limited> {
+    for (i, gate) in charge.gates.iter().enumerate() {
+        if let Err(refused) = gate.admit(bytes, charge.max_wait).await {
+            gate.metrics.record_refused(false);
+            for earlier in &charge.gates[..i] {
+                earlier.refund(bytes);
+            }
+            return Err(Limited {
+                resource: gate.id.clone(),
+                rule: charge.rule.clone(),
+                capacity: gate.applied().capacity.get(),
+                retry_after: refused.retry_after,
+            });
+        }
+    }
+    for gate in &charge.gates {
+        gate.metrics.record_cost(bytes);
+    }
+    Ok(())
+}
+
+/// For a rule that charges bytes: makes a request body's known length its cost (charged up
+/// front, as a declared cost); returns which body is to be metered once the request is
+/// admitted, if any. A body metered as it streams is admitted at a cost of 0.
+pub fn up_front(charged: &mut Charged, body: &RequestBody) -> Option<Side> {
+    let CostRule::Bytes { of, .. } = charged.charge.cost else { return None };
+    match (of, body.size_hint().exact()) {
+        (Side::Request, Some(length)) => {
+            charged.cost = Costed::Declared(length as f64);
+            None
+        }
+        (of, _) => Some(of),
+    }
+}
+
+/// A paced request body whose next piece could not have its turn within the rule's `max_wait`:
+/// the body ends there, and the request is answered as a refused one is, when it still can be.
+#[derive(Debug)]
+pub struct Limited {
+    resource: Arc<str>,
+    rule: String,
+    capacity: f64,
+    retry_after: Duration,
+}
+
+impl Limited {
+    /// The limit that cut a request body short, if that is why the exchange failed.
+    pub fn cause(error: &BoxError) -> Option<&Limited> {
+        error.downcast_ref::<RequestBodyFailed>()?.0.downcast_ref()
+    }
+
+    pub fn response(&self, grpc: bool) -> Response<Body> {
+        respond::limited(grpc, &self.resource, &self.rule, Kind::Rate, self.capacity, self.retry_after)
+    }
+}
+
+impl fmt::Display for Limited {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the request body was cut off: resource {:?} had no room for it within max_wait (rule {:?})",
+            self.resource, self.rule
+        )
+    }
+}
+
+impl std::error::Error for Limited {}

@@ -1,0 +1,221 @@
+//! Costs in bytes through the real sidecar: `request_bytes` charged up front by Content-Length
+//! (HTTP/1.1 and HTTP/2), a streamed upload paced to the rate in `delay` mode (HTTP/1.1 chunked
+//! on a raw socket, and a gRPC client stream over HTTP/2), and `response_bytes` leaving debt no
+//! deeper than the rule's bound, which later requests wait out or are refused for.
+
+use std::{
+    io::{Read, Write},
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use prost::Message;
+use sluice_tests::{
+    harness::{Sidecar, free_port},
+    http::{Answer, HttpClient, h2c, http1, send},
+    raw,
+    upstream::{
+        UpstreamProcess,
+        echo::{EchoRequest, echo_client::EchoClient},
+    },
+};
+
+/// A standalone sidecar in front of a fresh test upstream with these `resources` and `rules`
+/// (YAML list items): the upstream, the sidecar and its listener.
+fn standalone(resources: &str, rules: &str) -> (UpstreamProcess, Sidecar, SocketAddr) {
+    let upstream = UpstreamProcess::start(None);
+    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let yaml = format!(
+        "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
+         upstreams:\n  - name: app\n    url: http://{}\nresources:\n{resources}rules:\n{rules}",
+        upstream.addr()
+    );
+    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    (upstream, sidecar, listen)
+}
+
+async fn post(client: &HttpClient, url: &str, bytes: usize) -> Answer {
+    let request = http::Request::post(url).body(Full::new(Bytes::from(vec![b'x'; bytes]))).unwrap();
+    send(client, request, Duration::from_secs(10)).await.unwrap_or_else(|| panic!("no answer to POST {url}"))
+}
+
+async fn get(client: &HttpClient, url: &str, header: Option<(&str, &str)>) -> Answer {
+    let mut request = http::Request::get(url);
+    if let Some((name, value)) = header {
+        request = request.header(name, value);
+    }
+    let request = request.body(Full::default()).unwrap();
+    send(client, request, Duration::from_secs(10)).await.unwrap_or_else(|| panic!("no answer to GET {url}"))
+}
+
+/// The bytes the echo upstream says it received in the request body.
+fn echoed(answer: &Answer) -> usize {
+    let json: serde_json::Value = serde_json::from_str(&answer.body).expect("the echo's JSON");
+    json["body"].as_str().expect("a body").len()
+}
+
+#[tokio::test]
+async fn a_known_length_is_charged_up_front_over_http1_and_http2() {
+    // 1000 bytes a second with 10,000 saved: two bodies of 4000 pass at once, a third does not.
+    let (_upstream, sidecar, addr) = standalone(
+        "  - {id: h1, capacity: 1000, burst: 10000}\n  - {id: h2, capacity: 1000, burst: 10000}\n",
+        "  - {name: uploads, match: {path: {prefix: /echo/h1}}, resource: h1, cost: request_bytes, max_cost: 10000}\n  \
+         - {name: delayed, match: {path: {prefix: /echo/h2}}, resource: h2, cost: request_bytes, \
+           on_limit: delay, max_wait: 5s}\n",
+    );
+    let client = http1();
+    let url = format!("http://{addr}/echo/h1");
+    for _ in 0..2 {
+        let answer = post(&client, &url, 4000).await;
+        assert_eq!((answer.status.as_u16(), echoed(&answer)), (200, 4000));
+    }
+    let refused = post(&client, &url, 4000).await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    assert_eq!(refused.headers["retry-after"], "2", "2000 bytes short at 1000 a second");
+    assert!(refused.body.contains("resource \"h1\""), "{}", refused.body);
+    // A length above max_cost is the request's fault, refused before a byte is charged.
+    let too_large = post(&client, &url, 10_001).await;
+    assert_eq!(too_large.status, 400);
+    assert!(too_large.body.contains("10001 is above the 10000"), "{}", too_large.body);
+    // A body of no length costs nothing, and the bucket is not in debt.
+    assert_eq!(get(&client, &url, None).await.status, 200);
+
+    // HTTP/2 declares the length too; in delay mode the third body waits for its bytes.
+    let client = h2c();
+    let url = format!("http://{addr}/echo/h2");
+    for _ in 0..2 {
+        let answer = post(&client, &url, 4000).await;
+        assert_eq!((answer.status.as_u16(), echoed(&answer)), (200, 4000));
+        assert!(answer.body.contains("HTTP/2"), "{}", answer.body);
+    }
+    let start = Instant::now();
+    let answer = post(&client, &url, 4000).await;
+    let waited = start.elapsed();
+    assert_eq!((answer.status.as_u16(), echoed(&answer)), (200, 4000));
+    assert!(waited > Duration::from_millis(1700) && waited < Duration::from_millis(2800), "waited {waited:?}");
+    // The defaulted bound is the burst.
+    let too_large = post(&client, &url, 10_001).await;
+    assert_eq!(too_large.status, 400, "{}", too_large.body);
+    assert_eq!(sidecar.metric("sluice_sidecar_admitted_cost_total{resource=\"h1\"}"), Some(8000.0));
+    assert_eq!(sidecar.metric("sluice_sidecar_admitted_cost_total{resource=\"h2\"}"), Some(12000.0));
+}
+
+/// Bytes a second of the paced uploads, and their buckets: 0.1 s of the rate, by default.
+const RATE: f64 = 200_000.0;
+const BURST: f64 = RATE / 10.0;
+
+/// The rate a paced upload of `bytes` went at when it took `took`: what came after the bucket's
+/// content, over the time; printed, and checked within 5% of [`RATE`].
+fn check_pace(what: &str, bytes: usize, took: Duration) {
+    let rate = (bytes as f64 - BURST) / took.as_secs_f64();
+    println!("{what}: {bytes} bytes in {took:?}: {rate:.0} bytes/s paced, lease {RATE} (x{:.4})", rate / RATE);
+    assert!((rate / RATE - 1.0).abs() < 0.05, "{what}: {rate:.0} bytes/s is not within 5% of {RATE}");
+}
+
+fn paced() -> (UpstreamProcess, Sidecar, SocketAddr) {
+    standalone(
+        &format!("  - {{id: uploads, capacity: {RATE}}}\n"),
+        "  - {resource: uploads, cost: request_bytes, on_limit: delay, max_wait: 1s}\n",
+    )
+}
+
+#[tokio::test]
+async fn a_chunked_upload_is_paced_to_the_rate() {
+    let (_upstream, sidecar, addr) = paced();
+    // 5 s of the rate after the bucket's content, in chunks of 4 KiB as fast as the socket takes.
+    let total = (BURST + 5.0 * RATE) as usize;
+    let took = tokio::task::spawn_blocking(move || {
+        let mut stream = raw::connect(addr);
+        let start = Instant::now();
+        stream.write_all(b"POST /echo HTTP/1.1\r\nhost: app\r\ntransfer-encoding: chunked\r\n\r\n").unwrap();
+        let chunk = [b'x'; 4096];
+        let mut left = total;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            write!(stream, "{n:x}\r\n").unwrap();
+            stream.write_all(&chunk[..n]).unwrap();
+            stream.write_all(b"\r\n").unwrap();
+            left -= n;
+        }
+        stream.write_all(b"0\r\n\r\n").unwrap();
+        let head = raw::read_head(&mut stream).expect("a response");
+        let took = start.elapsed();
+        let head = String::from_utf8_lossy(&head).into_owned();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        // The rest of the echo, whose body must be all that was sent.
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+            .expect("a length");
+        let mut body = head.split_once("\r\n\r\n").unwrap().1.as_bytes().to_vec();
+        while body.len() < length {
+            let mut buf = vec![0; length - body.len()];
+            let n = stream.read(&mut buf).unwrap();
+            assert!(n > 0, "closed before the end of the echo");
+            body.extend_from_slice(&buf[..n]);
+        }
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["body"].as_str().unwrap().len(), total);
+        took
+    })
+    .await
+    .unwrap();
+    check_pace("HTTP/1.1 chunked", total, took);
+    let charged = sidecar.metric("sluice_sidecar_admitted_cost_total{resource=\"uploads\"}");
+    assert_eq!(charged, Some(total as f64), "every byte is counted");
+}
+
+#[tokio::test]
+async fn a_grpc_client_stream_over_http2_is_paced_to_the_rate() {
+    let (_upstream, sidecar, addr) = paced();
+    // 2 s of the rate after the bucket's content, in messages of 4000 bytes; gRPC sends no
+    // length, so the stream is metered as it goes.
+    let message = EchoRequest { message: "x".repeat(4000), ..Default::default() };
+    let count = ((BURST + 2.0 * RATE) / message.encoded_len() as f64).ceil() as usize;
+    // Each message goes as a 5-byte prefix and its encoding, which are what DATA frames carry.
+    let total = count * (5 + message.encoded_len());
+    let mut client = EchoClient::connect(format!("http://{addr}")).await.unwrap();
+    let start = Instant::now();
+    let reply = client.client_stream(tokio_stream::iter(vec![message; count])).await.expect("the call").into_inner();
+    let took = start.elapsed();
+    assert_eq!((reply.index as usize, reply.message.len()), (count, count * 4000));
+    check_pace("gRPC client stream", total, took);
+    let charged = sidecar.metric("sluice_sidecar_admitted_cost_total{resource=\"uploads\"}");
+    assert_eq!(charged, Some(total as f64), "every byte is counted");
+}
+
+#[tokio::test]
+async fn a_response_leaves_bounded_debt_that_later_requests_wait_out() {
+    // 1000 bytes a second; a response's bytes may leave at most 2000 of debt (2 s to repay).
+    let (_upstream, sidecar, addr) = standalone(
+        "  - {id: downloads, capacity: 1000, burst: 1000}\n",
+        "  - {match: {headers: [{name: x-wait, value: \"yes\"}]}, resource: downloads, cost: response_bytes, \
+           max_cost: 2000, on_limit: delay, max_wait: 5s}\n  \
+         - {resource: downloads, cost: response_bytes, max_cost: 2000}\n",
+    );
+    let mut charged = 0;
+    for (protocol, client) in [("HTTP/1.1", http1()), ("HTTP/2", h2c())] {
+        // About 100 KB, 100 s of the rate: admitted on an empty debt, charged as it flows.
+        let big = get(&client, &format!("http://{addr}/stream?chunks=10000"), None).await;
+        assert_eq!(big.status, 200, "{protocol}");
+        assert!(big.body.len() > 98_000, "{protocol}: {}", big.body.len());
+        charged += big.body.len();
+        let url = format!("http://{addr}/");
+        let refused = get(&client, &url, None).await;
+        assert_eq!(refused.status, 429, "{protocol}: {}", refused.body);
+        assert_eq!(refused.headers["retry-after"], "2", "{protocol}: the debt is bounded at 2000 bytes");
+        let start = Instant::now();
+        let waited = get(&client, &url, Some(("x-wait", "yes"))).await;
+        let waited_for = start.elapsed();
+        assert_eq!(waited.status, 200, "{protocol}");
+        assert!(
+            waited_for > Duration::from_millis(1700) && waited_for < Duration::from_millis(2800),
+            "{protocol}: waited {waited_for:?} for 2000 bytes of debt"
+        );
+        charged += waited.body.len();
+    }
+    let counted = sidecar.metric("sluice_sidecar_admitted_cost_total{resource=\"downloads\"}");
+    assert_eq!(counted, Some(charged as f64), "every byte that flowed back is counted");
+}
