@@ -7,11 +7,11 @@
 //!   metered again.
 //! - A request body that streams (chunked, or HTTP/2 without a length) is admitted at a cost of
 //!   0 — it waits out, or is refused for, any debt of its resources — and then metered. In
-//!   `delay` mode each piece waits its turn at every gate, in FIFO order with the resource's
-//!   requests, before it goes on: the stream is paced to the rate, and nothing but the piece
-//!   waiting is held. A piece whose turn is further off than the rule's `max_wait` ends the body
-//!   with [`Limited`]. In `reject` and `shadow` mode nothing waits: the pieces are charged as
-//!   they pass, after the fact.
+//!   `delay` mode each piece (at most a burst) waits its turn at every gate, in FIFO order with
+//!   the resource's requests, before it goes on: the stream is paced to the rate, and nothing
+//!   but the frame being passed on is held. A piece whose turn is further off than the rule's
+//!   `max_wait` ends the body with [`Limited`]. In `reject` and `shadow` mode nothing waits: the
+//!   pieces are charged as they pass, after the fact.
 //! - A response body is charged as it passes, after the fact.
 //!
 //! What is charged after the fact may leave a resource in debt, which the requests after it
@@ -22,7 +22,7 @@ use std::{
     fmt,
     future::Future,
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, OnceLock},
     task::{Context, Poll, ready},
     time::Duration,
 };
@@ -32,7 +32,7 @@ use http::Response;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 
 use crate::{
-    body::{Body, BoxError, RequestBody, RequestBodyFailed},
+    body::{Body, BoxError, RequestBody},
     classify::{Charge, Charged, Costed},
     config::{CostRule, Side},
     core::{Cost, Kind},
@@ -46,14 +46,23 @@ pub struct Metered<B> {
     meter: Option<Box<Meter>>,
 }
 
+/// Paced pieces are at most what each resource takes at once (its burst), so that none leaves
+/// a debt the next piece could not wait out; but no smaller than this, so that a tiny burst
+/// does not cut a body into single bytes.
+const SMALLEST_PIECE: f64 = 1024.0;
+
 struct Meter {
     charge: Arc<Charge>,
     /// Pieces wait their turn at the gates, else they are charged after the fact.
     paced: bool,
     /// How deep into debt a charge after the fact may leave a resource (`None`: its burst).
     max_debt: Option<Cost>,
-    /// A piece waiting for its turn, and the turn.
-    waiting: Option<(Bytes, Turn)>,
+    /// Paced: data taken from the inner body and not passed on yet, and the turn its first
+    /// piece of that many bytes waits for.
+    held: Bytes,
+    turn: Option<(usize, Turn)>,
+    /// Set when a paced piece is refused, for the proxy to answer as a refused request is.
+    cut: CutOff,
 }
 
 type Turn = Pin<Box<dyn Future<Output = Result<(), Limited>> + Send>>;
@@ -70,7 +79,13 @@ impl<B> Metered<B> {
             CostRule::Bytes { max, .. } => max,
             _ => None,
         };
-        self.meter = Some(Box::new(Meter { charge, paced, max_debt, waiting: None }));
+        let cut = CutOff::default();
+        self.meter = Some(Box::new(Meter { charge, paced, max_debt, held: Bytes::new(), turn: None, cut }));
+    }
+
+    /// Where a paced body tells why it was cut off, if it is metered.
+    pub fn cut_off(&self) -> Option<CutOff> {
+        self.meter.as_ref().map(|m| m.cut.clone())
     }
 }
 
@@ -84,46 +99,57 @@ where
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         let Some(meter) = &mut this.meter else { return Pin::new(&mut this.inner).poll_frame(cx) };
-        if let Some((_, turn)) = &mut meter.waiting {
-            let passed = ready!(turn.as_mut().poll(cx));
-            let (data, _) = meter.waiting.take().expect("a piece waits");
-            return Poll::Ready(Some(passed.map(|()| Frame::data(data)).map_err(BoxError::from)));
-        }
-        let frame = match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-            Some(Ok(frame)) => frame,
-            other => return Poll::Ready(other),
-        };
-        let bytes = match frame.data_ref() {
-            Some(data) if !data.is_empty() => Cost::saturating(data.len() as f64),
-            _ => return Poll::Ready(Some(Ok(frame))),
-        };
-        if !meter.paced {
+        loop {
+            if let Some((length, turn)) = &mut meter.turn {
+                let passed = ready!(turn.as_mut().poll(cx));
+                let length = *length;
+                meter.turn = None;
+                return Poll::Ready(Some(match passed {
+                    Ok(()) => Ok(Frame::data(meter.held.split_to(length))),
+                    Err(limited) => {
+                        let _ = meter.cut.0.set(limited.clone());
+                        Err(limited.into())
+                    }
+                }));
+            }
+            if !meter.held.is_empty() {
+                let largest = meter.charge.gates.iter().map(|g| g.largest_cost().get()).fold(f64::INFINITY, f64::min);
+                let length = meter.held.len().min(largest.max(SMALLEST_PIECE) as usize);
+                let bytes = Cost::saturating(length as f64);
+                meter.turn = Some((length, Box::pin(turn(meter.charge.clone(), bytes))));
+                continue;
+            }
+            let frame = match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => frame,
+                other => return Poll::Ready(other),
+            };
+            let bytes = match frame.data_ref() {
+                Some(data) if !data.is_empty() => Cost::saturating(data.len() as f64),
+                _ => return Poll::Ready(Some(Ok(frame))),
+            };
+            if meter.paced {
+                meter.held = frame.into_data().expect("a data frame");
+                continue;
+            }
             for gate in &meter.charge.gates {
                 gate.charge(bytes, meter.max_debt);
                 gate.metrics.record_cost(bytes);
             }
             return Poll::Ready(Some(Ok(frame)));
         }
-        let data = frame.into_data().expect("a data frame");
-        let mut turn: Turn = Box::pin(turn(meter.charge.clone(), bytes));
-        match turn.as_mut().poll(cx) {
-            Poll::Ready(passed) => Poll::Ready(Some(passed.map(|()| Frame::data(data)).map_err(BoxError::from))),
-            Poll::Pending => {
-                meter.waiting = Some((data, turn));
-                Poll::Pending
-            }
-        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.meter.as_ref().is_none_or(|m| m.waiting.is_none()) && self.inner.is_end_stream()
+        self.meter.as_ref().is_none_or(|m| m.held.is_empty()) && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
         let inner = self.inner.size_hint();
-        let Some((data, _)) = self.meter.as_ref().and_then(|m| m.waiting.as_ref()) else { return inner };
-        // The piece waiting is still to come.
-        let held = data.len() as u64;
+        let held = self.meter.as_ref().map_or(0, |m| m.held.len() as u64);
+        if held == 0 {
+            return inner;
+        }
+        // The data held is still to come.
         let mut hint = SizeHint::new();
         hint.set_lower(inner.lower().saturating_add(held));
         if let Some(upper) = inner.upper() {
@@ -172,7 +198,7 @@ pub fn up_front(charged: &mut Charged, body: &RequestBody) -> Option<Side> {
 
 /// A paced request body whose next piece could not have its turn within the rule's `max_wait`:
 /// the body ends there, and the request is answered as a refused one is, when it still can be.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Limited {
     resource: Arc<str>,
     rule: String,
@@ -181,13 +207,19 @@ pub struct Limited {
 }
 
 impl Limited {
-    /// The limit that cut a request body short, if that is why the exchange failed.
-    pub fn cause(error: &BoxError) -> Option<&Limited> {
-        error.downcast_ref::<RequestBodyFailed>()?.0.downcast_ref()
-    }
-
     pub fn response(&self, grpc: bool) -> Response<Body> {
         respond::limited(grpc, &self.resource, &self.rule, Kind::Rate, self.capacity, self.retry_after)
+    }
+}
+
+/// Why a paced body was cut off, once it was: the body's error reaches the proxy over HTTP/1.1
+/// but not through hyper's HTTP/2 client, which resets the stream instead, so it is kept here.
+#[derive(Clone, Default)]
+pub struct CutOff(Arc<OnceLock<Limited>>);
+
+impl CutOff {
+    pub fn limited(&self) -> Option<&Limited> {
+        self.0.get()
     }
 }
 

@@ -19,7 +19,7 @@ use tower::Service;
 use crate::{
     body::{Body, BoxError, RequestBody, RequestBodyFailed},
     config,
-    metered::Limited,
+    metered::CutOff,
     pool::{self, Http1Pool, Http2Pool},
     respond,
     stack::{Exchange, ResponseFuture},
@@ -72,6 +72,7 @@ impl UpstreamClient {
     /// DEADLINE_EXCEEDED), or 400 when it was the application's request body that failed.
     pub async fn forward(&self, req: Request<RequestBody>) -> Response<Body> {
         let grpc = respond::is_grpc(req.headers());
+        let cut_off = req.body().cut_off();
         let sent = self.send(req);
         let answer = match self.config.timeout {
             Some(limit) => match tokio::time::timeout(limit, sent).await {
@@ -85,7 +86,7 @@ impl UpstreamClient {
                 strip_hop_by_hop(response.headers_mut());
                 response
             }
-            Err(ref e) if let Some(limited) = Limited::cause(e) => limited.response(grpc),
+            Err(_) if let Some(limited) = cut_off.as_ref().and_then(CutOff::limited) => limited.response(grpc),
             Err(e) if e.is::<RequestBodyFailed>() => {
                 tracing::debug!(upstream = self.name(), error = %e, "the application's request body failed");
                 respond::malformed(&e.to_string())

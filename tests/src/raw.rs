@@ -99,12 +99,21 @@ impl Connection {
     /// The next request head, recorded; what came after it waits for the next call. `None` once
     /// the peer closed or the read failed.
     pub fn read_head(&mut self) -> Option<String> {
-        let mut buf = [0u8; 4096];
+        self.read_until(b"\r\n\r\n").map(|head| String::from_utf8_lossy(&head).into_owned())
+    }
+
+    /// Everything up to the first `end` and `end` itself (e.g. a chunked body's last chunk),
+    /// recorded; what came after it waits for the next call. `None` once the peer closed or the
+    /// read failed.
+    pub fn read_until(&mut self, end: &[u8]) -> Option<Vec<u8>> {
+        let mut buf = [0u8; 16 * 1024];
+        // Where `end` may start that has not been looked at yet.
+        let mut from = 0;
         loop {
-            if let Some(end) = self.unread.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = self.unread.drain(..end + 4).collect::<Vec<_>>();
-                return Some(String::from_utf8_lossy(&head).into_owned());
+            if let Some(at) = self.unread[from..].windows(end.len()).position(|w| w == end) {
+                return Some(self.unread.drain(..from + at + end.len()).collect());
             }
+            from = self.unread.len().saturating_sub(end.len() - 1);
             match self.stream.read(&mut buf) {
                 Ok(0) | Err(_) => return None,
                 Ok(n) => {

@@ -4,8 +4,9 @@
 //! deeper than the rule's bound, which later requests wait out or are refused for.
 
 use std::{
-    io::{Read, Write},
+    io::Write,
     net::SocketAddr,
+    sync::mpsc,
     time::{Duration, Instant},
 };
 
@@ -15,24 +16,28 @@ use prost::Message;
 use sluice_tests::{
     harness::{Sidecar, free_port},
     http::{Answer, HttpClient, h2c, http1, send},
-    raw,
+    raw::{self, RawUpstream},
     upstream::{
         UpstreamProcess,
         echo::{EchoRequest, echo_client::EchoClient},
     },
 };
 
-/// A standalone sidecar in front of a fresh test upstream with these `resources` and `rules`
-/// (YAML list items): the upstream, the sidecar and its listener.
-fn standalone(resources: &str, rules: &str) -> (UpstreamProcess, Sidecar, SocketAddr) {
-    let upstream = UpstreamProcess::start(None);
+/// A standalone sidecar in front of `upstream` with these `resources` and `rules` (YAML list
+/// items): the sidecar and its listener.
+fn sidecar(upstream: SocketAddr, resources: &str, rules: &str) -> (Sidecar, SocketAddr) {
     let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let yaml = format!(
         "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
-         upstreams:\n  - name: app\n    url: http://{}\nresources:\n{resources}rules:\n{rules}",
-        upstream.addr()
+         upstreams:\n  - name: app\n    url: http://{upstream}\nresources:\n{resources}rules:\n{rules}"
     );
-    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    (Sidecar::builder().config(&yaml).start_sidecar(), listen)
+}
+
+/// [`sidecar`] in front of a fresh test upstream, which it returns first.
+fn standalone(resources: &str, rules: &str) -> (UpstreamProcess, Sidecar, SocketAddr) {
+    let upstream = UpstreamProcess::start(None);
+    let (sidecar, listen) = sidecar(upstream.addr(), resources, rules);
     (upstream, sidecar, listen)
 }
 
@@ -114,8 +119,10 @@ fn check_pace(what: &str, bytes: usize, took: Duration) {
     assert!((rate / RATE - 1.0).abs() < 0.05, "{what}: {rate:.0} bytes/s is not within 5% of {RATE}");
 }
 
-fn paced() -> (UpstreamProcess, Sidecar, SocketAddr) {
-    standalone(
+/// A sidecar that paces uploads to [`RATE`] in front of `upstream`.
+fn paced(upstream: SocketAddr) -> (Sidecar, SocketAddr) {
+    sidecar(
+        upstream,
         &format!("  - {{id: uploads, capacity: {RATE}}}\n"),
         "  - {resource: uploads, cost: request_bytes, on_limit: delay, max_wait: 1s}\n",
     )
@@ -123,13 +130,22 @@ fn paced() -> (UpstreamProcess, Sidecar, SocketAddr) {
 
 #[tokio::test]
 async fn a_chunked_upload_is_paced_to_the_rate() {
-    let (_upstream, sidecar, addr) = paced();
+    // The upstream times the body from its head to its last chunk, and counts its bytes.
+    let (arrived, timed) = mpsc::channel();
+    let upstream = RawUpstream::start(move |mut connection| {
+        connection.read_head().expect("a request head");
+        let head_at = Instant::now();
+        let body = connection.read_until(b"0\r\n\r\n").expect("the whole body");
+        let took = head_at.elapsed();
+        connection.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").unwrap();
+        arrived.send((took, body.iter().filter(|&&b| b == b'x').count())).unwrap();
+    });
+    let (sidecar, addr) = paced(upstream.addr());
     // 5 s of the rate after the bucket's content, in chunks of 4 KiB as fast as the socket takes.
     let total = (BURST + 5.0 * RATE) as usize;
-    let took = tokio::task::spawn_blocking(move || {
+    let status = tokio::task::spawn_blocking(move || {
         let mut stream = raw::connect(addr);
-        let start = Instant::now();
-        stream.write_all(b"POST /echo HTTP/1.1\r\nhost: app\r\ntransfer-encoding: chunked\r\n\r\n").unwrap();
+        stream.write_all(b"POST /upload HTTP/1.1\r\nhost: app\r\ntransfer-encoding: chunked\r\n\r\n").unwrap();
         let chunk = [b'x'; 4096];
         let mut left = total;
         while left > 0 {
@@ -140,28 +156,13 @@ async fn a_chunked_upload_is_paced_to_the_rate() {
             left -= n;
         }
         stream.write_all(b"0\r\n\r\n").unwrap();
-        let head = raw::read_head(&mut stream).expect("a response");
-        let took = start.elapsed();
-        let head = String::from_utf8_lossy(&head).into_owned();
-        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        // The rest of the echo, whose body must be all that was sent.
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
-            .expect("a length");
-        let mut body = head.split_once("\r\n\r\n").unwrap().1.as_bytes().to_vec();
-        while body.len() < length {
-            let mut buf = vec![0; length - body.len()];
-            let n = stream.read(&mut buf).unwrap();
-            assert!(n > 0, "closed before the end of the echo");
-            body.extend_from_slice(&buf[..n]);
-        }
-        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(json["body"].as_str().unwrap().len(), total);
-        took
+        raw::response(&mut stream)
     })
     .await
     .unwrap();
+    assert_eq!(status, 200);
+    let (took, received) = timed.recv_timeout(Duration::from_secs(5)).expect("the upstream's timing");
+    assert_eq!(received, total, "the whole body went upstream");
     check_pace("HTTP/1.1 chunked", total, took);
     let charged = sidecar.metric("sluice_sidecar_admitted_cost_total{resource=\"uploads\"}");
     assert_eq!(charged, Some(total as f64), "every byte is counted");
@@ -169,7 +170,8 @@ async fn a_chunked_upload_is_paced_to_the_rate() {
 
 #[tokio::test]
 async fn a_grpc_client_stream_over_http2_is_paced_to_the_rate() {
-    let (_upstream, sidecar, addr) = paced();
+    let upstream = UpstreamProcess::start(None);
+    let (sidecar, addr) = paced(upstream.addr());
     // 2 s of the rate after the bucket's content, in messages of 4000 bytes; gRPC sends no
     // length, so the stream is metered as it goes.
     let message = EchoRequest { message: "x".repeat(4000), ..Default::default() };
@@ -197,10 +199,10 @@ async fn a_response_leaves_bounded_debt_that_later_requests_wait_out() {
     );
     let mut charged = 0;
     for (protocol, client) in [("HTTP/1.1", http1()), ("HTTP/2", h2c())] {
-        // About 100 KB, 100 s of the rate: admitted on an empty debt, charged as it flows.
-        let big = get(&client, &format!("http://{addr}/stream?chunks=10000"), None).await;
+        // The echo of 20 KB, 20 s of the rate: admitted on an empty debt, charged as it flows.
+        let big = post(&client, &format!("http://{addr}/echo"), 20_000).await;
         assert_eq!(big.status, 200, "{protocol}");
-        assert!(big.body.len() > 98_000, "{protocol}: {}", big.body.len());
+        assert!(big.body.len() > 20_000, "{protocol}: {}", big.body.len());
         charged += big.body.len();
         let url = format!("http://{addr}/");
         let refused = get(&client, &url, None).await;
@@ -218,4 +220,36 @@ async fn a_response_leaves_bounded_debt_that_later_requests_wait_out() {
     }
     let counted = sidecar.metric("sluice_sidecar_admitted_cost_total{resource=\"downloads\"}");
     assert_eq!(counted, Some(charged as f64), "every byte that flowed back is counted");
+}
+
+#[tokio::test]
+async fn a_paced_body_whose_turn_is_beyond_max_wait_is_refused() {
+    // Pieces of at most the burst, 5000 bytes, which take 5 s to earn: past max_wait.
+    let (_upstream, _sidecar, addr) = standalone(
+        "  - {id: uploads, capacity: 1000, burst: 5000}\n",
+        "  - {name: paced, resource: uploads, cost: request_bytes, on_limit: delay, max_wait: 1s}\n",
+    );
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut stream = raw::connect(addr);
+        let chunk = [b'x'; 20_000];
+        stream.write_all(b"POST /echo HTTP/1.1\r\nhost: app\r\ntransfer-encoding: chunked\r\n\r\n").unwrap();
+        write!(stream, "{:x}\r\n", chunk.len()).unwrap();
+        stream.write_all(&chunk).unwrap();
+        stream.write_all(b"\r\n0\r\n\r\n").unwrap();
+        raw::read_all(&mut stream)
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    // Up to 5000 bytes short, as the body was read in pieces.
+    let retry_after: u64 =
+        answer.split("retry-after: ").nth(1).and_then(|v| v.split("\r\n").next()?.parse().ok()).unwrap();
+    assert!((2..=5).contains(&retry_after), "{answer}");
+    assert!(answer.contains("resource \"uploads\" is over its capacity (rule \"paced\")"), "{answer}");
+
+    // Over HTTP/2 the upstream's stream is reset; the call is answered as a refused one.
+    let mut client = EchoClient::connect(format!("http://{addr}")).await.unwrap();
+    let messages = vec![EchoRequest { message: "x".repeat(4000), ..Default::default() }; 5];
+    let status = client.client_stream(tokio_stream::iter(messages)).await.expect_err("cut off");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
 }
