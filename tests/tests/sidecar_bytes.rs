@@ -253,3 +253,29 @@ async fn a_paced_body_whose_turn_is_beyond_max_wait_is_refused() {
     let status = client.client_stream(tokio_stream::iter(messages)).await.expect_err("cut off");
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
 }
+
+#[tokio::test]
+async fn a_streamed_body_in_reject_mode_passes_and_leaves_bounded_debt() {
+    // 1000 bytes a second; a body streamed past the bucket leaves at most 3000 of debt.
+    let (_upstream, _sidecar, addr) = standalone(
+        "  - {id: uploads, capacity: 1000, burst: 1000}\n",
+        "  - {resource: uploads, cost: request_bytes, max_cost: 3000}\n",
+    );
+    let upload = move || {
+        let mut stream = raw::connect(addr);
+        stream
+            .write_all(b"POST /echo HTTP/1.1\r\nhost: app\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n")
+            .unwrap();
+        stream.write_all(format!("4e20\r\n{}\r\n0\r\n\r\n", "x".repeat(20_000)).as_bytes()).unwrap();
+        raw::read_all(&mut stream)
+    };
+    let start = Instant::now();
+    let answer = tokio::task::spawn_blocking(upload).await.unwrap();
+    // Admitted on a bucket not in debt, and never held back: 20 s of the rate in no time.
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains(&"x".repeat(20_000)), "the whole body went upstream");
+    assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+    let refused = tokio::task::spawn_blocking(upload).await.unwrap();
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    assert!(refused.contains("retry-after: 3\r\n"), "the debt is bounded at 3000 bytes: {refused}");
+}
