@@ -69,7 +69,8 @@ impl UpstreamClient {
     }
 
     /// Sends `req` upstream; failures become the synthetic 502/504 (or gRPC UNAVAILABLE /
-    /// DEADLINE_EXCEEDED), or 400 when it was the application's request body that failed.
+    /// DEADLINE_EXCEEDED), or 400 when it was the application's request body that failed (the
+    /// refusal of a limit when a paced body was cut off).
     pub async fn forward(&self, req: Request<RequestBody>) -> Response<Body> {
         let grpc = respond::is_grpc(req.headers());
         let cut_off = req.body().cut_off();
