@@ -6,7 +6,9 @@
 //! sidecar's idle RSS, against the goals: ≥ 1.2× nginx's throughput, ≤ 100 µs added p50 over
 //! direct, ≤ 15 MB idle RSS. Also the CPU each proxy spends per request under load, in user space
 //! and in the kernel, which is what decides the throughput ratio when the proxy is the busiest of
-//! the three processes.
+//! the three processes. `--sidecar-alt` measures a second sidecar binary (another build of it)
+//! in the same interleaved rounds, for comparisons that runs on different occasions cannot settle
+//! on a shared machine.
 
 use std::{
     fmt::Write as _,
@@ -50,6 +52,10 @@ pub struct Args {
     /// sluice-sidecar binary [default: next to this executable].
     #[arg(long)]
     pub sidecar: Option<PathBuf>,
+    /// A second sidecar binary to compare with the first, measured as `sidecar-alt` right after
+    /// `sidecar` in every round, under the same load and capacity server.
+    #[arg(long)]
+    pub sidecar_alt: Option<PathBuf>,
     /// sluice-server binary [default: next to this executable].
     #[arg(long)]
     pub server: Option<PathBuf>,
@@ -69,7 +75,8 @@ pub struct Args {
     pub wrk: PathBuf,
     #[arg(long, default_value = "nginx")]
     pub nginx: PathBuf,
-    /// What to measure, in this order.
+    /// What to measure, in this order (`sidecar-alt` joins after `sidecar` when `--sidecar-alt`
+    /// is given).
     #[arg(long, value_delimiter = ',', default_value = "direct,nginx,relay,sidecar")]
     pub targets: Vec<Target>,
     /// Rounds of passes over every target, interleaved; the goals are judged on the median of
@@ -85,6 +92,8 @@ pub enum Target {
     /// `sluice-relay`: bytes copied both ways, no HTTP; the ceiling of any proxy here.
     Relay,
     Sidecar,
+    /// The `--sidecar-alt` binary.
+    SidecarAlt,
 }
 
 impl Target {
@@ -94,7 +103,12 @@ impl Target {
             Target::Nginx => "nginx",
             Target::Relay => "relay",
             Target::Sidecar => "sidecar",
+            Target::SidecarAlt => "sidecar-alt",
         }
+    }
+
+    fn is_sidecar(self) -> bool {
+        matches!(self, Target::Sidecar | Target::SidecarAlt)
     }
 }
 
@@ -131,7 +145,8 @@ impl Cpu {
 }
 
 pub fn run(args: Args) -> Result<(), String> {
-    let uses = |target| args.targets.contains(&target);
+    let targets = targets(&args)?;
+    let uses = |target| targets.contains(&target);
     check_installed(&args.wrk, &[])?;
     if uses(Target::Nginx) {
         check_installed(&args.nginx, &["-v"])?;
@@ -143,7 +158,7 @@ pub fn run(args: Args) -> Result<(), String> {
     // Where each target listens, and its proxy process, whose CPU time is read around its load
     // passes (none for the direct connection).
     let mut addrs = Vec::new();
-    let mut sidecar_rss = None;
+    let mut sidecar_rss = Vec::new();
     let _nginx = if uses(Target::Nginx) {
         let nginx = Proxy::nginx(&args.nginx, upstream.addr())?;
         addrs.push((Target::Nginx, nginx.addr, Some(nginx.process.child.id())));
@@ -158,28 +173,33 @@ pub fn run(args: Args) -> Result<(), String> {
     } else {
         None
     };
-    let _sidecar = if uses(Target::Sidecar) {
-        let server = Server::builder_for(args.server.clone().unwrap_or_else(|| binary("sluice-server")))
+    // Both sidecars lease from one server, each as a client of its own (their ports differ).
+    let server = targets.iter().any(|t| t.is_sidecar()).then(|| {
+        Server::builder_for(args.server.clone().unwrap_or_else(|| binary("sluice-server")))
             .config(SERVER_CONFIG)
-            .start();
-        let sidecar_binary = args.sidecar.clone().unwrap_or_else(|| binary("sluice-sidecar"));
+            .start()
+    });
+    let mut _sidecars = Vec::new();
+    for (target, sidecar_binary) in [
+        (Target::Sidecar, args.sidecar.clone().unwrap_or_else(|| binary("sluice-sidecar"))),
+        (Target::SidecarAlt, args.sidecar_alt.clone().unwrap_or_default()),
+    ] {
+        let Some(server) = server.as_ref().filter(|_| uses(target)) else { continue };
         let sidecar = Sidecar::start(&sidecar_binary, server.grpc, upstream.addr())?;
-        sidecar_rss = Some(rss_mb(sidecar.process.child.id())?);
-        addrs.push((Target::Sidecar, sidecar.listener, Some(sidecar.process.child.id())));
-        Some((server, sidecar))
-    } else {
-        None
-    };
+        sidecar_rss.push((target, rss_mb(sidecar.process.child.id())?));
+        addrs.push((target, sidecar.listener, Some(sidecar.process.child.id())));
+        _sidecars.push(sidecar);
+    }
     addrs.push((Target::Direct, upstream.addr(), None));
 
     let secs = args.duration.as_secs().max(1);
-    for &target in &args.targets {
+    for &target in &targets {
         let _ = errln!("warming up {}", target.name());
         warm_up(&args.wrk, target, addr_of(&addrs, target).0, args.connections)?;
     }
     let mut results = Vec::new();
     for round in 1..=args.rounds {
-        for &target in &args.targets {
+        for &target in &targets {
             let _ = errln!(
                 "round {round}: measuring {} ({secs}s at {} connections, then {}s at 1)",
                 target.name(),
@@ -197,11 +217,29 @@ pub fn run(args: Args) -> Result<(), String> {
             results.push(Measurement { round, target, load, single, cpu });
         }
     }
-    let _ = sluice_runtime::cli::out(format_args!("{}", report(&results, args.rounds, sidecar_rss)));
-    match results.iter().find(|m| m.target == Target::Sidecar && m.load.non_2xx + m.single.non_2xx > 0) {
-        Some(m) => Err(refused(m.target, m.load.non_2xx + m.single.non_2xx, addr_of(&addrs, Target::Sidecar).0)),
+    if let Some(alt) = &args.sidecar_alt {
+        let _ = sluice_runtime::cli::out(format_args!("\nsidecar-alt: {}", alt.display()));
+    }
+    let _ = sluice_runtime::cli::out(format_args!("{}", report(&results, args.rounds, &sidecar_rss)));
+    match results.iter().find(|m| m.target.is_sidecar() && m.load.non_2xx + m.single.non_2xx > 0) {
+        Some(m) => Err(refused(m.target, m.load.non_2xx + m.single.non_2xx, addr_of(&addrs, m.target).0)),
         None => Ok(()),
     }
+}
+
+/// The targets to measure: `--targets`, with `sidecar-alt` after `sidecar` (else last) when
+/// `--sidecar-alt` names a binary.
+fn targets(args: &Args) -> Result<Vec<Target>, String> {
+    let mut targets = args.targets.clone();
+    match (&args.sidecar_alt, targets.contains(&Target::SidecarAlt)) {
+        (Some(_), false) => {
+            let at = targets.iter().position(|&t| t == Target::Sidecar).map_or(targets.len(), |i| i + 1);
+            targets.insert(at, Target::SidecarAlt);
+        }
+        (None, true) => return Err("the sidecar-alt target needs --sidecar-alt PATH".into()),
+        _ => {}
+    }
+    Ok(targets)
 }
 
 /// A target's address and proxy process.
@@ -304,18 +342,18 @@ fn per_request(before: (f64, f64), after: (f64, f64), requests: u64) -> Cpu {
 }
 
 /// Every pass, then the goals judged on the median over the rounds of each round's figure.
-fn report(results: &[Measurement], rounds: u32, sidecar_rss: Option<f64>) -> String {
+fn report(results: &[Measurement], rounds: u32, sidecar_rss: &[(Target, f64)]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\n{:<6} {:<8} {:>10} {:>14} {:>14} {:>16} {:>8} {:>17}",
+        "\n{:<6} {:<11} {:>10} {:>14} {:>14} {:>16} {:>8} {:>17}",
         "round", "target", "req/s", "p50 load µs", "p99 load µs", "p50 1 conn µs", "non-2xx", "CPU/req user+sys"
     );
     for m in results {
         let cpu = m.cpu.map_or_else(|| "-".to_owned(), |c| format!("{:.2}+{:.2} µs", c.user, c.system));
         let _ = writeln!(
             out,
-            "{:<6} {:<8} {:>10.0} {:>14.0} {:>14.0} {:>16.1} {:>8} {:>17}",
+            "{:<6} {:<11} {:>10.0} {:>14.0} {:>14.0} {:>16.1} {:>8} {:>17}",
             m.round,
             m.target.name(),
             m.load.requests_per_sec,
@@ -346,36 +384,55 @@ fn report(results: &[Measurement], rounds: u32, sidecar_rss: Option<f64>) -> Str
         let goal = (median(&ratios) >= GOAL_VS_NGINX, format!("≥ {GOAL_VS_NGINX}×"));
         line(&mut out, "sidecar/nginx throughput", "×", &ratios, Some(goal));
     }
-    // The last two: how far the sidecar is from the relay, and what no proxy can pass here.
-    for (of, over) in
-        [(Target::Sidecar, Target::Direct), (Target::Sidecar, Target::Relay), (Target::Relay, Target::Nginx)]
-    {
+    // How far the sidecar is from the relay, what no proxy can pass here, and the second sidecar
+    // against the first.
+    for (of, over) in [
+        (Target::Sidecar, Target::Direct),
+        (Target::Sidecar, Target::Relay),
+        (Target::Relay, Target::Nginx),
+        (Target::SidecarAlt, Target::Sidecar),
+    ] {
         if let Some(ratios) = throughput(of, over) {
             line(&mut out, &format!("{}/{} throughput", of.name(), over.name()), "×", &ratios, None);
         }
     }
-    for target in [Target::Sidecar, Target::Nginx, Target::Relay] {
+    let proxies = [Target::Sidecar, Target::SidecarAlt, Target::Nginx, Target::Relay];
+    for target in proxies {
         let added = per_round(&|r| Some(r.get(target)?.single.p50_us - r.get(Target::Direct)?.single.p50_us));
         if let Some(added) = added {
-            let goal = (target == Target::Sidecar)
-                .then(|| (median(&added) <= GOAL_ADDED_P50_US, format!("≤ {GOAL_ADDED_P50_US} µs")));
+            let goal =
+                target.is_sidecar().then(|| (median(&added) <= GOAL_ADDED_P50_US, format!("≤ {GOAL_ADDED_P50_US} µs")));
             line(&mut out, &format!("added p50 {}, 1 conn", target.name()), " µs", &added, goal);
         }
     }
-    for target in [Target::Sidecar, Target::Nginx, Target::Relay] {
+    // CPU per request is the figure least disturbed by other work on the machine; its spread over
+    // the rounds, (max − min) / median, is the run-to-run noise a difference must exceed.
+    for target in proxies {
         if let Some(cpu) = per_round(&|r| r.get(target)?.cpu.map(Cpu::total)) {
             line(&mut out, &format!("CPU per request, {}", target.name()), " µs", &cpu, None);
+            let _ = writeln!(out, "{:<28} spread {:>6.1}%", "", spread(&cpu) * 100.0);
         }
     }
-    if let Some(rss) = sidecar_rss {
+    let cpu_ratio =
+        per_round(&|r| Some(r.get(Target::SidecarAlt)?.cpu?.total() / r.get(Target::Sidecar)?.cpu?.total()));
+    if let Some(ratios) = cpu_ratio {
+        line(&mut out, "CPU per request, alt/sidecar", "×", &ratios, None);
+    }
+    for &(target, rss) in sidecar_rss {
         let _ = writeln!(
             out,
             "{:<28} {rss:>14.1} MB   goal ≤ {GOAL_RSS_MB} MB   {}",
-            "sidecar idle RSS",
+            format!("{} idle RSS", target.name()),
             if rss <= GOAL_RSS_MB { "PASS" } else { "MISS" }
         );
     }
     out
+}
+
+/// (max − min) / median: how far the rounds' figures scatter.
+fn spread(values: &[f64]) -> f64 {
+    let (min, max) = values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+    (max - min) / median(values)
 }
 
 /// One round's passes.
@@ -615,7 +672,7 @@ Transfer/sec:      5.00MB
                 results.push(Measurement { round, target, load, single, cpu });
             }
         }
-        let text = report(&results, 3, Some(8.5));
+        let text = report(&results, 3, &[(Target::Sidecar, 8.5)]);
         assert!(text.contains("4.00+9.00 µs"), "{text}");
         assert!(
             text.contains("CPU per request, nginx       median   14.00 µs  (rounds: 13.00, 14.00, 15.00)"),
@@ -625,6 +682,36 @@ Transfer/sec:      5.00MB
         assert!(text.contains("median    1.25×  (rounds: 1.30, 1.04, 1.25)  goal ≥ 1.2×  PASS"), "{text}");
         assert!(text.contains("sidecar idle RSS                        8.5 MB   goal ≤ 15 MB   PASS"), "{text}");
         assert!(text.contains("added p50 sidecar, 1 conn    median   20.00 µs"), "{text}");
+        assert!(text.contains("spread   14.3%"), "{text}");
         assert_eq!(median(&[3.0, 1.0]), 2.0);
+    }
+
+    #[test]
+    fn a_second_sidecar_joins_after_the_first_and_is_compared_with_it() {
+        let args = |extra: &[&str]| {
+            Args::try_parse_from(["sluice-bench-sidecar"].iter().chain(extra)).expect("valid arguments")
+        };
+        let alt = targets(&args(&["--sidecar-alt", "/bin/other"])).unwrap();
+        assert_eq!(alt, [Target::Direct, Target::Nginx, Target::Relay, Target::Sidecar, Target::SidecarAlt]);
+        let first = targets(&args(&["--sidecar-alt", "x", "--targets", "sidecar,direct"])).unwrap();
+        assert_eq!(first, [Target::Sidecar, Target::SidecarAlt, Target::Direct]);
+        assert!(targets(&args(&["--targets", "sidecar-alt"])).is_err());
+
+        let pass = |rps, p50| Pass { requests: 0, requests_per_sec: rps, p50_us: p50, p99_us: 0.0, non_2xx: 0 };
+        let mut results = Vec::new();
+        for round in 1..=2 {
+            for (target, rps, cpu) in [
+                (Target::Direct, 100_000.0, None),
+                (Target::Sidecar, 50_000.0, Some(16.0)),
+                (Target::SidecarAlt, 40_000.0, Some(20.0)),
+            ] {
+                let cpu = cpu.map(|total| Cpu { user: total / 4.0, system: total * 3.0 / 4.0 });
+                results.push(Measurement { round, target, load: pass(rps, 0.0), single: pass(0.0, 100.0), cpu });
+            }
+        }
+        let text = report(&results, 2, &[(Target::Sidecar, 8.0), (Target::SidecarAlt, 9.0)]);
+        assert!(text.contains("sidecar-alt/sidecar throughput median    0.80×"), "{text}");
+        assert!(text.contains("CPU per request, alt/sidecar median    1.25×"), "{text}");
+        assert!(text.contains("sidecar-alt idle RSS"), "{text}");
     }
 }
