@@ -149,19 +149,19 @@ fn closed_loop(limiter: &mut Limiter, callers: usize, think: f64, until: f64) ->
             next[waiting.remove(&ticket).unwrap()] = now + think;
             admitted += 1.0;
         });
-        for caller in 0..callers {
-            if next[caller] <= now {
-                next[caller] = f64::INFINITY;
-                match limiter.offer(now, 1.0, 2.0) {
-                    Offer::Admitted => {
-                        next[caller] = now + think;
-                        admitted += 1.0;
-                    }
+        for (caller, next) in next.iter_mut().enumerate() {
+            if *next <= now {
+                *next = match limiter.offer(now, 1.0, 2.0) {
                     Offer::Queued(ticket) => {
                         waiting.insert(ticket, caller);
+                        f64::INFINITY
                     }
-                    Offer::Rejected { .. } => next[caller] = now + think,
-                }
+                    Offer::Admitted => {
+                        admitted += 1.0;
+                        now + think
+                    }
+                    Offer::Rejected { .. } => now + think,
+                };
             }
         }
     }
