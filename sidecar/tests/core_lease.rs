@@ -305,15 +305,15 @@ fn a_surge_is_asked_for_before_the_refresh_interval_is_up() {
     client.on_response(T0, answer(vec![grant("a", 10.0, T0 + 60.0, 20, None)]));
     assert_eq!(client.next_due(), Some(T0 + 20.0));
     // Reported 10: a move within 10% waits for the refresh.
-    client.demand_moved(T0, |_| 10.5);
+    client.demand_moved(T0 + 2.0, |_| 10.5);
     assert_eq!(client.next_due(), Some(T0 + 20.0));
     // Tripled demand (or demand gone) is asked for a quarter of the interval after the answer.
-    client.demand_moved(T0, |_| 30.0);
+    client.demand_moved(T0 + 2.0, |_| 30.0);
     assert_eq!(client.next_due(), Some(T0 + 5.0));
     let request = client.request(T0 + 5.0, |_| 30.0).unwrap();
     assert_eq!(request.resource[0].wants, 30.0);
     client.on_response(T0 + 5.0, answer(vec![grant("a", 30.0, T0 + 65.0, 20, None)]));
-    client.demand_moved(T0, |_| 1.0);
+    client.demand_moved(T0 + 2.0, |_| 1.0);
     assert_eq!(client.next_due(), Some(T0 + 10.0));
 }
 
@@ -366,4 +366,22 @@ fn after_an_answer_retries_back_off_no_longer_than_its_refresh_interval() {
             now += delay;
         }
     }
+}
+
+#[test]
+fn a_first_lease_short_of_the_demand_is_corrected_at_once() {
+    let mut client = LeaseClient::new("c".to_string(), 7);
+    client.configure([spec("a", Fallback::Safe)]);
+    client.touch(T0, "a");
+    let at = T0 + FIRST_ASK_AFTER;
+    client.request(at, |_| 70.0).unwrap();
+    client.on_response(at, answer(vec![grant("a", 70.0, T0 + 60.0, 10, None)]));
+    // A quarter of a second later the rate shows better: asked again then, not a second later.
+    client.demand_moved(at + 0.25, |_| 88.0);
+    assert_eq!(client.next_due(), Some(at + FIRST_ASK_AFTER));
+    client.request(at + 0.25, |_| 88.0).unwrap();
+    client.on_response(at + 0.25, answer(vec![grant("a", 88.0, T0 + 60.0, 10, None)]));
+    // Past its first moments, the usual spacing.
+    client.demand_moved(T0 + 2.0, |_| 150.0);
+    assert_eq!(client.next_due(), Some(at + 0.25 + 2.5));
 }

@@ -94,8 +94,14 @@ impl Schedule {
     /// Something changed enough to ask before the refresh interval is up: no sooner than
     /// `spacing` after the last answer. Not while a request is in flight or failing.
     pub fn hasten(&mut self, spacing: f64) {
+        self.hasten_after(spacing.max(MIN_REFRESH));
+    }
+
+    /// As [`Self::hasten`] without its one-second floor, for demand still being learned (a
+    /// resource's first moments), which a caller asks for a few times at most.
+    pub fn hasten_after(&mut self, spacing: f64) {
         if !self.in_flight && self.failures == 0 {
-            self.due = self.due.min(self.answered + spacing.max(MIN_REFRESH));
+            self.due = self.due.min(self.answered + spacing);
         }
     }
 

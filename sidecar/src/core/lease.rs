@@ -72,6 +72,8 @@ struct Entry {
     spec: ResourceSpec,
     /// Touched, and not idle since: it is asked for in every request.
     used: bool,
+    /// When it was last touched.
+    touched: f64,
     /// In the request in flight.
     requested: bool,
     /// An attempt that included it has concluded, so its fallback is decided.
@@ -85,7 +87,16 @@ struct Entry {
 
 impl Entry {
     fn new(spec: ResourceSpec) -> Entry {
-        Entry { spec, used: false, requested: false, asked: false, lease: None, server_safe: None, reported: 0.0 }
+        Entry {
+            spec,
+            used: false,
+            touched: f64::NEG_INFINITY,
+            requested: false,
+            asked: false,
+            lease: None,
+            server_safe: None,
+            reported: 0.0,
+        }
     }
 
     fn valid_lease(&self, now: f64) -> Option<&Granted> {
@@ -127,6 +138,11 @@ impl Entry {
         }
     }
 }
+
+/// Seconds after a resource's first use in which its demand is still being learned (the first
+/// ask and the demand estimate's rise window): a move in its wants is asked for
+/// [`FIRST_ASK_AFTER`] after the last answer, not after [`EARLY_REFRESH`] of the interval.
+const LEARNING: f64 = FIRST_ASK_AFTER + 1.0;
 
 pub struct LeaseClient {
     client_id: String,
@@ -171,6 +187,7 @@ impl LeaseClient {
             && !entry.used
         {
             entry.used = true;
+            entry.touched = now;
             let at = if entry.fallback_capacity() > 0.0 { now + FIRST_ASK_AFTER } else { f64::NEG_INFINITY };
             self.schedule.wake_at(at);
         }
@@ -246,10 +263,14 @@ impl LeaseClient {
         let early = self.entries.values().filter(|entry| entry.used).find_map(|entry| {
             let lease = entry.lease.as_ref()?;
             let moved = (wants(&entry.spec.id) - entry.reported).abs() > DEMAND_CHANGE * entry.reported.max(1.0);
-            moved.then_some(lease.refresh_interval)
+            moved.then_some((lease.refresh_interval, now < entry.touched + LEARNING))
         });
-        if let Some(refresh) = early {
-            self.schedule.hasten(refresh as f64 * EARLY_REFRESH);
+        match early {
+            // Its first requests' rate is still being measured: the first lease asked for a
+            // quarter of a second's worth, which may fall short by a fifth (Poisson arrivals).
+            Some((_, true)) => self.schedule.hasten_after(FIRST_ASK_AFTER),
+            Some((refresh, false)) => self.schedule.hasten(refresh as f64 * EARLY_REFRESH),
+            None => {}
         }
     }
 
