@@ -198,7 +198,7 @@ fn scenario_7_with_profiles_meets_utilization_overshoot_and_fairness() {
 
 /// The same target passing up profiles: met with this seed since a client's retries back off no
 /// longer than its refresh interval (before, a one-second dip 46 s after a spike was charged to
-/// it: 47 s). Over seeds 1–25 it is met with 4 (`docs/simulation.md`).
+/// it: 47 s). Over seeds 1–25 it is met with 3 (`docs/simulation.md`).
 #[test]
 fn scenario_7_reconvergence_target_with_profiles() {
     let s = run(&scenario("7-tree-mishaps-profile.yaml", 3600.0)).unwrap().summary;
