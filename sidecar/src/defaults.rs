@@ -109,6 +109,12 @@ pub const MAX_HEADER_BYTES_LIMIT: usize = 1 << 20;
 /// resource to its fallback promptly.
 pub const LEASE_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 
+/// Seconds from a resource's first use (or its first after it was idle) to its first request
+/// to the capacity servers, while its fallback admits requests: long enough to see the rate they
+/// come at (20 requests at 80 a second), short enough that a fallback below it refuses little.
+/// Without it the first lease asked for one arrival's worth, and refused the rest for a second.
+pub const FIRST_ASK_AFTER: f64 = 0.25;
+
 /// A resource whose wants moved by more than this fraction since they were last reported is
 /// asked for again before the refresh interval is up...
 pub const DEMAND_CHANGE: f64 = 0.1;

@@ -103,13 +103,13 @@ impl Leasing {
                     // A resource's first use, or a surge in its demand: looked
                     // at now, not at the next check.
                     cued = cues.recv() => if let Some(id) = cued {
-                        self.lock().touch(&id);
+                        self.lock().touch(precise_now(), &id);
                     },
                     _ = tokio::time::sleep(until_due.min(defaults::LEASE_CHECK_INTERVAL)) => {}
                     _ = stopped(&mut stop) => break,
                 }
                 let plan = live.load();
-                self.lock().demand_moved(|id| plan.gate(id).map_or(0.0, |g| g.wants()));
+                self.lock().demand_moved(precise_now(), |id| plan.gate(id).map_or(0.0, |g| g.wants()));
                 self.apply(&plan);
                 continue;
             }

@@ -2,7 +2,10 @@
 
 use sluice_client::defaults::BACKOFF_CAP;
 use sluice_proto::{GetCapacityResponse, Lease, Mastership, ResourceResponse};
-use sluice_sidecar::core::{Answer, Effective, Fallback, LeaseClient, Mode, ResourceSpec};
+use sluice_sidecar::{
+    core::{Answer, Effective, Fallback, LeaseClient, Mode, ResourceSpec},
+    defaults::FIRST_ASK_AFTER,
+};
 
 const T0: f64 = 1_700_000_000.0;
 
@@ -38,23 +41,25 @@ fn asking(ids: &[(&str, Fallback)]) -> LeaseClient {
     let mut client = LeaseClient::new("pod-1:8080".to_string(), 7);
     client.configure(ids.iter().map(|&(id, fallback)| spec(id, fallback)));
     for (id, _) in ids {
-        client.touch(id);
+        client.touch(T0, id);
     }
     client.request(T0, |_| 10.0).unwrap();
     client
 }
 
 #[test]
-fn a_first_use_is_asked_for_at_once_and_refreshed_on_the_servers_interval() {
+fn a_first_use_is_asked_for_once_its_rate_shows_and_refreshed_on_the_servers_interval() {
     let mut client = LeaseClient::new("pod-1:8080".to_string(), 7);
     assert_eq!(client.client_id(), "pod-1:8080");
     assert!(client.configure([spec("a", Fallback::Safe), spec("b", Fallback::Safe)]).is_empty());
     assert_eq!(client.next_due(), None, "nothing in use, nothing to ask");
     assert!(client.request(T0, |_| 1.0).is_none());
 
-    client.touch("a");
-    client.touch("unknown");
-    assert!(is_due(&client, T0));
+    client.touch(T0, "a");
+    client.touch(T0, "unknown");
+    // Its fallback (a safe capacity of 5) admits meanwhile: asked for once its rate shows.
+    assert!(!is_due(&client, T0));
+    assert!(is_due(&client, T0 + FIRST_ASK_AFTER));
     let request = client.request(T0, |id| if id == "a" { 42.0 } else { 0.0 }).unwrap();
     assert_eq!(request.client_id, "pod-1:8080");
     assert_eq!(request.resource.len(), 1);
@@ -83,9 +88,9 @@ fn a_first_use_is_asked_for_at_once_and_refreshed_on_the_servers_interval() {
     assert_eq!(client.effective(T0, "gone"), None);
 
     // The refresh carries the lease held and every resource in use.
-    client.touch("b");
-    assert!(is_due(&client, T0 + 1.0));
-    let refresh = client.request(T0 + 1.0, |_| 3.0).unwrap();
+    client.touch(T0 + 1.0, "b");
+    assert!(is_due(&client, T0 + 1.0 + FIRST_ASK_AFTER));
+    let refresh = client.request(T0 + 1.0 + FIRST_ASK_AFTER, |_| 3.0).unwrap();
     assert_eq!(refresh.resource.iter().map(|r| r.resource_id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
     assert_eq!(refresh.resource[0].has.as_ref().map(|lease| lease.capacity), Some(30.0));
 }
@@ -105,7 +110,7 @@ fn the_smallest_refresh_interval_wins_but_never_below_a_second() {
 fn a_resource_touched_during_a_request_is_asked_for_right_after() {
     let mut client = asking(&[("a", Fallback::Safe)]);
     client.configure([spec("a", Fallback::Safe), spec("b", Fallback::Safe)]);
-    client.touch("b");
+    client.touch(T0, "b");
     assert_eq!(client.next_due(), None);
     client.on_response(T0 + 0.1, answer(vec![grant("a", 1.0, T0 + 60.0, 10, None)]));
     assert!(is_due(&client, T0 + 0.1));
@@ -116,7 +121,7 @@ fn a_resource_touched_during_a_request_is_asked_for_right_after() {
 fn backoffs(seed: u64, errors: usize) -> Vec<f64> {
     let mut client = LeaseClient::new("c".to_string(), seed);
     client.configure([spec("a", Fallback::Safe)]);
-    client.touch("a");
+    client.touch(T0, "a");
     let mut now = T0;
     (0..errors)
         .map(|_| {
@@ -300,14 +305,83 @@ fn a_surge_is_asked_for_before_the_refresh_interval_is_up() {
     client.on_response(T0, answer(vec![grant("a", 10.0, T0 + 60.0, 20, None)]));
     assert_eq!(client.next_due(), Some(T0 + 20.0));
     // Reported 10: a move within 10% waits for the refresh.
-    client.demand_moved(|_| 10.5);
+    client.demand_moved(T0 + 2.0, |_| 10.5);
     assert_eq!(client.next_due(), Some(T0 + 20.0));
     // Tripled demand (or demand gone) is asked for a quarter of the interval after the answer.
-    client.demand_moved(|_| 30.0);
+    client.demand_moved(T0 + 2.0, |_| 30.0);
     assert_eq!(client.next_due(), Some(T0 + 5.0));
     let request = client.request(T0 + 5.0, |_| 30.0).unwrap();
     assert_eq!(request.resource[0].wants, 30.0);
     client.on_response(T0 + 5.0, answer(vec![grant("a", 30.0, T0 + 65.0, 20, None)]));
-    client.demand_moved(|_| 1.0);
+    client.demand_moved(T0 + 2.0, |_| 1.0);
     assert_eq!(client.next_due(), Some(T0 + 10.0));
+}
+
+#[test]
+fn a_first_use_without_a_fallback_to_admit_meanwhile_is_asked_for_at_once() {
+    let mut client = LeaseClient::new("c".to_string(), 7);
+    client.configure([spec("a", Fallback::Safe), spec("none", Fallback::Pessimistic)]);
+    client.touch(T0, "a");
+    assert_eq!(client.next_due(), Some(T0 + FIRST_ASK_AFTER));
+    client.touch(T0 + 0.1, "none");
+    assert!(is_due(&client, T0 + 0.1));
+}
+
+#[test]
+fn an_idle_resource_is_pending_again_until_its_next_use_is_asked_for_like_a_first() {
+    let mut client = asking(&[("a", Fallback::Safe)]);
+    client.on_response(T0, answer(vec![grant("a", 10.0, T0 + 60.0, 10, Some(7.0))]));
+    // Wanting nothing, it is asked for until its lease is down to 0...
+    let request = client.request(T0 + 10.0, |_| 0.0).unwrap();
+    assert_eq!(request.resource[0].wants, 0.0);
+    client.on_response(T0 + 10.0, answer(vec![grant("a", 0.0, T0 + 70.0, 10, Some(7.0))]));
+    assert_eq!(client.effective(T0 + 10.0, "a").unwrap().mode, Mode::Leased);
+    // ...then no more: it is pending, on the fallback (the server's safe capacity), and the
+    // client has nothing to ask for.
+    assert!(client.request(T0 + 20.0, |_| 0.0).is_none());
+    assert_eq!(client.next_due(), None);
+    let effective = client.effective(T0 + 20.0, "a").unwrap();
+    assert_eq!((effective.capacity, effective.label()), (7.0, "pending"));
+    client.demand_moved(T0 + 30.0, |_| 0.0);
+    assert_eq!(client.next_due(), None);
+    // Used again: asked for once its rate shows, holding nothing.
+    client.demand_moved(T0 + 40.0, |_| 50.0);
+    assert_eq!(client.next_due(), Some(T0 + 40.0 + FIRST_ASK_AFTER));
+    let request = client.request(T0 + 40.0 + FIRST_ASK_AFTER, |_| 50.0).unwrap();
+    assert_eq!((request.resource[0].wants, request.resource[0].has), (50.0, None));
+}
+
+#[test]
+fn after_an_answer_retries_back_off_no_longer_than_its_refresh_interval() {
+    for (refresh, cap) in [(2, 2.0), (60, BACKOFF_CAP)] {
+        let mut client = asking(&[("a", Fallback::Safe)]);
+        client.on_response(T0, answer(vec![grant("a", 10.0, T0 + 1000.0, refresh, None)]));
+        let mut now = T0 + refresh as f64;
+        for attempt in 0..8 {
+            client.request(now, |_| 1.0).unwrap();
+            client.on_error(now, false);
+            let delay = client.next_due().unwrap() - now;
+            let ceiling = f64::min(2f64.powi(attempt), cap);
+            assert!(delay >= ceiling / 2.0 && delay <= ceiling, "refresh {refresh}, attempt {attempt}: {delay}");
+            now += delay;
+        }
+    }
+}
+
+#[test]
+fn a_first_lease_short_of_the_demand_is_corrected_at_once() {
+    let mut client = LeaseClient::new("c".to_string(), 7);
+    client.configure([spec("a", Fallback::Safe)]);
+    client.touch(T0, "a");
+    let at = T0 + FIRST_ASK_AFTER;
+    client.request(at, |_| 70.0).unwrap();
+    client.on_response(at, answer(vec![grant("a", 70.0, T0 + 60.0, 10, None)]));
+    // A quarter of a second later the rate shows better: asked again then, not a second later.
+    client.demand_moved(at + 0.25, |_| 88.0);
+    assert_eq!(client.next_due(), Some(at + FIRST_ASK_AFTER));
+    client.request(at + 0.25, |_| 88.0).unwrap();
+    client.on_response(at + 0.25, answer(vec![grant("a", 88.0, T0 + 60.0, 10, None)]));
+    // Past its first moments, the usual spacing.
+    client.demand_moved(T0 + 2.0, |_| 150.0);
+    assert_eq!(client.next_due(), Some(at + 0.25 + 2.5));
 }

@@ -48,10 +48,10 @@ const LOAD: f64 = 8.0;
 /// Slack on any measured time for a loaded 2-core machine, sampling (every 100 ms) and unix
 /// times in whole seconds (lease expiries).
 const SLACK: f64 = 1.5;
-/// How soon grants must be back after a fault heals. Two refresh intervals are the aim (issue
-/// 22), but a client that failed in a row waits out a jittered backoff of up to 10 s
-/// (`BACKOFF_CAP`), and a call lost in a partition its 5 s timeout (`CAPACITY_RPC_TIMEOUT`).
-const RECONVERGE: f64 = 10.0 + 5.0 + 2.0 * REFRESH + 3.0;
+/// How soon grants must be back after a fault heals: two refresh intervals (a client that
+/// failed in a row retries within a refresh interval, and its answer is in force within the
+/// next), plus slack.
+const RECONVERGE: f64 = 2.0 * REFRESH + SLACK;
 
 /// The capacity template; `learning`: seconds of learning mode after a start.
 fn template(learning: u64) -> String {
@@ -355,7 +355,7 @@ fn leased(s: &Sample) -> bool {
 }
 
 /// Runs steady load and the sampler until the sidecar has a lease and a few seconds more, so
-/// that a new sidecar's first seconds (issue 22's cold start, separate work) are not judged.
+/// that each fault strikes a sidecar in its steady state.
 async fn warm_up(watch: &Watch, listen: SocketAddr) -> (Load, Sampler, f64) {
     let load = Load::start(listen);
     let sampler = watch.start();
@@ -597,8 +597,8 @@ struct Pod {
     started: f64,
 }
 
-/// How long a new pod's first seconds are, whose refusals are measured (issue 22's cold start,
-/// separate work) rather than judged.
+/// How long a new pod's first seconds are, in which it may refuse under 1% of its requests
+/// while its first lease comes (none at all later).
 const FIRST_SECONDS: f64 = 5.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -669,7 +669,7 @@ async fn a_rolling_deploy_hands_the_capacity_to_the_live_pods_and_takes_it_back_
     println!("Σ has at the server peaked at {peak:.1} of {CAPACITY}");
     assert!(peak <= CAPACITY * 1.02, "the server granted {peak} of {CAPACITY}");
 
-    // Past its first seconds, no pod refuses anything; in them, the refusals are reported.
+    // In its first seconds, a pod refuses under 1% of its requests; past them, nothing.
     for (name, started, requests) in &report {
         let (first, later): (Vec<&Request>, Vec<_>) = requests.iter().partition(|r| r.at < started + FIRST_SECONDS);
         let refused = |rs: &[&Request]| rs.iter().filter(|r| r.status != 200).count();
@@ -682,6 +682,7 @@ async fn a_rolling_deploy_hands_the_capacity_to_the_live_pods_and_takes_it_back_
             later.len()
         );
         assert!(!later.is_empty(), "{name} ran past its first seconds");
+        assert!((refused(&first) as f64) < 0.01 * first.len() as f64, "{name} refused requests in its first seconds");
         assert_eq!(refused(&later), 0, "{name} refused requests past its first seconds");
     }
 }

@@ -1,12 +1,18 @@
-//! Two sidecars sharing one resource through a capacity server (SPEC §4.3–4.4): under demand of
-//! three times the capacity they converge to equal shares within three refresh intervals, admit
-//! within 2% of their lease, and together never more than the capacity plus the bursts.
+//! Sidecars leasing one resource from a capacity server (SPEC §4.3–4.4):
+//! - two under demand of three times the capacity converge to equal shares within three
+//!   refresh intervals, admit within 2% of their lease, and together never more than the
+//!   capacity plus the bursts;
+//! - a new sidecar under a server with capacity free refuses next to nothing of its first
+//!   seconds: it admits within its fallback until its first lease, which asks for what its first
+//!   requests show;
+//! - callers that wait for each answer (a closed loop) in `delay` mode, whose arrivals show only
+//!   what the lease lets through, get their whole rate within three refresh intervals.
 
 use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -33,46 +39,62 @@ fn lease(sidecar: &Sidecar) -> f64 {
     status["resources"][0]["capacity"].as_f64().unwrap_or(f64::INFINITY)
 }
 
-/// Offers `rate` requests per second to `listen`, open loop, until `stop`.
-fn offer(listen: SocketAddr, rate: f64, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+/// A capacity server of `capacity` for every resource, refreshed every `refresh` seconds,
+/// without learning mode.
+fn server(capacity: f64, refresh: u64) -> Server {
+    Server::builder()
+        .config(&format!(
+            "resources:\n  - identifier_glob: \"*\"\n    capacity: {capacity}\n    \
+             algorithm: {{kind: FAIR_SHARE, lease_length: 5, refresh_interval: {refresh}, learning_mode_duration: 0}}\n"
+        ))
+        .start()
+}
+
+/// A sidecar leasing resource "shared" from `server` (`resource`: more of its settings, each
+/// line indented by four spaces), which charges every request with `on_limit`.
+fn sidecar(server: &Server, upstream: &UpstreamProcess, resource: &str, on_limit: &str) -> (Sidecar, SocketAddr) {
+    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let yaml = format!(
+        "server:\n  addresses: [\"{}\"]\n\
+         listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
+         upstreams:\n  - name: app\n    url: http://{}\n\
+         resources:\n  - id: shared\n{resource}\
+         rules:\n  - resource: shared\n    on_limit: {on_limit}\n",
+        server.grpc,
+        upstream.addr()
+    );
+    (Sidecar::builder().config(&yaml).start_sidecar(), listen)
+}
+
+/// Offers `rate` requests per second to `listen`, open loop, until `stop`; returns the status
+/// of each request's answer (`None`: no answer).
+fn offer(listen: SocketAddr, rate: f64, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Vec<Option<u16>>> {
     tokio::spawn(async move {
         let client = http1();
         let url = format!("http://{listen}/");
         let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+        let mut sent = Vec::new();
         while !stop.load(Ordering::Relaxed) {
             ticks.tick().await;
             let client = client.clone();
             let request = http::Request::get(&url).body(Default::default()).expect("a valid request");
-            // Requests still out when the sidecars stop get no answer; that is not a failure.
-            tokio::spawn(async move { send(&client, request, Duration::from_secs(10)).await });
+            sent.push(tokio::spawn(async move {
+                send(&client, request, Duration::from_secs(10)).await.map(|answer| answer.status.as_u16())
+            }));
         }
+        let mut statuses = Vec::new();
+        for request in sent {
+            statuses.push(request.await.expect("the request task ends"));
+        }
+        statuses
     })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sidecars_share_fairly_and_stay_within_capacity() {
     let upstream = UpstreamProcess::start(None);
-    let server = Server::builder()
-        .config(&format!(
-            "resources:\n  - identifier_glob: \"*\"\n    capacity: {CAPACITY}\n    \
-             algorithm: {{kind: FAIR_SHARE, lease_length: 5, refresh_interval: {REFRESH_SECONDS}, learning_mode_duration: 0}}\n"
-        ))
-        .start();
-    let sidecars: Vec<(Sidecar, SocketAddr)> = (0..2)
-        .map(|_| {
-            let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-            let yaml = format!(
-                "server:\n  addresses: [\"{}\"]\n\
-                 listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
-                 upstreams:\n  - name: app\n    url: http://{}\n\
-                 resources:\n  - id: shared\n\
-                 rules:\n  - resource: shared\n    on_limit: reject\n",
-                server.grpc,
-                upstream.addr()
-            );
-            (Sidecar::builder().config(&yaml).start_sidecar(), listen)
-        })
-        .collect();
+    let server = server(CAPACITY, REFRESH_SECONDS);
+    let sidecars: Vec<(Sidecar, SocketAddr)> = (0..2).map(|_| sidecar(&server, &upstream, "", "reject")).collect();
 
     let stop = Arc::new(AtomicBool::new(false));
     let load: Vec<_> = sidecars.iter().map(|(_, listen)| offer(*listen, OFFERED_PER_SIDECAR, stop.clone())).collect();
@@ -122,4 +144,83 @@ async fn two_sidecars_share_fairly_and_stay_within_capacity() {
     let bound = CAPACITY * seconds + 2.0 * (CAPACITY / 2.0 * 0.1).max(2.0);
     println!("together: {total} admitted, bound {bound:.1}");
     assert!(total <= bound, "{total} admitted > {bound:.1}");
+}
+
+/// What the new sidecar, and the callers of the closed loop, offer in all: requests a second.
+const OFFERED: f64 = 80.0;
+/// A capacity server with this much is free for them.
+const FREE: f64 = 1000.0;
+/// The refresh interval of the tests of a single sidecar.
+const REFRESH: u64 = 1;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_sidecar_under_a_free_server_refuses_under_one_percent_of_its_first_seconds() {
+    let upstream = UpstreamProcess::start(None);
+    let server = server(FREE, REFRESH);
+    // Its fallback allows more than it is offered: nothing need be refused before the first
+    // lease, nor after it, which the server has free.
+    let (sidecar, listen) = sidecar(&server, &upstream, "    safe_capacity: 100\n", "reject");
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = offer(listen, OFFERED, stop.clone());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::Relaxed);
+    let statuses = load.await.unwrap();
+    let refused = statuses.iter().filter(|status| **status != Some(200)).count();
+    println!("refused {refused} of the first {} requests; lease {}", statuses.len(), lease(&sidecar));
+    assert!(statuses.len() as f64 >= 0.9 * 5.0 * OFFERED, "only {} requests offered", statuses.len());
+    assert!((refused as f64) < 0.01 * statuses.len() as f64, "refused {refused} of {}", statuses.len());
+}
+
+/// Callers of the closed loop: each sends its next request a period after its last one began,
+/// or when its answer came if that is later.
+const CALLERS: u64 = 16;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_callers_in_delay_mode_get_their_rate_within_three_refresh_intervals() {
+    let upstream = UpstreamProcess::start(None);
+    let server = server(FREE, REFRESH);
+    let (sidecar, listen) = sidecar(&server, &upstream, "", "delay\n    max_wait: 2s");
+    // A second between requests at first (16/s in all), until the lease has followed it down.
+    let period_ms = Arc::new(AtomicU64::new(1000));
+    let stop = Arc::new(AtomicBool::new(false));
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|i| {
+            let (period_ms, stop) = (period_ms.clone(), stop.clone());
+            tokio::spawn(async move {
+                // Spread over the period, not all at once: a burst that queues is asked for
+                // beyond its rate too.
+                tokio::time::sleep(Duration::from_millis(i * 1000 / CALLERS)).await;
+                let (client, url) = (http1(), format!("http://{listen}/"));
+                let mut answered = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let start = Instant::now();
+                    let request = http::Request::get(&url).body(Default::default()).expect("a valid request");
+                    if send(&client, request, Duration::from_secs(10)).await.is_some_and(|a| a.status == 200) {
+                        answered.push(start);
+                    }
+                    let period = Duration::from_millis(period_ms.load(Ordering::Relaxed));
+                    tokio::time::sleep_until((start + period).into()).await;
+                }
+                answered
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = tokio::task::block_in_place(|| lease(&sidecar));
+    assert!(before < OFFERED / 2.0, "the lease {before} would not hold the callers back");
+
+    // Now 200 ms: 80 requests a second, which only as many admitted would show.
+    period_ms.store((1000.0 * CALLERS as f64 / OFFERED) as u64, Ordering::Relaxed);
+    let faster = Instant::now();
+    let window = (faster + Duration::from_secs(3 * REFRESH), Duration::from_secs(5));
+    tokio::time::sleep_until((window.0 + window.1).into()).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut admitted = 0;
+    for caller in callers {
+        admitted += caller.await.unwrap().iter().filter(|at| **at >= window.0 && **at < window.0 + window.1).count();
+    }
+    let rate = admitted as f64 / window.1.as_secs_f64();
+    let after = tokio::task::block_in_place(|| lease(&sidecar));
+    println!("lease {before:.1} → {after:.1}; {rate:.1} requests a second admitted from 3 refresh intervals on");
+    assert!(rate >= 0.95 * OFFERED, "{rate:.1} requests a second admitted of {OFFERED}");
 }

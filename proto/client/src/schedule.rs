@@ -1,6 +1,7 @@
-//! When a lease holder asks again: after the refresh interval on success, at once when
-//! something new needs asking for, and after a jittered exponential backoff on failure — never
-//! so late that a valid lease runs out unasked. Shared by the sidecar's lease client and an
+//! When a lease holder asks again: after the refresh interval on success, at once (or at a time
+//! it names) when something new needs asking for, and after a jittered exponential backoff on
+//! failure, no longer than the last refresh interval — never so late that a valid lease runs
+//! out unasked. Shared by the sidecar's lease client and an
 //! intermediate server's requests to its parent. Times are unix seconds (f64).
 
 use crate::defaults::{BACKOFF_BASE, BACKOFF_CAP, EXPIRY_MARGIN};
@@ -42,6 +43,9 @@ pub struct Schedule {
     in_flight: bool,
     /// Something new came up while a request was in flight: ask again as soon as it ends.
     woken: bool,
+    /// The refresh interval of the last answer with leases (∞ before one): retries back off no
+    /// longer than this.
+    refresh: f64,
     /// Consecutive failed attempts (errors and redirects).
     failures: u32,
     /// The last answer was a redirect.
@@ -58,6 +62,7 @@ impl Schedule {
             due: f64::NEG_INFINITY,
             in_flight: false,
             woken: false,
+            refresh: f64::INFINITY,
             failures: 0,
             redirected: false,
             answered: f64::NEG_INFINITY,
@@ -67,18 +72,36 @@ impl Schedule {
 
     /// Something new needs asking for: at once, or as soon as the request in flight ends.
     pub fn wake(&mut self) {
+        self.wake_at(f64::NEG_INFINITY);
+    }
+
+    /// Something new needs asking for by `at`, or as soon as the request in flight ends.
+    pub fn wake_at(&mut self, at: f64) {
         if self.in_flight {
             self.woken = true;
         } else {
-            self.due = f64::NEG_INFINITY;
+            self.due = self.due.min(at);
+        }
+    }
+
+    /// Nothing needs asking for until the next [`Self::wake_at`], which then names the time.
+    pub fn rest(&mut self) {
+        if !self.in_flight {
+            self.due = f64::INFINITY;
         }
     }
 
     /// Something changed enough to ask before the refresh interval is up: no sooner than
     /// `spacing` after the last answer. Not while a request is in flight or failing.
     pub fn hasten(&mut self, spacing: f64) {
+        self.hasten_after(spacing.max(MIN_REFRESH));
+    }
+
+    /// As [`Self::hasten`] without its one-second floor, for demand still being learned (a
+    /// resource's first moments), which a caller asks for a few times at most.
+    pub fn hasten_after(&mut self, spacing: f64) {
         if !self.in_flight && self.failures == 0 {
-            self.due = self.due.min(self.answered + spacing.max(MIN_REFRESH));
+            self.due = self.due.min(self.answered + spacing);
         }
     }
 
@@ -107,19 +130,23 @@ impl Schedule {
         self.failures = 0;
         self.redirected = false;
         self.answered = now;
-        self.due = if std::mem::take(&mut self.woken) { f64::NEG_INFINITY } else { now + refresh.max(MIN_REFRESH) };
+        self.refresh = refresh.max(MIN_REFRESH);
+        self.due = if std::mem::take(&mut self.woken) { f64::NEG_INFINITY } else { now + self.refresh };
     }
 
     /// The request in flight failed (transport error, error status, or nothing valid came
     /// back). The next one backs off: equal jitter over `BACKOFF_BASE · 2^(failures−1)`
-    /// capped at `BACKOFF_CAP`, brought forward to `EXPIRY_MARGIN` before `earliest_expiry`
-    /// (the first valid lease to run out) but no sooner than half the base.
+    /// capped at `BACKOFF_CAP` and at the last refresh interval (so that a caller is back
+    /// within a refresh interval of a fault's end, and asks a server that is down at most
+    /// twice as often as it refreshes when all is well), brought forward to `EXPIRY_MARGIN`
+    /// before `earliest_expiry` (the first valid lease to run out) but no sooner than half the
+    /// base.
     pub fn failed(&mut self, now: f64, earliest_expiry: Option<f64>) {
         self.end();
         self.woken = false;
         self.redirected = false;
         self.failures = self.failures.saturating_add(1);
-        let ceiling = (BACKOFF_BASE * 2f64.powi(self.failures.min(32) as i32 - 1)).min(BACKOFF_CAP);
+        let ceiling = (BACKOFF_BASE * 2f64.powi(self.failures.min(32) as i32 - 1)).min(BACKOFF_CAP).min(self.refresh);
         let mut due = now + ceiling * (0.5 + 0.5 * self.rng.f64());
         if let Some(expiry) = earliest_expiry {
             due = due.min((expiry - EXPIRY_MARGIN).max(now + BACKOFF_BASE / 2.0));
@@ -221,6 +248,34 @@ mod tests {
         s.begin();
         s.failed(0.0, Some(1.0));
         assert_eq!(s.due(), Some(BACKOFF_BASE / 2.0), "never a tight loop");
+    }
+
+    #[test]
+    fn a_wake_names_its_time_and_a_rest_waits_for_one() {
+        let mut s = Schedule::new(1);
+        s.rest();
+        assert_eq!(s.due(), Some(f64::INFINITY));
+        s.wake_at(10.0);
+        s.wake_at(12.0);
+        assert_eq!(s.due(), Some(10.0), "the earliest wake");
+        s.begin();
+        s.wake_at(20.0);
+        s.succeeded(11.0, 5.0);
+        assert_eq!(s.due(), Some(f64::NEG_INFINITY), "woken in flight: at once after it");
+    }
+
+    #[test]
+    fn after_an_answer_the_backoff_is_capped_at_its_refresh_interval() {
+        let mut s = Schedule::new(7);
+        s.begin();
+        s.succeeded(0.0, 3.0);
+        for attempt in 0..8 {
+            s.begin();
+            s.failed(100.0, None);
+            let ceiling = (BACKOFF_BASE * 2f64.powi(attempt)).min(3.0);
+            let delay = s.due().unwrap() - 100.0;
+            assert!(delay >= ceiling / 2.0 && delay <= ceiling, "attempt {attempt}: {delay}");
+        }
     }
 
     #[test]

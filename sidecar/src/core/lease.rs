@@ -8,7 +8,7 @@ pub use sluice_client::Answer;
 use sluice_client::{Granted, Schedule, defaults::MAX_AMOUNT, safe_capacity};
 use sluice_proto::{GetCapacityRequest, GetCapacityResponse, Lease, ResourceRequest};
 
-use crate::defaults::{DEMAND_CHANGE, EARLY_REFRESH};
+use crate::defaults::{DEMAND_CHANGE, EARLY_REFRESH, FIRST_ASK_AFTER};
 
 /// What a resource enforces while it holds no valid lease (`when_unreachable`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,7 +33,9 @@ pub struct ResourceSpec {
 /// Where a resource's capacity comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// Not yet asked for, or the first answer is awaited: the fallback applies meanwhile.
+    /// Not yet asked for, or the first answer is awaited: the fallback applies meanwhile. So
+    /// too after a resource wanted nothing and its lease came down to 0 (it is no longer asked
+    /// for), until it is used again and leased anew.
     Pending,
     Leased,
     /// Asked for, and no valid lease came or the last one expired: the fallback applies.
@@ -68,8 +70,10 @@ impl Effective {
 
 struct Entry {
     spec: ResourceSpec,
-    /// Touched: it is asked for in every request.
+    /// Touched, and not idle since: it is asked for in every request.
     used: bool,
+    /// When it was last touched.
+    touched: f64,
     /// In the request in flight.
     requested: bool,
     /// An attempt that included it has concluded, so its fallback is decided.
@@ -82,6 +86,19 @@ struct Entry {
 }
 
 impl Entry {
+    fn new(spec: ResourceSpec) -> Entry {
+        Entry {
+            spec,
+            used: false,
+            touched: f64::NEG_INFINITY,
+            requested: false,
+            asked: false,
+            lease: None,
+            server_safe: None,
+            reported: 0.0,
+        }
+    }
+
     fn valid_lease(&self, now: f64) -> Option<&Granted> {
         self.lease.as_ref().filter(|lease| lease.is_valid(now))
     }
@@ -122,6 +139,11 @@ impl Entry {
     }
 }
 
+/// Seconds after a resource's first use in which its demand is still being learned (the first
+/// ask and the demand estimate's rise window): a move in its wants is asked for
+/// [`FIRST_ASK_AFTER`] after the last answer, not after [`EARLY_REFRESH`] of the interval.
+const LEARNING: f64 = FIRST_ASK_AFTER + 1.0;
+
 pub struct LeaseClient {
     client_id: String,
     /// Ordered, so requests and releases come out the same way every time.
@@ -132,7 +154,10 @@ pub struct LeaseClient {
 impl LeaseClient {
     /// `seed` drives the backoff jitter, so a simulation replays exactly.
     pub fn new(client_id: String, seed: u64) -> Self {
-        LeaseClient { client_id, entries: BTreeMap::new(), schedule: Schedule::new(seed) }
+        let mut schedule = Schedule::new(seed);
+        // Nothing is due until a resource is used.
+        schedule.rest();
+        LeaseClient { client_id, entries: BTreeMap::new(), schedule }
     }
 
     pub fn client_id(&self) -> &str {
@@ -146,28 +171,25 @@ impl LeaseClient {
         for spec in specs {
             let entry = match previous.remove(&spec.id) {
                 Some(kept) => Entry { spec: spec.clone(), ..kept },
-                None => Entry {
-                    spec: spec.clone(),
-                    used: false,
-                    requested: false,
-                    asked: false,
-                    lease: None,
-                    server_safe: None,
-                    reported: 0.0,
-                },
+                None => Entry::new(spec.clone()),
             };
             self.entries.insert(spec.id, entry);
         }
         previous.into_values().filter(|entry| entry.used || entry.lease.is_some()).map(|entry| entry.spec.id).collect()
     }
 
-    /// First use of a configured resource: it joins the requests, the next one at once.
-    pub fn touch(&mut self, id: &str) {
+    /// First use of a configured resource (or its first after it was idle): it joins the
+    /// requests. The next one goes [`FIRST_ASK_AFTER`] later while its fallback admits
+    /// requests, so that its first lease asks for the rate they show rather than for one
+    /// arrival's; at once if the fallback admits nothing.
+    pub fn touch(&mut self, now: f64, id: &str) {
         if let Some(entry) = self.entries.get_mut(id)
             && !entry.used
         {
             entry.used = true;
-            self.schedule.wake();
+            entry.touched = now;
+            let at = if entry.fallback_capacity() > 0.0 { now + FIRST_ASK_AFTER } else { f64::NEG_INFINITY };
+            self.schedule.wake_at(at);
         }
     }
 
@@ -185,7 +207,9 @@ impl LeaseClient {
     }
 
     /// One request for every resource in use, each with its valid lease and `wants(id)`; marks
-    /// it in flight until [`Self::on_response`] or [`Self::on_error`].
+    /// it in flight until [`Self::on_response`] or [`Self::on_error`]. A resource that wants
+    /// nothing and whose lease is already down to 0 is idle: it is no longer asked for, and is
+    /// pending again (its lease of 0 lapses at the server) until it is touched again.
     pub fn request(&mut self, now: f64, mut wants: impl FnMut(&str) -> f64) -> Option<GetCapacityRequest> {
         if self.schedule.in_flight() {
             return None;
@@ -194,21 +218,26 @@ impl LeaseClient {
             .entries
             .values_mut()
             .filter(|entry| entry.used)
-            .map(|entry| {
-                entry.requested = true;
+            .filter_map(|entry| {
                 let wants = wants(&entry.spec.id);
+                if wants == 0.0 && entry.valid_lease(now).is_some_and(|lease| lease.capacity == 0.0) {
+                    *entry = Entry { server_safe: entry.server_safe, ..Entry::new(entry.spec.clone()) };
+                    return None;
+                }
+                entry.requested = true;
                 entry.reported = wants;
-                ResourceRequest {
+                Some(ResourceRequest {
                     resource_id: entry.spec.id.clone(),
                     priority: entry.spec.priority,
                     has: entry.has(now),
                     // A server refuses NaN, ∞ and amounts above MAX_AMOUNT at the door: ask for
                     // nothing, or the most it takes, rather than fail the whole request.
                     wants: if wants.is_nan() { 0.0 } else { wants.clamp(0.0, MAX_AMOUNT) },
-                }
+                })
             })
             .collect();
         if resource.is_empty() {
+            self.schedule.rest();
             return None;
         }
         self.schedule.begin();
@@ -218,15 +247,30 @@ impl LeaseClient {
     /// Demand changed between refreshes: if a leased resource's `wants(id)` moved by more than
     /// [`DEMAND_CHANGE`] since it was last reported, the next request comes early (see
     /// [`EARLY_REFRESH`]), so that a surge is served, and capacity given back, without waiting
-    /// for the whole refresh interval.
-    pub fn demand_moved(&mut self, mut wants: impl FnMut(&str) -> f64) {
+    /// for the whole refresh interval. A resource not in use that wants something now is used
+    /// again (see [`Self::touch`]).
+    pub fn demand_moved(&mut self, now: f64, mut wants: impl FnMut(&str) -> f64) {
+        let idle: Vec<String> = self
+            .entries
+            .values()
+            .filter(|entry| !entry.used)
+            .map(|entry| entry.spec.id.clone())
+            .filter(|id| wants(id) > 0.0)
+            .collect();
+        for id in idle {
+            self.touch(now, &id);
+        }
         let early = self.entries.values().filter(|entry| entry.used).find_map(|entry| {
             let lease = entry.lease.as_ref()?;
             let moved = (wants(&entry.spec.id) - entry.reported).abs() > DEMAND_CHANGE * entry.reported.max(1.0);
-            moved.then_some(lease.refresh_interval)
+            moved.then_some((lease.refresh_interval, now < entry.touched + LEARNING))
         });
-        if let Some(refresh) = early {
-            self.schedule.hasten(refresh as f64 * EARLY_REFRESH);
+        match early {
+            // Its first requests' rate is still being measured: the first lease asked for a
+            // quarter of a second's worth, which may fall short by a fifth (Poisson arrivals).
+            Some((_, true)) => self.schedule.hasten_after(FIRST_ASK_AFTER),
+            Some((refresh, false)) => self.schedule.hasten(refresh as f64 * EARLY_REFRESH),
+            None => {}
         }
     }
 

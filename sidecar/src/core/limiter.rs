@@ -104,6 +104,7 @@ impl Limiter {
             return Offer::Admitted;
         }
         if cost > MAX_AMOUNT {
+            self.demand.refused(now);
             return Offer::Rejected { retry_after: None };
         }
         let cost = counted;
@@ -134,8 +135,10 @@ impl Limiter {
             self.next_ticket += 1;
             self.queue.push_back((ticket, cost));
             self.queued_cost += cost;
+            self.demand.queue(now, self.queued_cost);
             Offer::Queued(ticket)
         } else {
+            self.demand.refused(now);
             Offer::Rejected { retry_after: wait }
         }
     }
@@ -153,17 +156,19 @@ impl Limiter {
             self.take(cost);
             admit(ticket);
         }
+        if self.queue.is_empty() {
+            self.queued_cost = 0.0;
+        }
+        self.demand.queue(now, self.queued_cost);
         match (self.kind, self.queue.front()) {
-            (_, None) => {
-                self.queued_cost = 0.0;
-                None
-            }
+            (_, None) => None,
             (Kind::Rate, Some(&(_, cost))) if self.capacity > 0.0 => Some(self.turn(cost)),
             _ => None,
         }
     }
 
-    /// A waiter gave up: it leaves the queue and is not charged.
+    /// A waiter gave up: it leaves the queue and is not charged. Its demand counts it queued
+    /// until the next [`Self::poll`].
     pub fn cancel(&mut self, ticket: Ticket) {
         if let Some(at) = self.queue.iter().position(|&(queued, _)| queued == ticket) {
             self.queue.remove(at);

@@ -92,7 +92,7 @@ impl Client {
     pub fn join(&mut self, now: Time) {
         self.phase = Phase::Active;
         self.feed(now);
-        self.lease.touch(&self.resource);
+        self.lease.touch(now, &self.resource);
         self.apply(now);
     }
 
@@ -168,7 +168,7 @@ impl Client {
     /// Lets the lease client ask early if demand moved, as `Leasing::run` does between refreshes.
     pub fn check_demand(&mut self, now: Time) {
         let wants = self.wants(now);
-        self.lease.demand_moved(|_| wants);
+        self.lease.demand_moved(now, |_| wants);
     }
 
     /// When the lease client next wants to ask (−∞: at once), if it does.
