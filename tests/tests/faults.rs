@@ -79,10 +79,12 @@ fn sidecar(
 ) -> (Sidecar, SocketAddr) {
     let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let addresses = servers.iter().map(|s| format!("\"{s}\"")).collect::<Vec<_>>().join(", ");
+    // A second of the load as burst: a loaded machine's scheduling stalls bunch the evenly
+    // spaced requests, which the default 0.1 s would refuse for reasons of its own.
     let yaml = format!(
         "server:\n  addresses: [{addresses}]\nlisteners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
          upstreams:\n  - name: app\n    url: http://{}\n\
-         resources:\n  - id: orders\n    when_unreachable: safe\n\
+         resources:\n  - id: orders\n    when_unreachable: safe\n    burst: {LOAD}\n\
          rules:\n  - resource: orders\n    {on_limit}\n",
         upstream.addr()
     );
