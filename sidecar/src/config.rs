@@ -6,6 +6,7 @@ use std::{collections::HashSet, net::SocketAddr, path::PathBuf, time::Duration};
 
 use http::{Method, Uri, uri::Scheme};
 use serde::Deserialize;
+use sluice_client::defaults::{MAX_ID_BYTES, MAX_RESOURCES_PER_REQUEST};
 
 use crate::{
     classify::normalized,
@@ -84,6 +85,36 @@ pub struct Resource {
     pub when_unreachable: Fallback,
     /// Capacity under `safe` before any server has named one; `None`: no limit.
     pub safe_capacity: Option<Capacity>,
+    /// A keyed resource: each value of a request attribute is a resource of its own.
+    pub key: Option<KeySpec>,
+}
+
+/// How a keyed resource makes its keys (see [`crate::core::KeyTable`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeySpec {
+    pub per: KeyAttribute,
+    /// Most keys of values held at once; values beyond share one overflow key.
+    pub max_keys: usize,
+    /// A key unused this long is dropped and its lease released.
+    pub idle_timeout: Duration,
+    /// Metric series per key (opt-in: clients choose the values), else per keyed resource.
+    pub per_key_metrics: bool,
+}
+
+/// The request attribute whose value names the key.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KeyAttribute {
+    /// The header's first value.
+    Header(http::HeaderName),
+    /// The normalized path's segment, 0 for the first after the leading `/`.
+    PathSegment(usize),
+    /// The query parameter's first value, form-decoded.
+    Query(String),
+    GrpcService,
+    GrpcMethod,
+    Method,
+    /// Lower case, without port.
+    Host,
 }
 
 #[derive(Clone, Debug)]
@@ -208,6 +239,48 @@ struct ResourceDoc {
     #[serde(default)]
     when_unreachable: FallbackDoc,
     safe_capacity: Option<f64>,
+    per: Option<PerDoc>,
+    max_keys: Option<usize>,
+    idle_timeout: Option<String>,
+    metrics: Option<MetricsDoc>,
+}
+
+/// `method`, `host`, or a map with exactly one of the attributes.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PerDoc {
+    Named(PerNameDoc),
+    Attribute(PerAttributeDoc),
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum PerNameDoc {
+    Method,
+    Host,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PerAttributeDoc {
+    header: Option<String>,
+    path_segment: Option<usize>,
+    query: Option<String>,
+    grpc: Option<GrpcPartDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum GrpcPartDoc {
+    Service,
+    Method,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum MetricsDoc {
+    PerResource,
+    PerKey,
 }
 
 #[derive(Deserialize, Default)]
@@ -345,6 +418,7 @@ pub fn parse_with(text: &str, servers: &[String]) -> Result<Config, String> {
         .map(|(i, r)| resource(i, r, server.is_none()))
         .collect::<Result<Vec<_>, _>>()?;
     unique("resources", resources.iter().map(|r| r.id.as_str()))?;
+    keyed_ids(&resources, server.is_some())?;
     let rules = doc
         .rules
         .into_iter()
@@ -452,7 +526,15 @@ fn resource(i: usize, doc: ResourceDoc, standalone: bool) -> Result<Resource, St
         return Err(format!("{}: required in standalone mode (no `server`)", at("capacity")));
     }
     let burst = doc.burst.map(|b| amount(b, &at("burst"))).transpose()?;
+    let key = match &doc.per {
+        None => match (doc.max_keys, &doc.idle_timeout, &doc.metrics) {
+            (None, None, None) => None,
+            _ => return Err(format!("{}: max_keys, idle_timeout and metrics need `per`", at("per"))),
+        },
+        Some(per) => Some(key_spec(per, &doc, &at)?),
+    };
     Ok(Resource {
+        key,
         kind: match doc.kind {
             KindDoc::Rate => Kind::Rate,
             KindDoc::Concurrency => Kind::Concurrency,
@@ -468,6 +550,72 @@ fn resource(i: usize, doc: ResourceDoc, standalone: bool) -> Result<Resource, St
         safe_capacity: capacity(doc.safe_capacity, "safe_capacity")?,
         id: doc.id,
     })
+}
+
+fn key_spec(per: &PerDoc, doc: &ResourceDoc, at: &dyn Fn(&str) -> String) -> Result<KeySpec, String> {
+    let per = match per {
+        PerDoc::Named(PerNameDoc::Method) => KeyAttribute::Method,
+        PerDoc::Named(PerNameDoc::Host) => KeyAttribute::Host,
+        PerDoc::Attribute(a) => match (&a.header, a.path_segment, &a.query, &a.grpc) {
+            (Some(name), None, None, None) => KeyAttribute::Header(
+                http::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| format!("{}: {name:?} is not a header name", at("per.header")))?,
+            ),
+            (None, Some(n), None, None) => KeyAttribute::PathSegment(n),
+            (None, None, Some(name), None) if name.is_empty() => {
+                return Err(format!("{}: must not be empty", at("per.query")));
+            }
+            (None, None, Some(name), None) => KeyAttribute::Query(name.clone()),
+            (None, None, None, Some(GrpcPartDoc::Service)) => KeyAttribute::GrpcService,
+            (None, None, None, Some(GrpcPartDoc::Method)) => KeyAttribute::GrpcMethod,
+            _ => {
+                return Err(format!(
+                    "{}: give exactly one of header, path_segment, query or grpc (or `method`, `host`)",
+                    at("per")
+                ));
+            }
+        },
+    };
+    let max_keys = match doc.max_keys {
+        Some(n) if n == 0 || n > MAX_RESOURCES_PER_REQUEST => {
+            return Err(format!("{}: must be from 1 to {MAX_RESOURCES_PER_REQUEST}", at("max_keys")));
+        }
+        n => n.unwrap_or(defaults::MAX_KEYS),
+    };
+    // The shared keys' ids must fit, and a value's key should have some room.
+    if doc.id.len() + 1 + defaults::MIN_KEY_BYTES > MAX_ID_BYTES {
+        let most = MAX_ID_BYTES - 1 - defaults::MIN_KEY_BYTES;
+        return Err(format!("{}: a keyed resource's id is at most {most} bytes, to leave room for its keys", at("id")));
+    }
+    Ok(KeySpec {
+        per,
+        max_keys,
+        idle_timeout: doc
+            .idle_timeout
+            .as_deref()
+            .map_or(Ok(defaults::KEY_IDLE_TIMEOUT), |t| duration(t, &at("idle_timeout")))?,
+        per_key_metrics: matches!(doc.metrics, Some(MetricsDoc::PerKey)),
+    })
+}
+
+/// A key's id, `<keyed id>/<key>`, must name no other resource; and with a server, every id the
+/// sidecar may hold at once must fit in one GetCapacity request.
+fn keyed_ids(resources: &[Resource], leasing: bool) -> Result<(), String> {
+    for keyed in resources.iter().filter(|r| r.key.is_some()) {
+        let prefix = format!("{}/", keyed.id);
+        if let Some(other) = resources.iter().find(|r| r.id.starts_with(&prefix)) {
+            return Err(format!("resources ({}).id: could be a key of the keyed resource {:?}", other.id, keyed.id));
+        }
+    }
+    // Each keyed resource may also hold its two shared keys (no value, overflow).
+    let ids: usize = resources.iter().map(|r| r.key.as_ref().map_or(1, |k| k.max_keys + 2)).sum();
+    if leasing && ids > MAX_RESOURCES_PER_REQUEST {
+        return Err(format!(
+            "resources: up to {ids} ids (each keyed resource's max_keys + 2 shared keys, one per other resource), \
+             but one GetCapacity request names at most {MAX_RESOURCES_PER_REQUEST}: lower max_keys"
+        ));
+    }
+    Ok(())
 }
 
 fn rule(i: usize, doc: RuleDoc, listeners: &[Listener], resources: &[Resource]) -> Result<Rule, String> {

@@ -78,11 +78,16 @@ pub struct Refused {
 impl Gate {
     /// A gate at the resource's standalone capacity (0 when it has none, until a lease applies).
     pub fn new(settings: Resource, cue: Option<UnboundedSender<Arc<str>>>) -> Gate {
+        let metrics = GateMetrics::new(&settings.id.as_str().into());
+        Gate::with_metrics(settings, cue, metrics)
+    }
+
+    /// [`Gate::new`], recording into `metrics` (a key's: see `keyed`).
+    pub fn with_metrics(settings: Resource, cue: Option<UnboundedSender<Arc<str>>>, metrics: GateMetrics) -> Gate {
         let capacity = settings.capacity.unwrap_or(Capacity::ZERO);
         let mode = if cue.is_some() { "pending" } else { "standalone" };
         let burst = burst(&settings, capacity);
         let id: Arc<str> = settings.id.as_str().into();
-        let metrics = GateMetrics::new(&id);
         let limiter = Limiter::new(settings.kind, capacity.get(), burst.get(), 0.0);
         let gate = Gate {
             kind: settings.kind,
@@ -408,6 +413,7 @@ mod tests {
             priority: 0,
             when_unreachable: Fallback::Safe,
             safe_capacity: None,
+            key: None,
         };
         let gate = Gate::new(settings, None);
         assert!(gate.admit(Cost::ONE, Duration::ZERO).await.is_ok(), "the bucket starts full");

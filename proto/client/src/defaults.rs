@@ -10,6 +10,10 @@ pub const MAX_AMOUNT: f64 = 1e15;
 /// Longest client, server or resource id, in bytes: ids are stored per lease.
 pub const MAX_ID_BYTES: usize = 1_024;
 
+/// Most resources one request may name (SPEC §3.9): bounds the work a single call can cause.
+/// A sidecar's configuration is held to it, keyed resources' keys included.
+pub const MAX_RESOURCES_PER_REQUEST: usize = 10_000;
+
 /// After a failed request to a capacity server (a sidecar's, or an intermediate server's to its
 /// parent) — once every address of the node has failed in a row — retries back off from this
 /// many seconds...

@@ -21,6 +21,17 @@ pub enum Fallback {
     Pessimistic,
 }
 
+impl Fallback {
+    /// The capacity it enforces, given the safe capacity in force (INFINITY: no limit).
+    pub fn capacity(self, safe: f64) -> f64 {
+        match self {
+            Fallback::Safe => safe,
+            Fallback::Optimistic => f64::INFINITY,
+            Fallback::Pessimistic => 0.0,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ResourceSpec {
     pub id: String,
@@ -82,6 +93,10 @@ struct Entry {
 }
 
 impl Entry {
+    fn new(spec: ResourceSpec) -> Entry {
+        Entry { spec, used: false, requested: false, asked: false, lease: None, server_safe: None, reported: 0.0 }
+    }
+
     fn valid_lease(&self, now: f64) -> Option<&Granted> {
         self.lease.as_ref().filter(|lease| lease.is_valid(now))
     }
@@ -94,11 +109,7 @@ impl Entry {
 
     /// What applies without a valid lease (INFINITY: no limit).
     fn fallback_capacity(&self) -> f64 {
-        match self.spec.fallback {
-            Fallback::Safe => self.safe_capacity(),
-            Fallback::Optimistic => f64::INFINITY,
-            Fallback::Pessimistic => 0.0,
-        }
+        self.spec.fallback.capacity(self.safe_capacity())
     }
 
     /// What to report holding: the valid lease, or once the fallback is decided, the fallback
@@ -146,19 +157,24 @@ impl LeaseClient {
         for spec in specs {
             let entry = match previous.remove(&spec.id) {
                 Some(kept) => Entry { spec: spec.clone(), ..kept },
-                None => Entry {
-                    spec: spec.clone(),
-                    used: false,
-                    requested: false,
-                    asked: false,
-                    lease: None,
-                    server_safe: None,
-                    reported: 0.0,
-                },
+                None => Entry::new(spec.clone()),
             };
             self.entries.insert(spec.id, entry);
         }
         previous.into_values().filter(|entry| entry.used || entry.lease.is_some()).map(|entry| entry.spec.id).collect()
+    }
+
+    /// A resource that came into being between configurations (a keyed resource's new key),
+    /// unless it is known.
+    pub fn add(&mut self, spec: ResourceSpec) {
+        self.entries.entry(spec.id.clone()).or_insert_with(|| Entry::new(spec));
+    }
+
+    /// Forgets resources (a keyed resource's idle keys); returns those to release.
+    pub fn remove(&mut self, ids: impl IntoIterator<Item = String>) -> Vec<String> {
+        ids.into_iter()
+            .filter(|id| self.entries.remove(id).is_some_and(|entry| entry.used || entry.lease.is_some()))
+            .collect()
     }
 
     /// First use of a configured resource: it joins the requests, the next one at once.
