@@ -369,4 +369,32 @@ mod tests {
 
         assert_eq!(classify(&plan, Request::get("/static/a/b.css").body(()).unwrap()), Some(("r".into(), 1.0)));
     }
+
+    #[test]
+    fn a_keyed_resource_takes_its_key_from_the_attribute_it_names() {
+        let value = |per: &str, req: Request<()>| {
+            let yaml = format!(
+                "listeners:\n  - {{name: l, address: 127.0.0.1:1, upstream: u}}\n\
+                 upstreams:\n  - {{name: u, url: http://127.0.0.1:2}}\n\
+                 resources:\n  - {{id: k, capacity: 1, per: {per}}}\n"
+            );
+            let config = config::parse(&yaml).unwrap();
+            let per = &config.resources[0].key.as_ref().unwrap().per;
+            let mut path = None;
+            attribute(per, &req, &mut path).map(|v| String::from_utf8(v.into_owned()).unwrap())
+        };
+        let get = |uri: &str| Request::get(uri).header("x-tenant", "acme").header("host", "API.Example:8080");
+        assert_eq!(value("{header: x-tenant}", get("/").body(()).unwrap()).as_deref(), Some("acme"));
+        assert_eq!(value("{header: x-other}", get("/").body(()).unwrap()), None);
+        assert_eq!(value("{path_segment: 1}", get("/v1//acme/./orders").body(()).unwrap()).as_deref(), Some("acme"));
+        assert_eq!(value("{path_segment: 5}", get("/v1/acme").body(()).unwrap()), None);
+        assert_eq!(value("{query: t}", get("/x?a=1&t=a%20b+c&t=z").body(()).unwrap()).as_deref(), Some("a b c"));
+        assert_eq!(value("{query: t}", get("/x").body(()).unwrap()), None);
+        assert_eq!(value("method", Request::put("/").body(()).unwrap()).as_deref(), Some("PUT"));
+        assert_eq!(value("host", get("/").body(()).unwrap()).as_deref(), Some("api.example"));
+        let grpc = || Request::post("/pkg.Orders/Create").header("content-type", "application/grpc");
+        assert_eq!(value("{grpc: service}", grpc().body(()).unwrap()).as_deref(), Some("pkg.Orders"));
+        assert_eq!(value("{grpc: method}", grpc().body(()).unwrap()).as_deref(), Some("Create"));
+        assert_eq!(value("{grpc: method}", Request::post("/pkg.Orders/Create").body(()).unwrap()), None, "not gRPC");
+    }
 }

@@ -45,6 +45,7 @@ pub struct Gate {
     /// request.
     cue: Option<UnboundedSender<Arc<str>>>,
     pub metrics: GateMetrics,
+    key: bool,
 }
 
 struct State {
@@ -79,11 +80,16 @@ impl Gate {
     /// A gate at the resource's standalone capacity (0 when it has none, until a lease applies).
     pub fn new(settings: Resource, cue: Option<UnboundedSender<Arc<str>>>) -> Gate {
         let metrics = GateMetrics::new(&settings.id.as_str().into());
-        Gate::with_metrics(settings, cue, metrics)
+        Gate::made(settings, cue, metrics, false)
     }
 
-    /// [`Gate::new`], recording into `metrics` (a key's: see `keyed`).
-    pub fn with_metrics(settings: Resource, cue: Option<UnboundedSender<Arc<str>>>, metrics: GateMetrics) -> Gate {
+    /// A keyed resource's key (see `keyed`): [`Gate::new`], recording into `metrics`, and its
+    /// changes of mode logged at debug level (thousands of keys change together).
+    pub fn key(settings: Resource, cue: Option<UnboundedSender<Arc<str>>>, metrics: GateMetrics) -> Gate {
+        Gate::made(settings, cue, metrics, true)
+    }
+
+    fn made(settings: Resource, cue: Option<UnboundedSender<Arc<str>>>, metrics: GateMetrics, key: bool) -> Gate {
         let capacity = settings.capacity.unwrap_or(Capacity::ZERO);
         let mode = if cue.is_some() { "pending" } else { "standalone" };
         let burst = burst(&settings, capacity);
@@ -103,6 +109,7 @@ impl Gate {
             retimed: Notify::new(),
             cue,
             metrics,
+            key,
             id,
         };
         gate.metrics.applied(&gate.applied());
@@ -201,7 +208,9 @@ impl Gate {
             self.enforce(&mut state, applied.clone());
             previous
         };
-        if previous != applied.mode {
+        if previous != applied.mode && self.key {
+            tracing::debug!(resource = %self.id, from = previous, mode = applied.mode, "mode changed");
+        } else if previous != applied.mode {
             log_mode_change(&self.id, previous, &applied);
         }
         self.metrics.applied(&applied);

@@ -138,7 +138,7 @@ impl Keyed {
             let safe = settings.safe_capacity.unwrap_or(Capacity::UNLIMITED).get();
             Applied { capacity: Capacity::saturating(settings.when_unreachable.capacity(safe)), mode: "pending", expiry: None }
         });
-        let gate = Gate::with_metrics(settings, self.cue.clone(), metrics);
+        let gate = Gate::key(settings, self.cue.clone(), metrics);
         if let Some(pending) = fallback {
             gate.apply(pending);
         }

@@ -124,7 +124,12 @@ impl Leasing {
                     // A resource's first use, or a surge in its demand: looked
                     // at now, not at the next check.
                     cued = cues.recv() => if let Some(id) = cued {
-                        self.touch(&live.load(), &id);
+                        let plan = live.load();
+                        self.touch(&plan, &id);
+                        // A burst of new keys is taken in one look, not one look each.
+                        while let Ok(id) = cues.try_recv() {
+                            self.touch(&plan, &id);
+                        }
                     },
                     _ = tokio::time::sleep(until_due.min(defaults::LEASE_CHECK_INTERVAL)) => {}
                     _ = stopped(&mut stop) => break,
