@@ -200,7 +200,9 @@ mod tests {
         let charged = |path: &str, cost: &str| {
             let request = http::Request::get(path).header("x-cost", cost).body(()).unwrap();
             let charged = plan.listeners[0].rules.classify(&request).unwrap();
-            bounded(&charged.charge, charged.gates(), charged.cost).map(Cost::get).map_err(|(declared, most)| (declared, most.get()))
+            bounded(&charged.charge, charged.gates(), charged.cost)
+                .map(Cost::get)
+                .map_err(|(declared, most)| (declared, most.get()))
         };
         // The least of a rate's burst and a semaphore's capacity.
         assert_eq!(charged("/a", "2"), Ok(2.0));

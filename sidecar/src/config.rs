@@ -921,18 +921,35 @@ mod tests {
         let leasing = |resources: &str| with("server: {addresses: [\"127.0.0.1:3\"]}\n", resources);
         let long = "x".repeat(960);
         let cases = [
-            (standalone("  - {id: k, capacity: 1, max_keys: 5}\n"), "resources[0] (k).per: max_keys, idle_timeout and metrics need `per`"),
-            (standalone("  - {id: k, capacity: 1, per: {header: x, query: y}}\n"), "(k).per: give exactly one of header"),
-            (standalone("  - {id: k, capacity: 1, per: {header: \"a b\"}}\n"), "(k).per.header: \"a b\" is not a header name"),
+            (
+                standalone("  - {id: k, capacity: 1, max_keys: 5}\n"),
+                "resources[0] (k).per: max_keys, idle_timeout and metrics need `per`",
+            ),
+            (
+                standalone("  - {id: k, capacity: 1, per: {header: x, query: y}}\n"),
+                "(k).per: give exactly one of header",
+            ),
+            (
+                standalone("  - {id: k, capacity: 1, per: {header: \"a b\"}}\n"),
+                "(k).per.header: \"a b\" is not a header name",
+            ),
             (standalone("  - {id: k, capacity: 1, per: host, max_keys: 0}\n"), "(k).max_keys: must be from 1 to 10000"),
-            (standalone("  - {id: k, capacity: 1, per: host, idle_timeout: 0s}\n"), "(k).idle_timeout: must be greater than 0"),
-            (standalone(&format!("  - {{id: {long}, capacity: 1, per: host}}\n")), "a keyed resource's id is at most 959 bytes"),
+            (
+                standalone("  - {id: k, capacity: 1, per: host, idle_timeout: 0s}\n"),
+                "(k).idle_timeout: must be greater than 0",
+            ),
+            (
+                standalone(&format!("  - {{id: {long}, capacity: 1, per: host}}\n")),
+                "a keyed resource's id is at most 959 bytes",
+            ),
             (
                 standalone("  - {id: k, capacity: 1, per: method}\n  - {id: k/GET, capacity: 1}\n"),
                 "resources (k/GET).id: could be a key of the keyed resource \"k\"",
             ),
             (
-                leasing("  - {id: a, per: method, max_keys: 5000}\n  - {id: b, per: host, max_keys: 4996}\n  - {id: c}\n"),
+                leasing(
+                    "  - {id: a, per: method, max_keys: 5000}\n  - {id: b, per: host, max_keys: 4996}\n  - {id: c}\n",
+                ),
                 "resources: up to 10001 ids",
             ),
         ];
@@ -940,12 +957,17 @@ mod tests {
             let error = parse(&yaml).expect_err(&yaml);
             assert!(error.contains(expected), "{error:?} should contain {expected:?}");
         }
-        let fits = leasing("  - {id: a, per: method, max_keys: 5000}\n  - {id: b, per: host, max_keys: 4995}\n  - {id: c}\n");
+        let fits =
+            leasing("  - {id: a, per: method, max_keys: 5000}\n  - {id: b, per: host, max_keys: 4995}\n  - {id: c}\n");
         let config = parse(&fits).expect("10,000 ids");
         let key = config.resources[0].key.as_ref().unwrap();
         assert_eq!((key.max_keys, key.idle_timeout, key.per_key_metrics), (5000, defaults::KEY_IDLE_TIMEOUT, false));
-        let per_key = parse(&standalone("  - {id: k, capacity: 1, per: {path_segment: 2}, metrics: per_key}\n")).unwrap();
+        let per_key =
+            parse(&standalone("  - {id: k, capacity: 1, per: {path_segment: 2}, metrics: per_key}\n")).unwrap();
         let key = per_key.resources[0].key.as_ref().unwrap();
-        assert_eq!((&key.per, key.max_keys, key.per_key_metrics), (&KeyAttribute::PathSegment(2), defaults::MAX_KEYS, true));
+        assert_eq!(
+            (&key.per, key.max_keys, key.per_key_metrics),
+            (&KeyAttribute::PathSegment(2), defaults::MAX_KEYS, true)
+        );
     }
 }

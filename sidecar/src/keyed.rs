@@ -136,7 +136,11 @@ impl Keyed {
             // Until the lease client hears of the key, it holds to what the client would
             // enforce for a resource not yet answered for.
             let safe = settings.safe_capacity.unwrap_or(Capacity::UNLIMITED).get();
-            Applied { capacity: Capacity::saturating(settings.when_unreachable.capacity(safe)), mode: "pending", expiry: None }
+            Applied {
+                capacity: Capacity::saturating(settings.when_unreachable.capacity(safe)),
+                mode: "pending",
+                expiry: None,
+            }
         });
         let gate = Gate::key(settings, self.cue.clone(), metrics);
         if let Some(pending) = fallback {
@@ -287,5 +291,4 @@ mod tests {
         assert!(keyed.gate(Some("x".repeat(MAX_ID_BYTES).as_bytes())).is_err(), "no room in the id");
         assert!(keyed.find("t/a").is_some() && keyed.find("t/c").is_none() && keyed.find("ta").is_none());
     }
-
 }

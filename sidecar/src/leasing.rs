@@ -67,7 +67,9 @@ impl Leasing {
     /// A resource's first use: a fixed resource, or a key new to the lease client.
     fn touch(&self, plan: &Plan, id: &str) {
         let mut client = self.lock();
-        if let Some(keyed) = plan.config.resource(id).is_none().then(|| plan.keyed.iter().find(|k| k.find(id).is_some())).flatten() {
+        if let Some(keyed) =
+            plan.config.resource(id).is_none().then(|| plan.keyed.iter().find(|k| k.find(id).is_some())).flatten()
+        {
             client.add(keyed.spec(id));
         }
         client.touch(id);

@@ -243,7 +243,10 @@ pub struct KeyedMetrics {
 
 impl KeyedMetrics {
     pub fn new(id: &Arc<str>) -> KeyedMetrics {
-        let (dropped, overflows) = (counter!(KEYS_DROPPED, "resource" => id.to_string()), counter!(KEY_OVERFLOWS, "resource" => id.to_string()));
+        let (dropped, overflows) = (
+            counter!(KEYS_DROPPED, "resource" => id.to_string()),
+            counter!(KEY_OVERFLOWS, "resource" => id.to_string()),
+        );
         // Shown from the start: an alert on overflows needs a series before the first one.
         dropped.increment(0);
         overflows.increment(0);

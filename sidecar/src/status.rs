@@ -256,9 +256,7 @@ pub fn html(status: &SidecarStatus, history: &GateHistory, end: f64) -> String {
         );
         resource_table(&mut page, "The busiest keys", &k.busiest, status.now);
     }
-    page.push_str(
-        "<p><a href=\"/debug/status.json\">JSON</a> · <a href=\"/metrics\">metrics</a></p></body></html>",
-    );
+    page.push_str("<p><a href=\"/debug/status.json\">JSON</a> · <a href=\"/metrics\">metrics</a></p></body></html>");
     page
 }
 

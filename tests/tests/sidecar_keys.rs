@@ -144,7 +144,8 @@ async fn leased_through_a_tree_each_tenant_is_a_resource_and_idle_keys_are_relea
     let leaf = Server::builder().config(&template(0.0)).arg("--parent").arg(root.grpc.to_string()).start();
     let upstream = UpstreamProcess::start(None);
     let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let yaml = config(listen, upstream.addr(), Some(leaf.grpc), "burst: 1, idle_timeout: 3s, when_unreachable: pessimistic");
+    let yaml =
+        config(listen, upstream.addr(), Some(leaf.grpc), "burst: 1, idle_timeout: 3s, when_unreachable: pessimistic");
     let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
     let client = http1();
 
@@ -194,20 +195,16 @@ fn rss(pid: u32) -> f64 {
     kib.trim().trim_end_matches("kB").trim().parse::<f64>().expect("a number") * 1024.0
 }
 
-/// A root and `leaves` leaf servers, each leaf given `keys` keys by one GetCapacity (as a
+/// A root and `count` leaf servers, each leaf given `keys` keys by one GetCapacity (as a
 /// sidecar with that many live keys asks for them): each leaf must hold them (as many as its one
 /// request to the root may name, at most) and the root all of them. Prints the memory per
 /// resource and the time of the slowest GetCapacity.
-async fn tree_of_keys(leaves: usize, keys: usize) {
-    let template = |lease: u32, refresh: u32| {
-        format!(
-            "resources:\n  - identifier_glob: \"*\"\n    capacity: 5\n    \
-             algorithm: {{kind: FAIR_SHARE, lease_length: {lease}, refresh_interval: {refresh}, learning_mode_duration: 0}}\n"
-        )
-    };
-    let root = Server::builder().config(&template(60, 10)).start();
-    let leaves: Vec<Server> = (0..leaves)
-        .map(|_| Server::builder().config(&template(60, 10)).arg("--parent").arg(root.grpc.to_string()).start())
+async fn tree_of_keys(count: usize, keys: usize) {
+    let template = "resources:\n  - identifier_glob: \"*\"\n    capacity: 5\n    \
+        algorithm: {kind: FAIR_SHARE, lease_length: 60, refresh_interval: 10, learning_mode_duration: 0}\n";
+    let root = Server::builder().config(template).start();
+    let leaves: Vec<Server> = (0..count)
+        .map(|_| Server::builder().config(template).arg("--parent").arg(root.grpc.to_string()).start())
         .collect();
     let before: Vec<f64> = std::iter::once(&root).chain(&leaves).map(|s| rss(s.pid())).collect();
 
@@ -223,17 +220,19 @@ async fn tree_of_keys(leaves: usize, keys: usize) {
             .collect();
         let request = sluice_proto::GetCapacityRequest { client_id: format!("sidecar-{l}"), resource };
         let started = Instant::now();
-        let response = leaf.client().await.get_capacity(request).await.expect("10,000 keys fit a leaf");
+        let response = leaf.client().await.get_capacity(request).await.expect("the keys fit a leaf");
         slowest = slowest.max(started.elapsed());
         assert_eq!(response.get_ref().response.len(), keys);
     }
 
-    // Each leaf asks the root for its 10,000 in one request; the root then holds them all.
+    // Each leaf asks the root for its keys in one request; the root then holds them all.
     let root_resources = || status_json(root.admin).map_or(0, |s| s["resources"].as_array().map_or(0, Vec::len));
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut held = root_resources();
-    while held < leaves * keys {
-        let rpcs = |r: &str| leaves[0].metric(&format!("sluice_server_parent_rpcs_total{{method=\"GetServerCapacity\",result=\"{r}\"}}"));
+    while held < count * keys {
+        let rpcs = |r: &str| {
+            leaves[0].metric(&format!("sluice_server_parent_rpcs_total{{method=\"GetServerCapacity\",result=\"{r}\"}}"))
+        };
         assert!(
             Instant::now() < deadline,
             "the root holds {held} resources; a leaf's requests to it: {:?} ok, {:?} failed; log:\n{}",
@@ -244,20 +243,20 @@ async fn tree_of_keys(leaves: usize, keys: usize) {
         tokio::time::sleep(Duration::from_secs(1)).await;
         held = root_resources();
     }
-    assert_eq!(held, leaves * keys);
+    assert_eq!(held, count * keys);
     for leaf in &leaves {
         let failed = leaf.metric("sluice_server_parent_rpcs_total{method=\"GetServerCapacity\",result=\"error\"}");
         assert_eq!(failed.unwrap_or(0.0), 0.0, "no leaf's request to the root failed:\n{}", leaf.logs());
     }
     let after: Vec<f64> = std::iter::once(&root).chain(&leaves).map(|s| rss(s.pid())).collect();
     let per_resource = |i: usize, n: usize| (after[i] - before[i]) / n as f64;
-    let leaf_mean = (1..=leaves).map(|i| per_resource(i, keys)).sum::<f64>() / leaves as f64;
+    let leaf_mean = (1..=count).map(|i| per_resource(i, keys)).sum::<f64>() / count as f64;
     println!(
         "{} keys: root {:.0} MB RSS, {:.0} bytes per resource; leaves {:.0} bytes per resource (mean); \
          slowest GetCapacity at a leaf {:?}",
-        leaves * keys,
+        count * keys,
         after[0] / 1e6,
-        per_resource(0, leaves * keys),
+        per_resource(0, count * keys),
         leaf_mean,
         slowest
     );
