@@ -5,6 +5,7 @@ use std::time::Duration;
 use sluice_client::defaults::MAX_LEASE_SECONDS;
 pub use sluice_client::defaults::{
     BACKOFF_BASE, BACKOFF_CAP, CAPACITY_CONNECT_TIMEOUT, CAPACITY_RPC_TIMEOUT, EXPIRY_MARGIN, MAX_AMOUNT, MAX_ID_BYTES,
+    MAX_RESOURCES_PER_REQUEST,
 };
 
 /// gRPC listener for development; the container image sets 0.0.0.0.
@@ -20,9 +21,6 @@ pub const CONFIG_POLL_INTERVAL: &str = "2s";
 /// The configuration used when no `--config` is given: one catch-all resource, enough to run the
 /// demo and a single-pod setup.
 pub const EMBEDDED_CONFIG: &str = include_str!("default_config.yaml");
-
-/// Most resources one request may name (SPEC §3.9): bounds the work a single call can cause.
-pub const MAX_RESOURCES_PER_REQUEST: usize = 10_000;
 
 /// Most resources a server keeps at once (`--max-resources`): every resource costs memory and
 /// five metric series, and clients choose resource ids freely.

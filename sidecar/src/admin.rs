@@ -73,7 +73,9 @@ pub fn spawn(listener: std::net::TcpListener, admin: Arc<Admin>) -> std::io::Res
 fn route(req: &Request<Incoming>, admin: &Admin) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/metrics" => {
-            admin.live.load().gates.iter().for_each(|gate| gate.show_metrics());
+            let plan = admin.live.load();
+            plan.gates.iter().for_each(|gate| gate.show_metrics());
+            plan.keyed.iter().for_each(|keyed| keyed.show_metrics());
             crate::metrics::publish_config(&ConfigStatus::now(&admin.config));
             admin.handle.run_upkeep();
             reply(StatusCode::OK, "text/plain; version=0.0.4", admin.handle.render())

@@ -6,6 +6,7 @@
 
 use std::{
     convert::Infallible,
+    sync::Arc,
     task::{Context, Poll},
     time::{Duration, Instant},
 };
@@ -16,10 +17,10 @@ use tower::Service;
 
 use crate::{
     body::Body,
-    classify::{Charge, Charged, Costed},
+    classify::{Charge, Charged, Costed, Resolved},
     config::{CostRule, OnLimit, Side},
     core::{Cost, Kind},
-    gate::Permits,
+    gate::{Gate, Permits},
     metered, respond,
     stack::{Exchange, ResponseFuture},
     time,
@@ -68,14 +69,15 @@ where
             }
             let charge = &charged.charge;
             if metered == Some(Side::Request) {
-                exchange.request.body_mut().charge_to(charge.clone(), charge.on_limit == OnLimit::Delay);
+                let paced = charge.on_limit == OnLimit::Delay;
+                exchange.request.body_mut().charge_to(charge.clone(), charged.gates().into(), paced);
             }
             let mut response = inner.call(exchange).await?;
             if !permits.is_empty() {
                 response.body_mut().hold(permits);
             }
             if metered == Some(Side::Response) {
-                response.body_mut().charge_to(charge.clone());
+                response.body_mut().charge_to(charge.clone(), charged.gates().into());
             }
             Ok(response)
         }))
@@ -86,8 +88,13 @@ where
 /// in all; on refusal, gives back what earlier gates granted and answers with the synthetic
 /// rejection.
 async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Duration), Response<Body>> {
-    let Charged { charge, cost } = charged;
-    let cost = bounded(charge, *cost).map_err(|(declared, most)| {
+    let Charged { charge, cost, gates: resolved } = charged;
+    if let Resolved::Unsafe { resource, bytes } = resolved {
+        tracing::debug!(rule = %charge.rule, %resource, bytes, "key too long refused");
+        return Err(respond::key_too_long(respond::is_grpc(headers), resource, &charge.rule, *bytes));
+    }
+    let gates = charged.gates();
+    let cost = bounded(charge, gates, *cost).map_err(|(declared, most)| {
         tracing::debug!(rule = %charge.rule, declared, most = most.get(), "declared cost refused");
         respond::cost_too_large(respond::is_grpc(headers), &charge.rule, declared, most)
     })?;
@@ -99,7 +106,7 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Durat
     let deadline = (!max_wait.is_zero()).then(|| time::after(Instant::now(), max_wait));
     let mut permits = Permits::default();
     let mut waited_in_all = Duration::ZERO;
-    for (i, gate) in charge.gates.iter().enumerate() {
+    for (i, gate) in gates.iter().enumerate() {
         let budget = deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
         match gate.admit(cost, budget).await {
             Ok(waited) if waited.is_zero() => {
@@ -119,7 +126,7 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Durat
                 gate.metrics.record_refused(false);
                 // Every earlier gate admitted (only shadow goes on past a refusal): rates get
                 // their tokens back, concurrency permits go when `permits` drops.
-                for earlier in charge.gates[..i].iter().filter(|g| g.kind == Kind::Rate) {
+                for earlier in gates[..i].iter().filter(|g| g.kind == Kind::Rate) {
                     earlier.refund(cost);
                 }
                 let capacity = gate.applied().capacity.get();
@@ -138,14 +145,14 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Durat
 /// The cost to charge: a declared one only up to the rule's `max_cost`, or without one, up to
 /// the least that any of its resources takes at once now (a rate's burst: more would leave it
 /// in debt). Else the declared cost and that bound.
-fn bounded(charge: &Charge, cost: Costed) -> Result<Cost, (f64, Cost)> {
+fn bounded(charge: &Charge, gates: &[Arc<Gate>], cost: Costed) -> Result<Cost, (f64, Cost)> {
     let declared = match cost {
         Costed::Fixed(cost) => return Ok(cost),
         Costed::Declared(declared) => declared,
     };
     let most = match &charge.cost {
         CostRule::Header { max: Some(max), .. } | CostRule::Bytes { max: Some(max), .. } => *max,
-        _ => charge.gates.iter().map(|g| g.largest_cost()).fold(Cost::MAX, |a, b| if b < a { b } else { a }),
+        _ => gates.iter().map(|g| g.largest_cost()).fold(Cost::MAX, |a, b| if b < a { b } else { a }),
     };
     Cost::new(declared).filter(|c| *c <= most).ok_or((declared, most))
 }
@@ -205,8 +212,10 @@ mod tests {
         let plan = Plan::build(config::parse(yaml).unwrap(), None, None).unwrap();
         let charged = |path: &str, cost: &str| {
             let request = http::Request::get(path).header("x-cost", cost).body(()).unwrap();
-            let Charged { charge, cost } = plan.listeners[0].rules.classify(&request).unwrap();
-            bounded(&charge, cost).map(Cost::get).map_err(|(declared, most)| (declared, most.get()))
+            let charged = plan.listeners[0].rules.classify(&request).unwrap();
+            bounded(&charged.charge, charged.gates(), charged.cost)
+                .map(Cost::get)
+                .map_err(|(declared, most)| (declared, most.get()))
         };
         // The least of a rate's burst and a semaphore's capacity.
         assert_eq!(charged("/a", "2"), Ok(2.0));

@@ -23,6 +23,7 @@ use crate::{
     cli::Args,
     config::{self, Config},
     defaults::{EMBEDDED_CONFIG, HISTORY_RESOURCES},
+    keyed,
     leasing::Leasing,
     listener, metrics,
     plan::Plan,
@@ -58,7 +59,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
 
     let plan = Plan::build(config, None, cue.as_ref()).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
     if let Some(leasing) = &leasing {
-        leasing.configure(&plan.config);
+        leasing.configure(&plan);
         leasing.apply(&plan);
     }
     let live = Arc::new(ArcSwap::from_pointee(plan));
@@ -94,7 +95,8 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let (stop, stopped) = watch::channel(false);
     // The leases are kept up while the listeners drain, and given back after.
     let (release, released) = watch::channel(false);
-    let leasing_task = leasing.clone().map(|l| tokio::spawn(l.run(live.clone(), cues, released)));
+    let leasing_task = leasing.clone().map(|l| tokio::spawn(l.run(live.clone(), cues, released.clone())));
+    tokio::spawn(keyed::sweep(live.clone(), leasing.clone(), released));
     let serving: Vec<_> = listeners
         .into_iter()
         .enumerate()
@@ -145,12 +147,12 @@ fn reload(
         }
         let plan = Plan::build(next, Some(&current), cue.as_ref())?;
         if let Some(leasing) = &leasing {
-            let dropped = leasing.configure(&plan.config);
+            let dropped = leasing.configure(&plan);
             leasing.apply(&plan);
             let leasing = leasing.clone();
             tokio::spawn(async move { leasing.release(dropped).await });
         }
-        let summary = format!("{} rules, {} resources", plan.config.rules.len(), plan.gates.len());
+        let summary = format!("{} rules, {} resources", plan.config.rules.len(), plan.config.resources.len());
         live.store(Arc::new(plan));
         Ok(summary)
     })

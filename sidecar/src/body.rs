@@ -19,8 +19,14 @@ use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
 use crate::{
-    classify::Charge, gate::Permits, inbound::Inbound, listener::Progress, metered::Metered, pool::Http1Body,
-    sync::Open, time::Timer,
+    classify::Charge,
+    gate::{Gate, Permits},
+    inbound::Inbound,
+    listener::Progress,
+    metered::Metered,
+    pool::Http1Body,
+    sync::Open,
+    time::Timer,
 };
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -107,9 +113,9 @@ impl Body {
 
     /// Charges the bytes of an upstream's body to `charge`'s resources as they pass (after the
     /// fact).
-    pub fn charge_to(&mut self, charge: Arc<Charge>) {
+    pub fn charge_to(&mut self, charge: Arc<Charge>, gates: Arc<[Arc<Gate>]>) {
         if let Body::Upstream { inner, .. } = self {
-            inner.charge_to(charge, false);
+            inner.charge_to(charge, gates, false);
         }
     }
 

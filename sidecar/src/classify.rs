@@ -15,9 +15,10 @@ use tower::Service;
 
 use crate::{
     body::Body,
-    config::{CostRule, Match, OnLimit, PathMatch},
-    core::Cost,
+    config::{CostRule, KeyAttribute, Match, OnLimit, PathMatch},
+    core::{Cost, TooLong},
     gate::Gate,
+    keyed::Keyed,
     respond,
     stack::Exchange,
 };
@@ -25,8 +26,10 @@ use crate::{
 /// What a matching rule charges: compiled once per configuration.
 pub struct Charge {
     pub rule: String,
-    /// The rule's resource first, then its `also` resources.
+    /// The rule's fixed resources, in order (the rule's resource first, then its `also`).
     pub gates: Vec<Arc<Gate>>,
+    /// The rule's keyed resources, each with its place among all the resources it charges.
+    pub keyed: Vec<(usize, Arc<Keyed>)>,
     pub cost: CostRule,
     pub on_limit: OnLimit,
     pub max_wait: Duration,
@@ -36,6 +39,29 @@ pub struct Charge {
 pub struct Charged {
     pub charge: Arc<Charge>,
     pub cost: Costed,
+    pub gates: Resolved,
+}
+
+/// The gates a request passes, with its keys found.
+pub enum Resolved {
+    /// The rule's own: it charges no keyed resource.
+    Rule,
+    /// Every resource's, each keyed one's key in its place.
+    Keyed(Vec<Arc<Gate>>),
+    /// The request's value for a keyed resource makes a key too long for an id (`bytes`, over
+    /// the room its id leaves): it is refused.
+    Unsafe { resource: Arc<str>, bytes: usize },
+}
+
+impl Charged {
+    /// The gates to pass, in order (none for an unsafe key).
+    pub fn gates(&self) -> &[Arc<Gate>] {
+        match &self.gates {
+            Resolved::Rule => &self.charge.gates,
+            Resolved::Keyed(gates) => gates,
+            Resolved::Unsafe { .. } => &[],
+        }
+    }
 }
 
 /// What a request is to be charged.
@@ -71,7 +97,58 @@ impl Rules {
             // Admission reads the body's length, or meters the body as it passes.
             CostRule::Bytes { .. } => Costed::Fixed(Cost::default()),
         };
-        Some(Charged { charge: charge.clone(), cost })
+        let gates = if charge.keyed.is_empty() { Resolved::Rule } else { resolve(charge, req, &mut path) };
+        Some(Charged { charge: charge.clone(), cost, gates })
+    }
+}
+
+/// The gates of a charge with keyed resources: each one's key from the request.
+fn resolve<'r, B>(charge: &Charge, req: &'r Request<B>, path: &mut Option<Cow<'r, str>>) -> Resolved {
+    let count = charge.gates.len() + charge.keyed.len();
+    let mut gates = Vec::with_capacity(count);
+    let (mut fixed, mut keyed) = (charge.gates.iter(), charge.keyed.iter().peekable());
+    for i in 0..count {
+        match keyed.next_if(|(at, _)| *at == i) {
+            Some((_, k)) => match k.gate(attribute(k.attribute(), req, path).as_deref()) {
+                Ok(gate) => gates.push(gate),
+                Err(TooLong { bytes }) => return Resolved::Unsafe { resource: k.id.clone(), bytes },
+            },
+            None => gates.push(fixed.next().expect("the charge's fixed gates fill the other places").clone()),
+        }
+    }
+    Resolved::Keyed(gates)
+}
+
+/// The value of a keyed resource's attribute in `req`, if it has one; borrowed where it can
+/// be. The request's path is [`normalized`] into `path` if that was not done yet.
+pub fn attribute<'a, 'r: 'a, B>(
+    per: &KeyAttribute,
+    req: &'r Request<B>,
+    path: &'a mut Option<Cow<'r, str>>,
+) -> Option<Cow<'a, [u8]>> {
+    let borrowed = |s: &'a str| Some(Cow::Borrowed(s.as_bytes()));
+    match per {
+        KeyAttribute::Header(name) => req.headers().get(name).map(|v| Cow::Borrowed(v.as_bytes())),
+        KeyAttribute::PathSegment(n) => normalized_once(path, req).split('/').nth(n + 1).and_then(borrowed),
+        KeyAttribute::Query(name) => {
+            let (_, value) = form_urlencoded::parse(req.uri().query()?.as_bytes()).find(|(k, _)| k == name)?;
+            Some(match value {
+                Cow::Borrowed(v) => Cow::Borrowed(v.as_bytes()),
+                Cow::Owned(v) => Cow::Owned(v.into_bytes()),
+            })
+        }
+        KeyAttribute::GrpcService | KeyAttribute::GrpcMethod => {
+            if !respond::is_grpc(req.headers()) {
+                return None;
+            }
+            let (service, method) = grpc_parts(normalized_once(path, req))?;
+            borrowed(if *per == KeyAttribute::GrpcService { service } else { method })
+        }
+        KeyAttribute::Method => borrowed(req.method().as_str()),
+        KeyAttribute::Host => match host(req) {
+            h if h.bytes().any(|b| b.is_ascii_uppercase()) => Some(Cow::Owned(h.to_ascii_lowercase().into_bytes())),
+            h => borrowed(h),
+        },
     }
 }
 
@@ -156,8 +233,12 @@ fn decode_unreserved(path: &str) -> String {
 }
 
 /// gRPC paths are `/package.Service/Method`.
+fn grpc_parts(path: &str) -> Option<(&str, &str)> {
+    path.strip_prefix('/')?.split_once('/')
+}
+
 fn grpc_matches(m: &Match, path: &str) -> bool {
-    let Some((service, method)) = path.strip_prefix('/').and_then(|p| p.split_once('/')) else {
+    let Some((service, method)) = grpc_parts(path) else {
         return false;
     };
     m.grpc_service.as_deref().is_none_or(|s| s == service) && m.grpc_method.as_deref().is_none_or(|x| x == method)
@@ -289,5 +370,33 @@ mod tests {
         assert_eq!(classify(&plan, silver), None);
 
         assert_eq!(classify(&plan, Request::get("/static/a/b.css").body(()).unwrap()), Some(("r".into(), 1.0)));
+    }
+
+    #[test]
+    fn a_keyed_resource_takes_its_key_from_the_attribute_it_names() {
+        let value = |per: &str, req: Request<()>| {
+            let yaml = format!(
+                "listeners:\n  - {{name: l, address: 127.0.0.1:1, upstream: u}}\n\
+                 upstreams:\n  - {{name: u, url: http://127.0.0.1:2}}\n\
+                 resources:\n  - {{id: k, capacity: 1, per: {per}}}\n"
+            );
+            let config = config::parse(&yaml).unwrap();
+            let per = &config.resources[0].key.as_ref().unwrap().per;
+            let mut path = None;
+            attribute(per, &req, &mut path).map(|v| String::from_utf8(v.into_owned()).unwrap())
+        };
+        let get = |uri: &str| Request::get(uri).header("x-tenant", "acme").header("host", "API.Example:8080");
+        assert_eq!(value("{header: x-tenant}", get("/").body(()).unwrap()).as_deref(), Some("acme"));
+        assert_eq!(value("{header: x-other}", get("/").body(()).unwrap()), None);
+        assert_eq!(value("{path_segment: 1}", get("/v1//acme/./orders").body(()).unwrap()).as_deref(), Some("acme"));
+        assert_eq!(value("{path_segment: 5}", get("/v1/acme").body(()).unwrap()), None);
+        assert_eq!(value("{query: t}", get("/x?a=1&t=a%20b+c&t=z").body(()).unwrap()).as_deref(), Some("a b c"));
+        assert_eq!(value("{query: t}", get("/x").body(()).unwrap()), None);
+        assert_eq!(value("method", Request::put("/").body(()).unwrap()).as_deref(), Some("PUT"));
+        assert_eq!(value("host", get("/").body(()).unwrap()).as_deref(), Some("api.example"));
+        let grpc = || Request::post("/pkg.Orders/Create").header("content-type", "application/grpc");
+        assert_eq!(value("{grpc: service}", grpc().body(()).unwrap()).as_deref(), Some("pkg.Orders"));
+        assert_eq!(value("{grpc: method}", grpc().body(()).unwrap()).as_deref(), Some("Create"));
+        assert_eq!(value("{grpc: method}", Request::post("/pkg.Orders/Create").body(()).unwrap()), None, "not gRPC");
     }
 }

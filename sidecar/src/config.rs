@@ -6,6 +6,7 @@ use std::{collections::HashSet, net::SocketAddr, path::PathBuf, time::Duration};
 
 use http::{Method, Uri, uri::Scheme};
 use serde::Deserialize;
+use sluice_client::defaults::{MAX_ID_BYTES, MAX_RESOURCES_PER_REQUEST};
 
 use crate::{
     classify::normalized,
@@ -84,6 +85,36 @@ pub struct Resource {
     pub when_unreachable: Fallback,
     /// Capacity under `safe` before any server has named one; `None`: no limit.
     pub safe_capacity: Option<Capacity>,
+    /// A keyed resource: each value of a request attribute is a resource of its own.
+    pub key: Option<KeySpec>,
+}
+
+/// How a keyed resource makes its keys (see [`crate::core::KeyTable`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeySpec {
+    pub per: KeyAttribute,
+    /// Most keys of values held at once; values beyond share one overflow key.
+    pub max_keys: usize,
+    /// A key unused this long is dropped and its lease released.
+    pub idle_timeout: Duration,
+    /// Metric series per key (opt-in: clients choose the values), else per keyed resource.
+    pub per_key_metrics: bool,
+}
+
+/// The request attribute whose value names the key.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KeyAttribute {
+    /// The header's first value.
+    Header(http::HeaderName),
+    /// The normalized path's segment, 0 for the first after the leading `/`.
+    PathSegment(usize),
+    /// The query parameter's first value, form-decoded.
+    Query(String),
+    GrpcService,
+    GrpcMethod,
+    Method,
+    /// Lower case, without port.
+    Host,
 }
 
 #[derive(Clone, Debug)]
@@ -223,6 +254,48 @@ struct ResourceDoc {
     #[serde(default)]
     when_unreachable: FallbackDoc,
     safe_capacity: Option<f64>,
+    per: Option<PerDoc>,
+    max_keys: Option<usize>,
+    idle_timeout: Option<String>,
+    metrics: Option<MetricsDoc>,
+}
+
+/// `method`, `host`, or a map with exactly one of the attributes.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PerDoc {
+    Named(PerNameDoc),
+    Attribute(PerAttributeDoc),
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum PerNameDoc {
+    Method,
+    Host,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PerAttributeDoc {
+    header: Option<String>,
+    path_segment: Option<usize>,
+    query: Option<String>,
+    grpc: Option<GrpcPartDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum GrpcPartDoc {
+    Service,
+    Method,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum MetricsDoc {
+    PerResource,
+    PerKey,
 }
 
 #[derive(Deserialize, Default)]
@@ -368,6 +441,7 @@ pub fn parse_with(text: &str, servers: &[String]) -> Result<Config, String> {
         .map(|(i, r)| resource(i, r, server.is_none()))
         .collect::<Result<Vec<_>, _>>()?;
     unique("resources", resources.iter().map(|r| r.id.as_str()))?;
+    keyed_ids(&resources, server.is_some())?;
     let rules = doc
         .rules
         .into_iter()
@@ -475,7 +549,15 @@ fn resource(i: usize, doc: ResourceDoc, standalone: bool) -> Result<Resource, St
         return Err(format!("{}: required in standalone mode (no `server`)", at("capacity")));
     }
     let burst = doc.burst.map(|b| amount(b, &at("burst"))).transpose()?;
+    let key = match &doc.per {
+        None => match (doc.max_keys, &doc.idle_timeout, &doc.metrics) {
+            (None, None, None) => None,
+            _ => return Err(format!("{}: max_keys, idle_timeout and metrics need `per`", at("per"))),
+        },
+        Some(per) => Some(key_spec(per, &doc, &at)?),
+    };
     Ok(Resource {
+        key,
         kind: match doc.kind {
             KindDoc::Rate => Kind::Rate,
             KindDoc::Concurrency => Kind::Concurrency,
@@ -491,6 +573,72 @@ fn resource(i: usize, doc: ResourceDoc, standalone: bool) -> Result<Resource, St
         safe_capacity: capacity(doc.safe_capacity, "safe_capacity")?,
         id: doc.id,
     })
+}
+
+fn key_spec(per: &PerDoc, doc: &ResourceDoc, at: &dyn Fn(&str) -> String) -> Result<KeySpec, String> {
+    let per = match per {
+        PerDoc::Named(PerNameDoc::Method) => KeyAttribute::Method,
+        PerDoc::Named(PerNameDoc::Host) => KeyAttribute::Host,
+        PerDoc::Attribute(a) => match (&a.header, a.path_segment, &a.query, &a.grpc) {
+            (Some(name), None, None, None) => KeyAttribute::Header(
+                http::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| format!("{}: {name:?} is not a header name", at("per.header")))?,
+            ),
+            (None, Some(n), None, None) => KeyAttribute::PathSegment(n),
+            (None, None, Some(name), None) if name.is_empty() => {
+                return Err(format!("{}: must not be empty", at("per.query")));
+            }
+            (None, None, Some(name), None) => KeyAttribute::Query(name.clone()),
+            (None, None, None, Some(GrpcPartDoc::Service)) => KeyAttribute::GrpcService,
+            (None, None, None, Some(GrpcPartDoc::Method)) => KeyAttribute::GrpcMethod,
+            _ => {
+                return Err(format!(
+                    "{}: give exactly one of header, path_segment, query or grpc (or `method`, `host`)",
+                    at("per")
+                ));
+            }
+        },
+    };
+    let max_keys = match doc.max_keys {
+        Some(n) if n == 0 || n > MAX_RESOURCES_PER_REQUEST => {
+            return Err(format!("{}: must be from 1 to {MAX_RESOURCES_PER_REQUEST}", at("max_keys")));
+        }
+        n => n.unwrap_or(defaults::MAX_KEYS),
+    };
+    // The shared keys' ids must fit, and a value's key should have some room.
+    if doc.id.len() + 1 + defaults::MIN_KEY_BYTES > MAX_ID_BYTES {
+        let most = MAX_ID_BYTES - 1 - defaults::MIN_KEY_BYTES;
+        return Err(format!("{}: a keyed resource's id is at most {most} bytes, to leave room for its keys", at("id")));
+    }
+    Ok(KeySpec {
+        per,
+        max_keys,
+        idle_timeout: doc
+            .idle_timeout
+            .as_deref()
+            .map_or(Ok(defaults::KEY_IDLE_TIMEOUT), |t| duration(t, &at("idle_timeout")))?,
+        per_key_metrics: matches!(doc.metrics, Some(MetricsDoc::PerKey)),
+    })
+}
+
+/// A key's id, `<keyed id>/<key>`, must name no other resource; and with a server, every id the
+/// sidecar may hold at once must fit in one GetCapacity request.
+fn keyed_ids(resources: &[Resource], leasing: bool) -> Result<(), String> {
+    for keyed in resources.iter().filter(|r| r.key.is_some()) {
+        let prefix = format!("{}/", keyed.id);
+        if let Some(other) = resources.iter().find(|r| r.id.starts_with(&prefix)) {
+            return Err(format!("resources ({}).id: could be a key of the keyed resource {:?}", other.id, keyed.id));
+        }
+    }
+    // Each keyed resource may also hold its two shared keys (no value, overflow).
+    let ids: usize = resources.iter().map(|r| r.key.as_ref().map_or(1, |k| k.max_keys + 2)).sum();
+    if leasing && ids > MAX_RESOURCES_PER_REQUEST {
+        return Err(format!(
+            "resources: up to {ids} ids (each keyed resource's max_keys + 2 shared keys, one per other resource), \
+             but one GetCapacity request names at most {MAX_RESOURCES_PER_REQUEST}: lower max_keys"
+        ));
+    }
+    Ok(())
 }
 
 fn rule(i: usize, doc: RuleDoc, listeners: &[Listener], resources: &[Resource]) -> Result<Rule, String> {
@@ -811,5 +959,67 @@ mod tests {
             let config = parse(&with("capacity: 1", &format!(", cost: {cost}, max_cost: 65536"))).expect(cost);
             assert_eq!(config.rules[0].cost, CostRule::Bytes { of, max: Cost::new(65536.0) });
         }
+    }
+
+    #[test]
+    fn keyed_resources_are_checked() {
+        let with = |server: &str, resources: &str| {
+            format!(
+                "{server}listeners:\n  - {{name: l, address: 127.0.0.1:1, upstream: u}}\n\
+                 upstreams:\n  - {{name: u, url: http://127.0.0.1:2}}\nresources:\n{resources}"
+            )
+        };
+        let standalone = |resources: &str| with("", resources);
+        let leasing = |resources: &str| with("server: {addresses: [\"127.0.0.1:3\"]}\n", resources);
+        let long = "x".repeat(960);
+        let cases = [
+            (
+                standalone("  - {id: k, capacity: 1, max_keys: 5}\n"),
+                "resources[0] (k).per: max_keys, idle_timeout and metrics need `per`",
+            ),
+            (
+                standalone("  - {id: k, capacity: 1, per: {header: x, query: y}}\n"),
+                "(k).per: give exactly one of header",
+            ),
+            (
+                standalone("  - {id: k, capacity: 1, per: {header: \"a b\"}}\n"),
+                "(k).per.header: \"a b\" is not a header name",
+            ),
+            (standalone("  - {id: k, capacity: 1, per: host, max_keys: 0}\n"), "(k).max_keys: must be from 1 to 10000"),
+            (
+                standalone("  - {id: k, capacity: 1, per: host, idle_timeout: 0s}\n"),
+                "(k).idle_timeout: must be greater than 0",
+            ),
+            (
+                standalone(&format!("  - {{id: {long}, capacity: 1, per: host}}\n")),
+                "a keyed resource's id is at most 959 bytes",
+            ),
+            (
+                standalone("  - {id: k, capacity: 1, per: method}\n  - {id: k/GET, capacity: 1}\n"),
+                "resources (k/GET).id: could be a key of the keyed resource \"k\"",
+            ),
+            (
+                leasing(
+                    "  - {id: a, per: method, max_keys: 5000}\n  - {id: b, per: host, max_keys: 4996}\n  - {id: c}\n",
+                ),
+                "resources: up to 10001 ids",
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let error = parse(&yaml).expect_err(&yaml);
+            assert!(error.contains(expected), "{error:?} should contain {expected:?}");
+        }
+        let fits =
+            leasing("  - {id: a, per: method, max_keys: 5000}\n  - {id: b, per: host, max_keys: 4995}\n  - {id: c}\n");
+        let config = parse(&fits).expect("10,000 ids");
+        let key = config.resources[0].key.as_ref().unwrap();
+        assert_eq!((key.max_keys, key.idle_timeout, key.per_key_metrics), (5000, defaults::KEY_IDLE_TIMEOUT, false));
+        let per_key =
+            parse(&standalone("  - {id: k, capacity: 1, per: {path_segment: 2}, metrics: per_key}\n")).unwrap();
+        let key = per_key.resources[0].key.as_ref().unwrap();
+        assert_eq!(
+            (&key.per, key.max_keys, key.per_key_metrics),
+            (&KeyAttribute::PathSegment(2), defaults::MAX_KEYS, true)
+        );
     }
 }

@@ -33,6 +33,27 @@ pub const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// every configured resource first, so only the series of resources a reload removed go.
 pub const STALE_GAUGE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A keyed resource's `max_keys` unless it sets one: most keys of values held at once.
+pub const MAX_KEYS: usize = 1_000;
+
+/// A keyed resource's `idle_timeout` unless it sets one: a key unused this long (and with
+/// nothing in flight or queued) is dropped and its lease released, so memory and the servers'
+/// resources follow the live keys. Several lease lengths, so that a client pausing between
+/// bursts keeps its key, its lease and its debt; a few minutes, so that keys churned through
+/// once go soon.
+pub const KEY_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How often idle keys are looked for; a key's last use is known to this precision.
+pub const KEY_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Room a keyed resource's id must leave for a key in its ids (of at most
+/// `sluice_client::defaults::MAX_ID_BYTES`): a value whose key is longer than what is left is
+/// refused (400).
+pub const MIN_KEY_BYTES: usize = 64;
+
+/// Keys listed per keyed resource on `/debug/status`: the busiest by recent demand.
+pub const STATUS_BUSIEST_KEYS: usize = 10;
+
 /// Time allowed for a client to send a request's headers (slowloris protection).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 

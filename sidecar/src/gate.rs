@@ -45,6 +45,7 @@ pub struct Gate {
     /// request.
     cue: Option<UnboundedSender<Arc<str>>>,
     pub metrics: GateMetrics,
+    key: bool,
 }
 
 struct State {
@@ -78,11 +79,21 @@ pub struct Refused {
 impl Gate {
     /// A gate at the resource's standalone capacity (0 when it has none, until a lease applies).
     pub fn new(settings: Resource, cue: Option<UnboundedSender<Arc<str>>>) -> Gate {
+        let metrics = GateMetrics::new(&settings.id.as_str().into());
+        Gate::made(settings, cue, metrics, false)
+    }
+
+    /// A keyed resource's key (see `keyed`): [`Gate::new`], recording into `metrics`, and its
+    /// changes of mode logged at debug level (thousands of keys change together).
+    pub fn key(settings: Resource, cue: Option<UnboundedSender<Arc<str>>>, metrics: GateMetrics) -> Gate {
+        Gate::made(settings, cue, metrics, true)
+    }
+
+    fn made(settings: Resource, cue: Option<UnboundedSender<Arc<str>>>, metrics: GateMetrics, key: bool) -> Gate {
         let capacity = settings.capacity.unwrap_or(Capacity::ZERO);
         let mode = if cue.is_some() { "pending" } else { "standalone" };
         let burst = burst(&settings, capacity);
         let id: Arc<str> = settings.id.as_str().into();
-        let metrics = GateMetrics::new(&id);
         let limiter = Limiter::new(settings.kind, capacity.get(), burst.get(), 0.0);
         let gate = Gate {
             kind: settings.kind,
@@ -98,6 +109,7 @@ impl Gate {
             retimed: Notify::new(),
             cue,
             metrics,
+            key,
             id,
         };
         gate.metrics.applied(&gate.applied());
@@ -205,7 +217,9 @@ impl Gate {
             self.enforce(&mut state, applied.clone());
             previous
         };
-        if previous != applied.mode {
+        if previous != applied.mode && self.key {
+            tracing::debug!(resource = %self.id, from = previous, mode = applied.mode, "mode changed");
+        } else if previous != applied.mode {
             log_mode_change(&self.id, previous, &applied);
         }
         self.metrics.applied(&applied);
@@ -417,6 +431,7 @@ mod tests {
             priority: 0,
             when_unreachable: Fallback::Safe,
             safe_capacity: None,
+            key: None,
         };
         let gate = Gate::new(settings, None);
         assert!(gate.admit(Cost::ONE, Duration::ZERO).await.is_ok(), "the bucket starts full");

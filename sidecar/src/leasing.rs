@@ -14,7 +14,7 @@ use sluice_runtime::clock::precise_now;
 use tokio::sync::{mpsc::UnboundedReceiver, watch};
 
 use crate::{
-    config::{Config, ServerConfig},
+    config::ServerConfig,
     core::{Answer, Capacity, LeaseClient, Mode, ResourceSpec},
     defaults,
     gate::Applied,
@@ -51,21 +51,44 @@ impl Leasing {
         self.lock().client_id().to_owned()
     }
 
-    /// Takes a configuration's resources; returns those to release (no longer configured).
-    pub fn configure(&self, config: &Config) -> Vec<String> {
-        self.lock().configure(config.resources.iter().map(|r| ResourceSpec {
+    /// Takes a plan's resources, the live keys of its keyed resources included; returns those
+    /// to release (no longer configured).
+    pub fn configure(&self, plan: &Plan) -> Vec<String> {
+        let fixed = plan.config.resources.iter().filter(|r| r.key.is_none()).map(|r| ResourceSpec {
             id: r.id.clone(),
             priority: r.priority,
             fallback: r.when_unreachable,
             safe_capacity: r.safe_capacity.unwrap_or(Capacity::UNLIMITED).get(),
-        }))
+        });
+        let keys = plan.keyed.iter().flat_map(|k| k.gates().into_iter().map(|gate| k.spec(&gate.id)));
+        self.lock().configure(fixed.chain(keys.collect::<Vec<_>>()))
+    }
+
+    /// A resource's first use: a fixed resource, or a key new to the lease client.
+    fn touch(&self, plan: &Plan, id: &str) {
+        let mut client = self.lock();
+        if let Some(keyed) =
+            plan.config.resource(id).is_none().then(|| plan.keyed.iter().find(|k| k.find(id).is_some())).flatten()
+        {
+            client.add(keyed.spec(id));
+        }
+        client.touch(precise_now(), id);
+    }
+
+    /// Forgets keys the sweep dropped (unless a request made them anew since) and releases
+    /// their leases.
+    pub async fn forget(&self, plan: &Plan, mut ids: Vec<String>) {
+        ids.retain(|id| plan.lease_gate(id).is_none());
+        let released = self.lock().remove(ids);
+        self.release(released).await;
     }
 
     /// Puts every resource's current lease, or its fallback, into force.
     pub fn apply(&self, plan: &Plan) {
         let now = precise_now();
+        let gates = plan.all_gates();
         let client = self.lock();
-        for gate in &plan.gates {
+        for gate in &gates {
             if let Some(effective) = client.effective(now, &gate.id) {
                 if effective.mode == Mode::Fallback {
                     gate.unleased();
@@ -103,19 +126,24 @@ impl Leasing {
                     // A resource's first use, or a surge in its demand: looked
                     // at now, not at the next check.
                     cued = cues.recv() => if let Some(id) = cued {
-                        self.lock().touch(precise_now(), &id);
+                        let plan = live.load();
+                        self.touch(&plan, &id);
+                        // A burst of new keys is taken in one look, not one look each.
+                        while let Ok(id) = cues.try_recv() {
+                            self.touch(&plan, &id);
+                        }
                     },
                     _ = tokio::time::sleep(until_due.min(defaults::LEASE_CHECK_INTERVAL)) => {}
                     _ = stopped(&mut stop) => break,
                 }
                 let plan = live.load();
-                self.lock().demand_moved(precise_now(), |id| plan.gate(id).map_or(0.0, |g| g.wants()));
+                self.lock().demand_moved(precise_now(), |id| plan.lease_gate(id).map_or(0.0, |g| g.wants()));
                 self.apply(&plan);
                 continue;
             }
             let plan = live.load_full();
             let mut answered = false;
-            let request = self.lock().request(now, |id| plan.gate(id).map_or(0.0, |g| g.ask()));
+            let request = self.lock().request(now, |id| plan.lease_gate(id).map_or(0.0, |g| g.ask()));
             if let Some(request) = request {
                 for r in &request.resource {
                     tracing::debug!(resource = %r.resource_id, wants = r.wants, "asking");
@@ -163,7 +191,7 @@ impl Leasing {
             }
             self.apply(&plan);
             if answered {
-                plan.gates.iter().for_each(|gate| gate.answered());
+                plan.all_gates().iter().for_each(|gate| gate.answered());
             }
         }
         let ids = self.lock().release_all();

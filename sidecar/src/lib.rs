@@ -21,6 +21,7 @@ pub mod gate;
 pub mod h1;
 pub mod inbound;
 pub mod inject;
+pub mod keyed;
 pub mod leasing;
 pub mod listener;
 pub mod metered;

@@ -36,6 +36,7 @@ use crate::{
     classify::{Charge, Charged, Costed},
     config::{CostRule, Side},
     core::{Cost, Kind},
+    gate::Gate,
     respond,
 };
 
@@ -53,6 +54,8 @@ const SMALLEST_PIECE: f64 = 1024.0;
 
 struct Meter {
     charge: Arc<Charge>,
+    /// The gates it charges: the rule's, each keyed resource's the request's key.
+    gates: Gates,
     /// Pieces wait their turn at the gates, else they are charged after the fact.
     paced: bool,
     /// How deep into debt a charge after the fact may leave a resource (`None`: its burst).
@@ -65,6 +68,8 @@ struct Meter {
     cut: CutOff,
 }
 
+type Gates = Arc<[Arc<Gate>]>;
+
 type Turn = Pin<Box<dyn Future<Output = Result<(), Limited>> + Send>>;
 
 impl<B> Metered<B> {
@@ -72,15 +77,16 @@ impl<B> Metered<B> {
         Metered { inner, meter: None }
     }
 
-    /// From now on, charges the resources of `charge` (a rule's, which charges bytes) for each
-    /// piece of data: paced pieces wait their turn, the others are charged after the fact.
-    pub fn charge_to(&mut self, charge: Arc<Charge>, paced: bool) {
+    /// From now on, charges `gates`, the resources of `charge` (a rule's, which charges bytes)
+    /// for each piece of data: paced pieces wait their turn, the others are charged after the
+    /// fact.
+    pub fn charge_to(&mut self, charge: Arc<Charge>, gates: Gates, paced: bool) {
         let max_debt = match charge.cost {
             CostRule::Bytes { max, .. } => max,
             _ => None,
         };
         let cut = CutOff::default();
-        self.meter = Some(Box::new(Meter { charge, paced, max_debt, held: Bytes::new(), turn: None, cut }));
+        self.meter = Some(Box::new(Meter { charge, gates, paced, max_debt, held: Bytes::new(), turn: None, cut }));
     }
 
     /// Where a paced body tells why it was cut off, if it is metered.
@@ -113,10 +119,10 @@ where
                 }));
             }
             if !meter.held.is_empty() {
-                let largest = meter.charge.gates.iter().map(|g| g.largest_cost().get()).fold(f64::INFINITY, f64::min);
+                let largest = meter.gates.iter().map(|g| g.largest_cost().get()).fold(f64::INFINITY, f64::min);
                 let length = meter.held.len().min(largest.max(SMALLEST_PIECE) as usize);
                 let bytes = Cost::saturating(length as f64);
-                meter.turn = Some((length, Box::pin(turn(meter.charge.clone(), bytes))));
+                meter.turn = Some((length, Box::pin(turn(meter.charge.clone(), meter.gates.clone(), bytes))));
                 continue;
             }
             let frame = match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
@@ -131,7 +137,7 @@ where
                 meter.held = frame.into_data().expect("a data frame");
                 continue;
             }
-            for gate in &meter.charge.gates {
+            for gate in meter.gates.iter() {
                 gate.charge(bytes, meter.max_debt);
                 gate.metrics.record_cost(bytes);
             }
@@ -161,11 +167,11 @@ where
 
 /// A paced piece of `bytes` waits its turn at each gate in order, as a request would; refused
 /// by one, it gives back what the gates before took.
-async fn turn(charge: Arc<Charge>, bytes: Cost) -> Result<(), Limited> {
-    for (i, gate) in charge.gates.iter().enumerate() {
+async fn turn(charge: Arc<Charge>, gates: Gates, bytes: Cost) -> Result<(), Limited> {
+    for (i, gate) in gates.iter().enumerate() {
         if let Err(refused) = gate.admit(bytes, charge.max_wait).await {
             gate.metrics.record_refused(false);
-            for earlier in &charge.gates[..i] {
+            for earlier in &gates[..i] {
                 earlier.refund(bytes);
             }
             return Err(Limited {
@@ -176,7 +182,7 @@ async fn turn(charge: Arc<Charge>, bytes: Cost) -> Result<(), Limited> {
             });
         }
     }
-    for gate in &charge.gates {
+    for gate in gates.iter() {
         gate.metrics.record_cost(bytes);
     }
     Ok(())

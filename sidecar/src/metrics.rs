@@ -46,6 +46,9 @@ const RELOADS: &str = "sluice_sidecar_config_reloads_total";
 const RELOAD_OK: &str = "sluice_sidecar_config_last_reload_successful";
 const REFRESH: &str = "sluice_sidecar_refresh_interval_seconds";
 const FALLBACK: &str = "sluice_sidecar_fallback_duration_seconds";
+const KEYS: &str = "sluice_sidecar_keys";
+const KEYS_DROPPED: &str = "sluice_sidecar_keys_dropped_total";
+const KEY_OVERFLOWS: &str = "sluice_sidecar_key_overflows_total";
 
 /// Every mode a resource can be in; exactly one has the value 1.
 pub const MODES: &[&str] =
@@ -96,6 +99,12 @@ pub fn install() -> Result<PrometheusHandle, String> {
         Unit::Seconds,
         "How long the resource has lived on its fallback (asked, and no valid lease); 0 otherwise."
     );
+    describe_gauge!(KEYS, "Live keys of a keyed resource, its shared keys (no value, overflow) included.");
+    describe_counter!(KEYS_DROPPED, "Keys of a keyed resource dropped after their idle timeout.");
+    describe_counter!(
+        KEY_OVERFLOWS,
+        "Requests a keyed resource charged to its shared overflow key: their value found max_keys keys live."
+    );
     Ok(handle)
 }
 
@@ -130,6 +139,9 @@ pub struct GateMetrics {
     decisions: [AtomicU64; 3],
     resource: Arc<str>,
     lease: Mutex<LeaseTimes>,
+    /// Whether the resource's gauges are set: not for the keys of a keyed resource, whose
+    /// counters go to the keyed resource's series, unless it has series per key.
+    gauges: bool,
 }
 
 /// What the fallback alert needs to know of a resource's leases.
@@ -143,6 +155,15 @@ struct LeaseTimes {
 
 impl GateMetrics {
     pub fn new(id: &Arc<str>) -> GateMetrics {
+        GateMetrics::counting(id, true)
+    }
+
+    /// A key's: its decisions counted in `keyed`'s series, and no gauges.
+    pub fn shared(keyed: &Arc<str>) -> GateMetrics {
+        GateMetrics::counting(keyed, false)
+    }
+
+    fn counting(id: &Arc<str>, gauges: bool) -> GateMetrics {
         let resource = || id.to_string();
         let decision = |d: &'static str| counter!(REQUESTS, "resource" => resource(), "decision" => d);
         GateMetrics {
@@ -156,6 +177,7 @@ impl GateMetrics {
             decisions: Default::default(),
             resource: id.clone(),
             lease: Mutex::new(LeaseTimes::default()),
+            gauges,
         }
     }
 
@@ -202,10 +224,16 @@ impl GateMetrics {
     }
 
     pub fn wants(&self, wants: f64) {
+        if !self.gauges {
+            return;
+        }
         gauge!(WANTS, "resource" => self.resource.clone()).set(wants);
     }
 
     pub fn applied(&self, applied: &Applied) {
+        if !self.gauges {
+            return;
+        }
         let resource = || self.resource.clone();
         gauge!(CAPACITY, "resource" => resource()).set(applied.capacity.get());
         gauge!(EXPIRY, "resource" => resource()).set(applied.expiry.map_or(0.0, |e| e as f64));
@@ -222,6 +250,38 @@ impl GateMetrics {
         if let Some(seconds) = lease.refresh_interval {
             gauge!(REFRESH, "resource" => resource()).set(seconds as f64);
         }
+    }
+}
+
+/// A keyed resource's own series.
+pub struct KeyedMetrics {
+    resource: Arc<str>,
+    dropped: Counter,
+    overflows: Counter,
+}
+
+impl KeyedMetrics {
+    pub fn new(id: &Arc<str>) -> KeyedMetrics {
+        let (dropped, overflows) = (
+            counter!(KEYS_DROPPED, "resource" => id.to_string()),
+            counter!(KEY_OVERFLOWS, "resource" => id.to_string()),
+        );
+        // Shown from the start: an alert on overflows needs a series before the first one.
+        dropped.increment(0);
+        overflows.increment(0);
+        KeyedMetrics { resource: id.clone(), dropped, overflows }
+    }
+
+    pub fn live(&self, keys: usize) {
+        gauge!(KEYS, "resource" => self.resource.clone()).set(keys as f64);
+    }
+
+    pub fn dropped(&self, keys: usize) {
+        self.dropped.increment(keys as u64);
+    }
+
+    pub fn overflowed(&self) {
+        self.overflows.increment(1);
     }
 }
 

@@ -15,6 +15,7 @@ use crate::{
     classify::{Charge, Rules},
     config::Config,
     gate::Gate,
+    keyed::Keyed,
     metrics::UpstreamTiming,
     proxy::UpstreamClient,
 };
@@ -23,8 +24,10 @@ pub struct Plan {
     pub config: Arc<Config>,
     /// In the configuration's order, which a reload cannot change.
     pub listeners: Vec<Arc<ListenerPlan>>,
-    /// In the configuration's order.
+    /// The fixed resources, in the configuration's order.
     pub gates: Vec<Arc<Gate>>,
+    /// The keyed resources, in the configuration's order.
+    pub keyed: Vec<Arc<Keyed>>,
     upstreams: HashMap<String, Arc<UpstreamClient>>,
 }
 
@@ -87,6 +90,7 @@ impl Plan {
         let gates: Vec<Arc<Gate>> = config
             .resources
             .iter()
+            .filter(|r| r.key.is_none())
             .map(|r| match previous.and_then(|p| p.gate(&r.id)).filter(|g| g.kind == r.kind) {
                 Some(g) => {
                     g.reconfigure(r);
@@ -95,7 +99,20 @@ impl Plan {
                 None => Arc::new(Gate::new(r.clone(), cue.cloned())),
             })
             .collect();
-        let gate = |id: &str| gates.iter().find(|g| &*g.id == id).cloned().expect("rules name declared resources");
+        let keyed: Vec<Arc<Keyed>> = config
+            .resources
+            .iter()
+            .filter(|r| r.key.is_some())
+            .map(|r| match previous.and_then(|p| p.keyed(&r.id)).filter(|k| k.keeps(r)) {
+                Some(k) => {
+                    k.reconfigure(r);
+                    k.clone()
+                }
+                None => Arc::new(Keyed::new(r.clone(), cue.cloned())),
+            })
+            .collect();
+        let gate = |id: &str| gates.iter().find(|g| &*g.id == id).cloned();
+        let keyed_at = |id: &str| keyed.iter().find(|k| &*k.id == id).cloned();
         let listeners = config
             .listeners
             .iter()
@@ -117,7 +134,10 @@ impl Plan {
                     .map(|r| {
                         let charge = Charge {
                             rule: r.name.clone(),
-                            gates: r.resources.iter().map(|id| gate(id)).collect(),
+                            gates: r.resources.iter().filter_map(|id| gate(id)).collect(),
+                            keyed: (r.resources.iter().enumerate())
+                                .filter_map(|(i, id)| Some((i, keyed_at(id)?)))
+                                .collect(),
                             cost: r.cost.clone(),
                             on_limit: r.on_limit,
                             max_wait: r.max_wait,
@@ -134,11 +154,27 @@ impl Plan {
                 })
             })
             .collect();
-        Ok(Plan { config: Arc::new(config), listeners, gates, upstreams })
+        Ok(Plan { config: Arc::new(config), listeners, gates, keyed, upstreams })
     }
 
     pub fn gate(&self, id: &str) -> Option<&Arc<Gate>> {
         self.gates.iter().find(|g| &*g.id == id)
+    }
+
+    pub fn keyed(&self, id: &str) -> Option<&Arc<Keyed>> {
+        self.keyed.iter().find(|k| &*k.id == id)
+    }
+
+    /// The gate of a resource the lease client knows: a fixed resource, or a live key.
+    pub fn lease_gate(&self, id: &str) -> Option<Arc<Gate>> {
+        self.gate(id).cloned().or_else(|| self.keyed.iter().find_map(|k| k.find(id)))
+    }
+
+    /// Every gate: the fixed resources', then the live keys'.
+    pub fn all_gates(&self) -> Vec<Arc<Gate>> {
+        let mut gates = self.gates.clone();
+        gates.extend(self.keyed.iter().flat_map(|k| k.gates()));
+        gates
     }
 
     fn upstream(&self, name: &str) -> Option<&Arc<UpstreamClient>> {

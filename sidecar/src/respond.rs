@@ -81,6 +81,15 @@ pub fn cost_too_large(grpc: bool, rule: &str, declared: f64, most: Cost) -> Resp
     if grpc { trailers_only(code::INVALID_ARGUMENT, &message) } else { plain(StatusCode::BAD_REQUEST, message) }
 }
 
+/// A request whose value for a keyed resource would make a key longer than its id leaves room
+/// for (`bytes` encoded): a fault of the request, so 400 or INVALID_ARGUMENT.
+pub fn key_too_long(grpc: bool, resource: &str, rule: &str, bytes: usize) -> Response<Body> {
+    let message = format!(
+        "sluice: the request's key for resource {resource:?} (rule {rule:?}) is {bytes} bytes encoded, too long for an id"
+    );
+    if grpc { trailers_only(code::INVALID_ARGUMENT, &message) } else { plain(StatusCode::BAD_REQUEST, message) }
+}
+
 /// A request for a host or listener with no configured upstream: never forwarded.
 pub fn no_route(grpc: bool, host: &str) -> Response<Body> {
     let message = format!("sluice: no upstream is configured for host {host:?}");

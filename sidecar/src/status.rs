@@ -13,9 +13,14 @@ use sluice_runtime::{
     when::{date, date_and_age, span},
 };
 
+use std::sync::Arc;
+
 use crate::{
+    config::KeyAttribute,
     core::Kind,
+    defaults::STATUS_BUSIEST_KEYS,
     gate::Gate,
+    keyed::Keyed,
     plan::{Plan, Target},
 };
 
@@ -39,7 +44,29 @@ pub struct SidecarStatus {
     pub servers: Vec<String>,
     pub config: ConfigStatus,
     pub listeners: Vec<ListenerStatus>,
+    /// The fixed resources.
     pub resources: Vec<ResourceStatus>,
+    pub keyed: Vec<KeyedStatus>,
+}
+
+/// A keyed resource: its keys in all, and the busiest of them.
+#[derive(Serialize)]
+pub struct KeyedStatus {
+    pub id: String,
+    pub kind: &'static str,
+    /// The attribute whose value names the key, e.g. `header x-tenant`.
+    pub per: String,
+    pub max_keys: usize,
+    /// Live keys, the shared ones (`!missing`, `!overflow`) included.
+    pub keys: usize,
+    /// Keys dropped after their idle timeout.
+    pub dropped: u64,
+    /// Requests over every key, dropped keys included.
+    pub admitted: u64,
+    pub delayed: u64,
+    pub refused: u64,
+    /// The busiest keys by recent demand (wants), busiest first.
+    pub busiest: Vec<ResourceStatus>,
 }
 
 #[derive(Serialize)]
@@ -91,32 +118,8 @@ pub fn snapshot(plan: &Plan, client_id: &str, config_status: ConfigStatus, now: 
             rules: config.rules.iter().filter(|r| r.matcher.listener.as_ref().is_none_or(|n| n == &l.name)).count(),
         })
         .collect();
-    let resources = plan
-        .gates
-        .iter()
-        .map(|g| {
-            let applied = g.applied();
-            let (in_flight, queued) = g.load();
-            let [admitted, delayed, refused] = g.metrics.decisions();
-            ResourceStatus {
-                id: g.id.to_string(),
-                kind: match g.kind {
-                    Kind::Rate => "rate",
-                    Kind::Concurrency => "concurrency",
-                },
-                mode: applied.mode,
-                capacity: applied.capacity.is_limited().then_some(applied.capacity.get()),
-                lease_expiry: applied.expiry,
-                wants: g.wants(),
-                in_flight,
-                queued,
-                used: g.used(),
-                admitted,
-                delayed,
-                refused,
-            }
-        })
-        .collect();
+    let resources = plan.gates.iter().map(|g| resource(g)).collect();
+    let keyed = plan.keyed.iter().map(|k| keyed(k)).collect();
     SidecarStatus {
         now,
         client_id: client_id.to_owned(),
@@ -124,6 +127,67 @@ pub fn snapshot(plan: &Plan, client_id: &str, config_status: ConfigStatus, now: 
         config: config_status,
         listeners,
         resources,
+        keyed,
+    }
+}
+
+fn kind(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Rate => "rate",
+        Kind::Concurrency => "concurrency",
+    }
+}
+
+fn resource(g: &Gate) -> ResourceStatus {
+    let applied = g.applied();
+    let (in_flight, queued) = g.load();
+    let [admitted, delayed, refused] = g.metrics.decisions();
+    ResourceStatus {
+        id: g.id.to_string(),
+        kind: kind(g.kind),
+        mode: applied.mode,
+        capacity: applied.capacity.is_limited().then_some(applied.capacity.get()),
+        lease_expiry: applied.expiry,
+        wants: g.wants(),
+        in_flight,
+        queued,
+        used: g.used(),
+        admitted,
+        delayed,
+        refused,
+    }
+}
+
+fn keyed(k: &Keyed) -> KeyedStatus {
+    let mut by_demand: Vec<(f64, Arc<Gate>)> = k.gates().into_iter().map(|g| (g.wants(), g)).collect();
+    let busiest = STATUS_BUSIEST_KEYS.min(by_demand.len());
+    if busiest > 0 {
+        by_demand.select_nth_unstable_by(busiest - 1, |a, b| b.0.total_cmp(&a.0));
+    }
+    by_demand.truncate(busiest);
+    by_demand.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
+    let figures = k.figures();
+    let [admitted, delayed, refused] = figures.decisions;
+    let spec = k.settings.key.as_ref().expect("a keyed resource");
+    KeyedStatus {
+        id: k.id.to_string(),
+        kind: kind(k.settings.kind),
+        per: match &spec.per {
+            KeyAttribute::Header(name) => format!("header {name}"),
+            KeyAttribute::PathSegment(n) => format!("path_segment {n}"),
+            KeyAttribute::Query(name) => format!("query {name}"),
+            KeyAttribute::GrpcService => "grpc service".into(),
+            KeyAttribute::GrpcMethod => "grpc method".into(),
+            KeyAttribute::Method => "method".into(),
+            KeyAttribute::Host => "host".into(),
+        },
+        max_keys: spec.max_keys,
+        keys: figures.live,
+        dropped: figures.dropped,
+        admitted,
+        delayed,
+        refused,
+        busiest: by_demand.iter().map(|(_, g)| resource(g)).collect(),
     }
 }
 
@@ -173,14 +237,41 @@ pub fn html(status: &SidecarStatus, history: &GateHistory, end: f64) -> String {
             l.rules
         );
     }
-    page.push_str(
-        "</table><h2>Resources</h2><table><tr><th>id</th><th>kind</th><th>mode</th><th>capacity</th>\
+    page.push_str("</table>");
+    resource_table(&mut page, "Resources", &status.resources, status.now);
+    for k in &status.keyed {
+        let _ = write!(
+            page,
+            "<h2>Keyed resource {}</h2><p>{} · per {} · {} keys live (max_keys {}), {} dropped · \
+             admitted {}, delayed {}, refused {}</p>",
+            escape(&k.id),
+            k.kind,
+            escape(&k.per),
+            k.keys,
+            k.max_keys,
+            k.dropped,
+            k.admitted,
+            k.delayed,
+            k.refused
+        );
+        resource_table(&mut page, "The busiest keys", &k.busiest, status.now);
+    }
+    page.push_str("<p><a href=\"/debug/status.json\">JSON</a> · <a href=\"/metrics\">metrics</a></p></body></html>");
+    page
+}
+
+/// A table of resources (or keys) under heading `title`.
+fn resource_table(page: &mut String, title: &str, resources: &[ResourceStatus], now: i64) {
+    let _ = write!(
+        page,
+        "<h2>{}</h2><table><tr><th>id</th><th>kind</th><th>mode</th><th>capacity</th>\
          <th>lease expires</th><th>wants</th><th>in flight</th><th>queued</th><th>admitted</th><th>delayed</th>\
          <th>refused</th></tr>",
+        escape(title)
     );
-    for r in &status.resources {
+    for r in resources {
         let capacity = r.capacity.map_or_else(|| "no limit".to_owned(), |c| format!("{c:.2}"));
-        let expiry = r.lease_expiry.map_or_else(String::new, |e| date_and_age(e, status.now));
+        let expiry = r.lease_expiry.map_or_else(String::new, |e| date_and_age(e, now));
         let _ = write!(
             page,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{capacity}</td><td>{expiry}</td><td>{:.2}</td><td>{}</td><td>{}</td>\
@@ -196,10 +287,7 @@ pub fn html(status: &SidecarStatus, history: &GateHistory, end: f64) -> String {
             r.refused
         );
     }
-    page.push_str(
-        "</table><p><a href=\"/debug/status.json\">JSON</a> · <a href=\"/metrics\">metrics</a></p></body></html>",
-    );
-    page
+    page.push_str("</table>");
 }
 
 /// A resource's chart: requests per second admitted at once, delayed and refused, against the

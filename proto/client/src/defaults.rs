@@ -10,6 +10,15 @@ pub const MAX_AMOUNT: f64 = 1e15;
 /// Longest client, server or resource id, in bytes: ids are stored per lease.
 pub const MAX_ID_BYTES: usize = 1_024;
 
+/// Most resources one request may name (SPEC §3.9): bounds the work a single call can cause.
+/// A sidecar's configuration is held to it, keyed resources' keys included.
+pub const MAX_RESOURCES_PER_REQUEST: usize = 10_000;
+
+/// Largest answer a caller decodes: an answer names every resource of its request, so room for
+/// 10,000 with 1 KiB ids, as the servers take requests of (gRPC's default, 4 MiB, would refuse
+/// the answer to a sidecar asking for 10,000 keys of 400 bytes).
+pub const MAX_ANSWER_BYTES: usize = 16 << 20;
+
 /// After a failed request to a capacity server (a sidecar's, or an intermediate server's to its
 /// parent) — once every address of the node has failed in a row — retries back off from this
 /// many seconds...

@@ -19,7 +19,7 @@ use tonic::{
 use sluice_runtime::{reload::rotating, telemetry::with_causes};
 
 use crate::{
-    defaults::{CAPACITY_CONNECT_TIMEOUT, CAPACITY_RPC_TIMEOUT},
+    defaults::{CAPACITY_CONNECT_TIMEOUT, CAPACITY_RPC_TIMEOUT, MAX_ANSWER_BYTES},
     schedule::Round,
     tls::ClientTlsFiles,
 };
@@ -166,7 +166,7 @@ impl Servers {
         let settings = self.tls.as_ref().map(|t| t.load_full());
         let answer = match self.master().await {
             Ok(channel) => {
-                let answer = rpc(CapacityClient::new(channel)).await;
+                let answer = rpc(CapacityClient::new(channel).max_decoding_message_size(MAX_ANSWER_BYTES)).await;
                 (self.record)(method, answer.is_ok());
                 answer.map(Response::into_inner).map_err(|s| format!("{method}: {:?}: {}", s.code(), described(&s)))
             }

@@ -21,6 +21,17 @@ pub enum Fallback {
     Pessimistic,
 }
 
+impl Fallback {
+    /// The capacity it enforces, given the safe capacity in force (INFINITY: no limit).
+    pub fn capacity(self, safe: f64) -> f64 {
+        match self {
+            Fallback::Safe => safe,
+            Fallback::Optimistic => f64::INFINITY,
+            Fallback::Pessimistic => 0.0,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ResourceSpec {
     pub id: String,
@@ -111,11 +122,7 @@ impl Entry {
 
     /// What applies without a valid lease (INFINITY: no limit).
     fn fallback_capacity(&self) -> f64 {
-        match self.spec.fallback {
-            Fallback::Safe => self.safe_capacity(),
-            Fallback::Optimistic => f64::INFINITY,
-            Fallback::Pessimistic => 0.0,
-        }
+        self.spec.fallback.capacity(self.safe_capacity())
     }
 
     /// What to report holding: the valid lease, or once the fallback is decided, the fallback
@@ -176,6 +183,19 @@ impl LeaseClient {
             self.entries.insert(spec.id, entry);
         }
         previous.into_values().filter(|entry| entry.used || entry.lease.is_some()).map(|entry| entry.spec.id).collect()
+    }
+
+    /// A resource that came into being between configurations (a keyed resource's new key),
+    /// unless it is known.
+    pub fn add(&mut self, spec: ResourceSpec) {
+        self.entries.entry(spec.id.clone()).or_insert_with(|| Entry::new(spec));
+    }
+
+    /// Forgets resources (a keyed resource's idle keys); returns those to release.
+    pub fn remove(&mut self, ids: impl IntoIterator<Item = String>) -> Vec<String> {
+        ids.into_iter()
+            .filter(|id| self.entries.remove(id).is_some_and(|entry| entry.used || entry.lease.is_some()))
+            .collect()
     }
 
     /// First use of a configured resource (or its first after it was idle): it joins the

@@ -5,16 +5,19 @@
 //! - [`Cost`] and [`Capacity`]: bounded amounts, what requests are charged and resources allow;
 //! - [`Limiter`]: admission for one resource, a token bucket or a semaphore with a FIFO queue,
 //!   and the demand it has seen;
+//! - [`KeyTable`]: the live keys of a keyed resource, and [`SafeKey`], a value made safe as an id;
 //! - [`LeaseClient`]: the Doorman client half, what to ask the capacity servers for and when,
 //!   and what to enforce without a lease.
 
 mod amount;
 mod demand;
+mod keys;
 mod lease;
 mod limiter;
 
 pub use amount::{Capacity, Cost, MAX_AMOUNT};
 pub use demand::HEADROOM;
+pub use keys::{Key, KeyTable, MISSING, OVERFLOW, Placed, SafeKey, TooLong};
 pub use lease::{Answer, Effective, Fallback, LeaseClient, Mode, ResourceSpec};
 pub use limiter::{Kind, Limiter, MAX_QUEUED, Offer, Ticket};
 
