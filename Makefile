@@ -4,7 +4,7 @@ BENCH_CLIENTS ?= 100,10000,100000,1000000
 BENCH_DURATION ?= 10s
 BENCH_ROUNDS ?= 3
 
-.PHONY: all build test demo bench bench-server bench-sidecar sim image lint fmt clean
+.PHONY: all build test demo bench bench-server bench-sidecar bench-connections soak sim image lint fmt clean
 
 # Nothing in the build may run protoc (a fresh machine has none; every .proto goes through
 # protox): a stand-in that fails keeps it so.
@@ -43,6 +43,27 @@ bench-sidecar:
 	$(CARGO) build --release --workspace --bins
 	./target/release/sluice-bench-sidecar --duration $(BENCH_DURATION) --rounds $(BENCH_ROUNDS)
 	$(CARGO) bench -p sluice-sidecar --bench admission
+
+# CONNECTIONS keep-alive connections held open through one sidecar, HTTP/1.1 then h2c: the
+# sidecar's RSS and open descriptors before and after, and the bytes each connection costs.
+# Raises the open-file limit to the hard limit (`ulimit -Hn` must exceed CONNECTIONS + ~200).
+CONNECTIONS ?= 10000
+bench-connections:
+	$(CARGO) build --release --workspace --bins
+	./target/release/sluice-connections --connections $(CONNECTIONS) --protocol http1
+	./target/release/sluice-connections --connections $(CONNECTIONS) --protocol h2
+
+# A server tree (root + leaf), three sidecars and an upstream under steady load for
+# SOAK_DURATION (release build): every SOAK_INTERVAL each process's RSS and open descriptors
+# and each sidecar's p50/p99, as lines and in soak-results/samples.csv. Fails when a process
+# grows between the first and last quarter after SOAK_WARM_UP (rule: docs/benchmarks.md).
+SOAK_DURATION ?= 10m
+SOAK_INTERVAL ?= 30s
+SOAK_WARM_UP ?= 1m
+soak:
+	$(CARGO) build --release --workspace --bins
+	./target/release/sluice-soak --duration $(SOAK_DURATION) --interval $(SOAK_INTERVAL) \
+		--warm-up $(SOAK_WARM_UP) --csv soak-results/samples.csv
 
 # Deterministic simulation of Doorman's scenarios on a simulated clock, driving the real server
 # and sidecar cores (release build): a table on stdout, and under sim-results/ a summary CSV and,

@@ -53,7 +53,9 @@ fn server_config() -> String {
     )
 }
 
-fn sidecar_config(server: SocketAddr, listen: SocketAddr, upstream: SocketAddr) -> String {
+/// A sidecar in front of `upstream` whose one rule leases `demo/api` from `server` and rejects
+/// beyond the lease (also the soak's sidecars).
+pub fn sidecar_config(server: SocketAddr, listen: SocketAddr, upstream: SocketAddr) -> String {
     format!(
         "server:\n  addresses: [\"{server}\"]\n\
          listeners:\n  - name: app\n    address: {listen}\n    upstream: demo\n\

@@ -5,6 +5,7 @@
 pub mod bench_sidecar;
 pub mod browser;
 pub mod cli;
+pub mod connections;
 pub mod demo;
 pub mod docker;
 pub mod etcd;
@@ -17,4 +18,5 @@ pub mod pki;
 pub mod prometheus;
 pub mod raw;
 pub mod relay;
+pub mod soak;
 pub mod upstream;

@@ -1,6 +1,11 @@
 //! The server load generator (`make bench-server`): drives `GetCapacity` for N distinct clients
 //! over a few connections and reports throughput, latency and the server's memory per lease.
 //! It speaks only Doorman's protocol, so it can be pointed at any Doorman-compatible server.
+//!
+//! The callers form a closed loop: each sends its next call when the last one has ended, and a
+//! call's latency is from just before it is sent until its answer, error or timeout. Little's
+//! law then ties the figures together (callers = calls per second × mean latency), and the
+//! report prints both sides of it as a check on the accounting.
 
 use std::{
     path::PathBuf,
@@ -17,7 +22,7 @@ use sluice_proto::{DiscoveryRequest, GetCapacityRequest, ResourceRequest, capaci
 use sluice_runtime::outln;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::harness::Server;
+use crate::harness::{Server, cpu_seconds};
 
 /// Load generator for Doorman-protocol capacity servers.
 #[derive(Debug, Parser)]
@@ -41,6 +46,9 @@ pub struct Args {
     /// Resource the clients ask for.
     #[arg(long, default_value = "bench")]
     pub resource: String,
+    /// A call with no answer after this long counts as an error, with this latency.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub timeout: Duration,
     /// PID of the server, to report its resident memory per lease.
     #[arg(long)]
     pub server_pid: Option<u32>,
@@ -54,10 +62,15 @@ pub struct Args {
 pub struct Measurement {
     pub clients: usize,
     pub prefill: Duration,
+    /// Successful measured calls.
     pub rpcs: u64,
     pub elapsed: Duration,
+    /// Every measured call's latency, failed ones included.
     pub latency_us: Histogram<u64>,
+    /// Failed calls (errors and timeouts), prefill included.
     pub errors: u64,
+    /// Failed measured calls: with `rpcs`, the calls the latencies are of.
+    pub measured_errors: u64,
     pub rss_per_lease: Option<f64>,
     /// Server CPU time (user + system) per measured RPC.
     pub cpu_per_rpc: Option<Duration>,
@@ -67,6 +80,20 @@ impl Measurement {
     pub fn rate(&self) -> f64 {
         self.rpcs as f64 / self.elapsed.as_secs_f64()
     }
+
+    /// The mean latency Little's law predicts for `callers` always busy: callers ÷ calls ended
+    /// per second, failed ones included.
+    pub fn little_latency(&self, callers: usize) -> Duration {
+        let calls = (self.rpcs + self.measured_errors).max(1) as f64;
+        Duration::from_secs_f64(callers as f64 * self.elapsed.as_secs_f64() / calls)
+    }
+}
+
+/// Latencies up to an hour are kept (with 3 significant digits). `Histogram::new` would start
+/// out tracking values up to 2 only, and `saturating_record` clamps rather than grows: every
+/// call slower than 2 ms was recorded as 2 µs.
+fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds")
 }
 
 /// Client `i`'s steady demand, between 1 and 100, spread so that water-filling has work to do.
@@ -89,27 +116,16 @@ fn rss_bytes(pid: u32) -> Option<f64> {
     Some(kb * 1024.0)
 }
 
-/// CPU time the process has used so far (user + system), from /proc.
+/// CPU time the process has used so far (user + system).
 fn cpu_time(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command name start at field 3; utime and stime are 14 and 15.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_secs_f64(ticks as f64 / clock_ticks_per_second()))
+    cpu_seconds(pid).ok().map(|(user, system)| Duration::from_secs_f64(user + system))
 }
 
-fn clock_ticks_per_second() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
-async fn connect(addr: &str, connections: usize) -> Result<Vec<Channel>, String> {
-    let endpoint =
-        Endpoint::from_shared(format!("http://{addr}")).map_err(|e| format!("--addr {addr}: {e}"))?.tcp_nodelay(true);
+async fn connect(addr: &str, connections: usize, timeout: Duration) -> Result<Vec<Channel>, String> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| format!("--addr {addr}: {e}"))?
+        .tcp_nodelay(true)
+        .timeout(timeout);
     let mut channels = Vec::with_capacity(connections);
     for _ in 0..connections {
         channels.push(endpoint.connect().await.map_err(|e| format!("cannot connect to {addr}: {e}"))?);
@@ -185,14 +201,17 @@ where
             let mut client = CapacityClient::new(channels[k % channels.len()].clone());
             let (call, pick) = (call.clone(), pick.clone());
             tokio::spawn(async move {
-                let mut latency = Histogram::<u64>::new(3).expect("histogram");
+                let mut latency = latency_histogram();
                 let (mut rpcs, mut errors) = (0u64, 0u64);
                 let mut state = 0x2545_F491_4F6C_DD1D_u64 ^ (k as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
                 while let Some(i) = pick(&mut state) {
                     let sent = Instant::now();
-                    if call.once(&mut client, i).await {
+                    let ok = call.once(&mut client, i).await;
+                    // A failed call kept its caller busy as long as a good one: leaving it out
+                    // would report only the fast part of what the callers went through.
+                    latency.saturating_record(sent.elapsed().as_micros() as u64);
+                    if ok {
                         rpcs += 1;
-                        latency.saturating_record(sent.elapsed().as_micros() as u64);
                     } else {
                         errors += 1;
                     }
@@ -201,8 +220,7 @@ where
             })
         })
         .collect();
-    let mut totals =
-        Totals { rpcs: 0, errors: 0, latency_us: Histogram::new(3).expect("histogram"), elapsed: Duration::ZERO };
+    let mut totals = Totals { rpcs: 0, errors: 0, latency_us: latency_histogram(), elapsed: Duration::ZERO };
     for task in tasks {
         let (rpcs, errors, latency) = task.await.expect("caller task");
         totals.rpcs += rpcs;
@@ -215,6 +233,40 @@ where
 
 fn ms(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
+}
+
+/// The measurement for `clients` distinct clients against a fresh server (`--launch`) or
+/// `--addr`, with the Discovery rate over the same connections and callers for comparison.
+pub async fn measure_size(args: &Args, clients: usize) -> Result<(Measurement, f64), String> {
+    let server = args.launch.as_ref().map(|binary| {
+        Server::builder_for(binary.clone()).config(&launched_config(clients)).arg("--log").arg("warn").start()
+    });
+    let addr = server.as_ref().map_or_else(|| args.addr.clone(), |s| s.grpc.to_string());
+    let pid = server.as_ref().map(|s| s.pid()).or(args.server_pid);
+    let channels = connect(&addr, args.connections, args.timeout).await?;
+
+    // Baseline in the same run: the cheapest RPC over the same connections and callers.
+    let baseline =
+        measure(&channels, args.callers, &Call::Discovery, 1, args.duration.min(Duration::from_secs(3))).await;
+    let call = Call::Lease { resource: args.resource.as_str().into(), prefix: format!("n{clients}-client-").into() };
+    let rss_before = pid.and_then(rss_bytes);
+    let filled = prefill(&channels, args.callers, &call, clients).await;
+    let rss_after = pid.and_then(rss_bytes);
+    let cpu_before = pid.and_then(cpu_time);
+    let measured = measure(&channels, args.callers, &call, clients, args.duration).await;
+    let cpu_used = pid.and_then(cpu_time).zip(cpu_before).map(|(after, before)| after.saturating_sub(before));
+    let m = Measurement {
+        clients,
+        prefill: filled.elapsed,
+        rpcs: measured.rpcs,
+        elapsed: measured.elapsed,
+        errors: filled.errors + measured.errors,
+        measured_errors: measured.errors,
+        rss_per_lease: rss_before.zip(rss_after).map(|(b, a)| (a - b) / clients as f64),
+        cpu_per_rpc: cpu_used.map(|cpu| cpu / measured.rpcs.max(1) as u32),
+        latency_us: measured.latency_us,
+    };
+    Ok((m, baseline.rpcs as f64 / baseline.elapsed.as_secs_f64()))
 }
 
 /// Runs every size and prints the report.
@@ -234,12 +286,14 @@ pub async fn run(args: Args) -> Result<(), String> {
         args.duration
     );
     let _ = outln!(
-        "{:>9} {:>10} {:>11} {:>9} {:>9} {:>13} {:>13} {:>14} {:>8}",
+        "{:>9} {:>10} {:>11} {:>9} {:>9} {:>9} {:>10} {:>13} {:>13} {:>14} {:>8}",
         "clients",
         "prefill s",
         "GetCap/s",
         "p50 ms",
         "p99 ms",
+        "mean ms",
+        "Little ms",
         "vs Discovery",
         "RSS/lease B",
         "srv CPU µs/RPC",
@@ -247,42 +301,16 @@ pub async fn run(args: Args) -> Result<(), String> {
     );
     let mut first_rate = None;
     for &clients in &args.clients {
-        let server = args.launch.as_ref().map(|binary| {
-            Server::builder_for(binary.clone()).config(&launched_config(clients)).arg("--log").arg("warn").start()
-        });
-        let addr = server.as_ref().map_or_else(|| args.addr.clone(), |s| s.grpc.to_string());
-        let pid = server.as_ref().map(|s| s.pid()).or(args.server_pid);
-        let channels = connect(&addr, args.connections).await?;
-
-        // Baseline in the same run: the cheapest RPC over the same connections and callers.
-        let baseline =
-            measure(&channels, args.callers, &Call::Discovery, 1, args.duration.min(Duration::from_secs(3))).await;
-        let call =
-            Call::Lease { resource: args.resource.as_str().into(), prefix: format!("n{clients}-client-").into() };
-        let rss_before = pid.and_then(rss_bytes);
-        let filled = prefill(&channels, args.callers, &call, clients).await;
-        let rss_after = pid.and_then(rss_bytes);
-        let cpu_before = pid.and_then(cpu_time);
-        let measured = measure(&channels, args.callers, &call, clients, args.duration).await;
-        let cpu_used = pid.and_then(cpu_time).zip(cpu_before).map(|(after, before)| after.saturating_sub(before));
-        let m = Measurement {
-            clients,
-            prefill: filled.elapsed,
-            rpcs: measured.rpcs,
-            elapsed: measured.elapsed,
-            errors: filled.errors + measured.errors,
-            rss_per_lease: rss_before.zip(rss_after).map(|(b, a)| (a - b) / clients as f64),
-            cpu_per_rpc: cpu_used.map(|cpu| cpu / measured.rpcs.max(1) as u32),
-            latency_us: measured.latency_us,
-        };
-        let discovery_rate = baseline.rpcs as f64 / baseline.elapsed.as_secs_f64();
+        let (m, discovery_rate) = measure_size(&args, clients).await?;
         let _ = outln!(
-            "{:>9} {:>10.1} {:>11.0} {:>9.3} {:>9.3} {:>12.2}x {:>13} {:>14} {:>8}",
+            "{:>9} {:>10.1} {:>11.0} {:>9.3} {:>9.3} {:>9.3} {:>10.3} {:>12.2}x {:>13} {:>14} {:>8}",
             m.clients,
             m.prefill.as_secs_f64(),
             m.rate(),
             ms(&m.latency_us, 0.5),
             ms(&m.latency_us, 0.99),
+            m.latency_us.mean() / 1000.0,
+            m.little_latency(args.callers).as_secs_f64() * 1000.0,
             m.rate() / discovery_rate,
             m.rss_per_lease.map_or_else(|| "-".to_owned(), |b| format!("{b:.0}")),
             m.cpu_per_rpc.map_or_else(|| "-".to_owned(), |c| format!("{:.1}", c.as_secs_f64() * 1e6)),
@@ -290,6 +318,10 @@ pub async fn run(args: Args) -> Result<(), String> {
         );
         first_rate.get_or_insert(m.rate());
     }
+    let _ = outln!(
+        "(latency: every measured call, failed ones included, from send to answer; Little ms = callers ÷ calls \
+         ended per second, which the mean should match)"
+    );
     if let (Some(first), Some(&smallest)) = (first_rate, args.clients.first()) {
         let _ = outln!(
             "(vs Discovery: GetCapacity rate ÷ Discovery rate on the same connections; baseline size {smallest} ran at {first:.0}/s)"

@@ -337,6 +337,10 @@ impl UpstreamProcess {
         self.addr
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn logs(&self) -> String {
         fs::read_to_string(&self.log_path).unwrap_or_default()
     }

@@ -13,6 +13,8 @@ const BINARIES: &[&str] = &[
     "sluice-loadgen",
     "sluice-relay",
     "sluice-bench-sidecar",
+    "sluice-connections",
+    "sluice-soak",
     "sluice-sim",
 ];
 

@@ -116,7 +116,15 @@ fn the_relay_passes_a_request_and_its_response_through() {
 
 #[test]
 fn every_tool_rejects_a_bad_flag_in_one_line_with_code_64() {
-    for tool in ["sluice-upstream", "sluice-relay", "sluice-loadgen", "sluice-bench-sidecar", "sluice-demo"] {
+    for tool in [
+        "sluice-upstream",
+        "sluice-relay",
+        "sluice-loadgen",
+        "sluice-bench-sidecar",
+        "sluice-demo",
+        "sluice-connections",
+        "sluice-soak",
+    ] {
         let out = harness::run(tool, &["--no-such-flag"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(64), "{tool}: {stderr}");
