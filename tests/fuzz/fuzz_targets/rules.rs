@@ -6,7 +6,7 @@
 
 use std::sync::LazyLock;
 
-use http::{Method, Request};
+use http::{Method, Request, Uri};
 use libfuzzer_sys::fuzz_target;
 use sluice_sidecar::{
     classify::{Costed, normalized},
@@ -40,14 +40,16 @@ fuzz_target!(|data: &[u8]| {
     let (path, host, cost) = (fields.next().unwrap_or(""), fields.next().unwrap_or(""), fields.next().unwrap_or(""));
 
     // Idempotent, but for a malformed escape that a decoded one completes (`%6%61` is `%6a`
-    // once decoded, as the upstream, decoding once, reads it too).
-    let once = normalized(path);
-    if well_escaped(path) {
-        assert_eq!(normalized(&once), once, "normalization is idempotent");
+    // once decoded, as an upstream decoding once reads it too): the checks below hold for
+    // well-escaped paths.
+    if !well_escaped(path) {
+        return;
     }
+    let once = normalized(path);
+    assert_eq!(normalized(&once), once, "normalization is idempotent");
 
-    let request = |path: &str| {
-        let mut b = Request::builder().method(METHODS[usize::from(flags % 5)].clone()).uri(path);
+    let request = |uri: Uri| {
+        let mut b = Request::builder().method(METHODS[usize::from(flags % 5)].clone()).uri(uri);
         b = b.header("host", host);
         if flags & 8 != 0 {
             b = b.header("content-type", "application/grpc");
@@ -57,20 +59,22 @@ fuzz_target!(|data: &[u8]| {
         }
         b.body(()).ok()
     };
-    let Some(raw) = request(path) else { return };
+    let Some(raw) = path.parse().ok().and_then(request) else { return };
     let rules = &PLAN.listeners[0].rules;
     let charged = rules.classify(&raw).expect("the last rule matches everything");
     if let Costed::Declared(c) = charged.cost {
         assert!(c.is_finite() && c >= 0.0, "declared cost {c}");
     }
-    // Charged by its normalized path: the same rule for the request rewritten to it.
-    let target = raw.uri().path_and_query().map_or("/", |p| p.path());
+    // Charged by its normalized path: the same rule for the request rewritten to it (its
+    // scheme and authority, if it has them, kept: they name the host).
+    let target = raw.uri().path();
     let normal = normalized(target);
     let query = raw.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
-    if let Some(rewritten) = request(&format!("{normal}{query}")) {
-        let again = rules.classify(&rewritten).expect("the last rule matches everything");
-        assert_eq!(again.charge.rule, charged.charge.rule, "path {target:?} normalized {normal:?}");
-    }
+    let mut parts = raw.uri().clone().into_parts();
+    parts.path_and_query = format!("{normal}{query}").parse().ok();
+    let Some(rewritten) = Uri::from_parts(parts).ok().and_then(request) else { return };
+    let again = rules.classify(&rewritten).expect("the last rule matches everything");
+    assert_eq!(again.charge.rule, charged.charge.rule, "{:?} normalized {normal:?}", raw.uri());
 });
 
 /// Whether every `%` in `path` starts an escape of two hex digits.
