@@ -95,7 +95,7 @@ mod tests {
     fn an_error_is_one_line_whatever_the_glob() {
         let text = "resources:\n  - identifier_glob: \"[e-\\n]\"\n    capacity: 1\n    \
                     algorithm: {kind: STATIC, lease_length: 60, refresh_interval: 5}\n";
-        let error = parse(text).err().expect("a malformed glob");
+        let error = parse(text).expect_err("a malformed glob");
         assert!(error.contains("malformed glob") && !error.contains('\n'), "{error:?}");
     }
 
