@@ -4,7 +4,7 @@ BENCH_CLIENTS ?= 100,10000,100000,1000000
 BENCH_DURATION ?= 10s
 BENCH_ROUNDS ?= 3
 
-.PHONY: all build test demo bench bench-server bench-sidecar bench-connections soak sim image lint fmt clean
+.PHONY: all build test fuzz demo bench bench-server bench-sidecar bench-connections soak sim image lint fmt clean
 
 # Nothing in the build may run protoc (a fresh machine has none; every .proto goes through
 # protox): a stand-in that fails keeps it so.
@@ -21,6 +21,16 @@ test: build
 	@! $(CARGO) tree -p sluice-sidecar -e normal | grep -E 'sluice-server|etcd' \
 		|| { echo "sluice-sidecar must link neither the server nor an etcd client"; exit 1; }
 	$(CARGO) test --workspace
+	FUZZ_SECONDS=$(FUZZ_TEST_SECONDS) tests/fuzz/run.sh
+
+# Coverage-guided fuzzing (libFuzzer on the stable toolchain; docs/sidecar.md, Fuzzing): every target
+# for FUZZ_SECONDS, or FUZZ_TARGETS only. A crash fails the run and leaves its input under
+# tests/fuzz/target/artifacts/. `make test` runs each for FUZZ_TEST_SECONDS.
+FUZZ_SECONDS ?= 600
+FUZZ_TEST_SECONDS ?= 30
+FUZZ_TARGETS ?=
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_TARGETS)
 
 # A capacity server, a demo upstream and sidecars under load, with live output (Ctrl-C stops).
 demo: build
@@ -87,10 +97,13 @@ image:
 
 lint:
 	$(CARGO) fmt --all -- --check
+	$(CARGO) fmt --manifest-path tests/fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --manifest-path tests/fuzz/Cargo.toml --locked -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all
+	$(CARGO) fmt --manifest-path tests/fuzz/Cargo.toml
 
 clean:
 	$(CARGO) clean

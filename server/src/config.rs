@@ -82,13 +82,22 @@ pub fn parse(text: &str) -> Result<Repository, String> {
             },
         })
         .collect();
-    Repository::new(templates).map_err(|e| e.to_string())
+    // A glob's error quotes the character it choked on, which may be a line break.
+    Repository::new(templates).map_err(|e| e.to_string().replace('\n', "\\n").replace('\r', "\\r"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::defaults::EMBEDDED_CONFIG;
+
+    #[test]
+    fn an_error_is_one_line_whatever_the_glob() {
+        let text = "resources:\n  - identifier_glob: \"[e-\\n]\"\n    capacity: 1\n    \
+                    algorithm: {kind: STATIC, lease_length: 60, refresh_interval: 5}\n";
+        let error = parse(text).expect_err("a malformed glob");
+        assert!(error.contains("malformed glob") && !error.contains('\n'), "{error:?}");
+    }
 
     #[test]
     fn doormans_example_loads_unchanged() {

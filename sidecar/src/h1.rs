@@ -385,12 +385,26 @@ fn decode_chunked(chunk: &mut Chunk, buf: &mut BytesMut) -> Result<Decoded, Malf
                     httparse::Status::Complete((end, _)) if end > MAX_CHUNK_LINE => {
                         return Err(Malformed("chunk size line too long"));
                     }
+                    // httparse takes any byte in a chunk extension up to the CRLF. A bare LF
+                    // there is where a peer that ends lines at LF reads the chunk's data from,
+                    // and no control belongs in one (tokens and quoted strings, §7.1.1).
+                    httparse::Status::Complete((end, _))
+                        if buf[..end - 2].iter().any(|&b| b.is_ascii_control() && b != b'\t') =>
+                    {
+                        return Err(Malformed("invalid chunk extension"));
+                    }
                     httparse::Status::Complete((end, size)) => {
                         buf.advance(end);
                         *chunk = if size == 0 { Chunk::Trailers { read: 0 } } else { Chunk::Data(size) };
                     }
                     httparse::Status::Partial if buf.len() > MAX_CHUNK_LINE => {
                         return Err(Malformed("chunk size line too long"));
+                    }
+                    // The same, before the line's end has come.
+                    httparse::Status::Partial
+                        if buf.iter().any(|&b| b.is_ascii_control() && b != b'\t' && b != b'\r') =>
+                    {
+                        return Err(Malformed("invalid chunk extension"));
                     }
                     httparse::Status::Partial => return Ok(Decoded::More),
                 }
@@ -421,7 +435,9 @@ fn decode_chunked(chunk: &mut Chunk, buf: &mut BytesMut) -> Result<Decoded, Malf
                     }
                     return Ok(Decoded::More);
                 };
-                if newline == 0 || buf[newline - 1] != b'\r' {
+                // Only CRLF ends a line: a bare CR is where a lax peer would see one end (RFC
+                // 9112 §2.2), and so the trailers end, a line early.
+                if newline == 0 || buf[newline - 1] != b'\r' || buf[..newline - 1].contains(&b'\r') {
                     return Err(Malformed("invalid line ending in trailers"));
                 }
                 let line = buf.split_to(newline + 1);
@@ -537,6 +553,9 @@ mod tests {
             b"5\r\nhelloXX0\r\n\r\n",
             b"11111111111111111\r\n",
             b"0\r\nbad\ntrailer\r\n\r\n",
+            b"5;x\nhello\r\nhello\r\n0\r\n\r\n",
+            b"0\r\nx: y\r\n\rGET / HTTP/1.1\r\n\r\n",
+            b"5;x=\"\x00\"\r\nhello\r\n0\r\n\r\n",
         ] {
             assert!(decode_in_steps(Framing::chunked(), wire, 3).is_err(), "{:?}", String::from_utf8_lossy(wire));
         }

@@ -16,7 +16,7 @@ use std::{
 
 use bytes::{Bytes, BytesMut};
 use http::{
-    Method, Request, Response, StatusCode, Version,
+    HeaderMap, Method, Request, Response, StatusCode, Version,
     header::{DATE, EXPECT, HOST},
 };
 use http_body::{Body as _, Frame, SizeHint};
@@ -468,31 +468,14 @@ fn read_head(input: &mut BytesMut, http1: &mut bool, max_header_bytes: usize) ->
 }
 
 /// The request for the stack, and whether the connection may carry another one after it; else
-/// the refusal to answer with before closing. Its framing is checked against request smuggling
-/// (RFC 9112 §6.3): a message with both Transfer-Encoding and Content-Length, a
-/// Transfer-Encoding not ending in chunked once, or unclear Content-Length is refused (400); a
-/// transfer coding other than chunked is not implemented (501, §6.1).
+/// the refusal to answer with before closing.
 fn request(
     head: RequestHead,
     shared: &Shared,
 ) -> Result<(Request<crate::body::RequestBody>, bool), Box<Response<Body>>> {
     let RequestHead { method, uri, version, headers } = head;
     let malformed = |why: Malformed| Box::new(respond::malformed(&why.to_string()));
-    let content_length = h1::content_length(&headers).map_err(malformed)?;
-    let framing = match (h1::transfer_coding(&headers), content_length) {
-        (Some(_), Some(_)) => return Err(malformed(Malformed("both transfer-encoding and content-length"))),
-        (Some(_), None) if version == Version::HTTP_10 => {
-            return Err(malformed(Malformed("transfer-encoding in HTTP/1.0")));
-        }
-        (Some(Coding::Chunked), None) => Framing::chunked(),
-        (Some(Coding::Layered), None) => {
-            return Err(Box::new(respond::not_implemented("transfer codings other than chunked")));
-        }
-        (Some(Coding::Unchunked), None) => {
-            return Err(malformed(Malformed("transfer-encoding does not end in chunked, once")));
-        }
-        (None, length) => Framing::Length(length.unwrap_or(0)),
-    };
+    let framing = request_framing(version, &headers)?;
     if version == Version::HTTP_11 && headers.get_all(HOST).iter().count() != 1 {
         return Err(malformed(Malformed("an HTTP/1.1 request needs exactly one host header")));
     }
@@ -513,6 +496,29 @@ fn request(
     *request.version_mut() = version;
     *request.headers_mut() = headers;
     Ok((request, keep_alive))
+}
+
+/// How a request's body is delimited, checked against request smuggling (RFC 9112 §6.3); else
+/// the refusal to answer with. A message with both Transfer-Encoding and Content-Length, a
+/// Transfer-Encoding not ending in chunked once, or unclear Content-Length is refused (400); a
+/// transfer coding other than chunked is not implemented (501, §6.1).
+pub fn request_framing(version: Version, headers: &HeaderMap) -> Result<Framing, Box<Response<Body>>> {
+    let malformed = |why: Malformed| Box::new(respond::malformed(&why.to_string()));
+    let content_length = h1::content_length(headers).map_err(malformed)?;
+    Ok(match (h1::transfer_coding(headers), content_length) {
+        (Some(_), Some(_)) => return Err(malformed(Malformed("both transfer-encoding and content-length"))),
+        (Some(_), None) if version == Version::HTTP_10 => {
+            return Err(malformed(Malformed("transfer-encoding in HTTP/1.0")));
+        }
+        (Some(Coding::Chunked), None) => Framing::chunked(),
+        (Some(Coding::Layered), None) => {
+            return Err(Box::new(respond::not_implemented("transfer codings other than chunked")));
+        }
+        (Some(Coding::Unchunked), None) => {
+            return Err(malformed(Malformed("transfer-encoding does not end in chunked, once")));
+        }
+        (None, length) => Framing::Length(length.unwrap_or(0)),
+    })
 }
 
 /// Writes `response`, its body framed by its length, else chunked for HTTP/1.1 clients, else by

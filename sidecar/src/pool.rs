@@ -396,7 +396,7 @@ fn idempotent(method: &Method) -> bool {
 /// with any Transfer-Encoding, which HTTP/1.0 does not have: RFC 9112 §6.1 has its framing
 /// taken as faulty (likely forwarded by something that did not decode it) and its connection
 /// closed, as the refusal does.
-fn response_framing(method: &Method, head: &ResponseHead) -> Result<Framing, Malformed> {
+pub fn response_framing(method: &Method, head: &ResponseHead) -> Result<Framing, Malformed> {
     let coding = h1::transfer_coding(&head.headers);
     if coding.is_some() && head.version == Version::HTTP_10 {
         return Err(Malformed("HTTP/1.0 response with transfer-encoding"));

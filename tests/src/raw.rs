@@ -124,6 +124,19 @@ impl Connection {
         }
     }
 
+    /// Reads what follows the last head taken (its body), recorded; 0 once the peer closed.
+    pub fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if !self.unread.is_empty() {
+            let n = buf.len().min(self.unread.len());
+            buf[..n].copy_from_slice(&self.unread[..n]);
+            self.unread.drain(..n);
+            return Ok(n);
+        }
+        let n = self.stream.read(buf)?;
+        self.record.lock().unwrap().extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+
     pub fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         self.stream.write_all(bytes)
     }
