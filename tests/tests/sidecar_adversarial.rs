@@ -121,7 +121,9 @@ fn bad_chunking_ends_the_request_without_smuggling_anything() {
         assert!(answer.starts_with("HTTP/1.1 400 ") && answer.contains("malformed request"), "{body:?}: {answer:?}");
         assert!(answer.contains("connection: close"), "{body:?}: {answer:?}");
     }
-    for received in upstream.received() {
+    // A connection may have been opened for a request whose body failed before its head went
+    // out: it received nothing.
+    for received in upstream.received().iter().filter(|r| !r.is_empty()) {
         assert!(received.starts_with("POST /chunked HTTP/1.1\r\n"), "{received:?}");
         assert!(!received.contains("smuggled") && !received.contains("0\r\n\r\n"), "an end reached it: {received:?}");
     }
