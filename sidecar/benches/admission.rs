@@ -97,15 +97,16 @@ fn bulk_request(c: &mut Criterion) {
         fallback: Fallback::Safe,
         safe_capacity: f64::INFINITY,
     }));
-    ids.iter().for_each(|id| client.touch(id));
-    let request = client.request(0.0, |_| 3.3).expect("a request");
+    ids.iter().for_each(|id| client.touch(0.0, id));
+    // A second on, past the wait for a new resource's first requests to show their rate.
+    let request = client.request(1.0, |_| 3.3).expect("a request");
     assert_eq!(request.resource.len(), KEYS);
     eprintln!("bulk GetCapacity request for {KEYS} keys: {} bytes encoded", request.encoded_len());
-    client.on_error(0.0, true);
+    client.on_error(1.0, true);
     c.bench_function("bulk_request_10000_keys", |b| {
         b.iter(|| {
-            let request = client.request(black_box(0.0), |_| 3.3).expect("a request");
-            client.on_error(0.0, true);
+            let request = client.request(black_box(1.0), |_| 3.3).expect("a request");
+            client.on_error(1.0, true);
             black_box(request.encode_to_vec())
         })
     });
