@@ -58,6 +58,20 @@ pub fn free_port() -> u16 {
     panic!("no free port in {low}..{high}");
 }
 
+/// A standalone sidecar with one listener (`listener`: more YAML keys of it) in front of
+/// `upstream`, and one resource (`resource`: its YAML keys) that one rule (`rule`: its YAML
+/// keys) charges every request to.
+pub fn standalone_sidecar(upstream: SocketAddr, listener: &str, resource: &str, rule: &str) -> (Sidecar, SocketAddr) {
+    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let config = format!(
+        "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n    {listener}\n\
+         upstreams:\n  - name: app\n    url: http://{upstream}\n\
+         resources:\n  - id: everything\n    {resource}\n\
+         rules:\n  - resource: everything\n    {rule}\n"
+    );
+    (Sidecar::builder().config(&config).start_sidecar(), listen)
+}
+
 /// Spacing between the first ports of processes with consecutive ids: a prime, so that starts
 /// spread over the whole range.
 const PORT_STRIDE: u32 = 7_919;

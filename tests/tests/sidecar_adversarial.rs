@@ -17,7 +17,7 @@ use std::{
 };
 
 use sluice_tests::{
-    harness::{Sidecar, free_port},
+    harness::{Sidecar, free_port, standalone_sidecar},
     raw::{Connection, RawUpstream, connect, read_all, response},
     upstream::UpstreamProcess,
 };
@@ -25,13 +25,7 @@ use sluice_tests::{
 /// A standalone sidecar in front of `upstream` with one listener (more YAML keys of it in
 /// `listener`), every request charged to a resource far above any test load.
 fn start(upstream: SocketAddr, listener: &str) -> (Sidecar, SocketAddr) {
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let config = format!(
-        "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n    {listener}\n\
-         upstreams:\n  - name: app\n    url: http://{upstream}\n\
-         resources:\n  - {{id: r, capacity: 1000000}}\nrules:\n  - resource: r\n"
-    );
-    (Sidecar::builder().config(&config).start_sidecar(), listen)
+    standalone_sidecar(upstream, listener, "capacity: 1000000", "")
 }
 
 /// Answers every request 200 `ok`, keeping the connection; reads request bodies only as far as
@@ -172,7 +166,13 @@ fn lenient_framing_reaches_the_upstream_normalised() {
         let mut stream = connect(listen);
         stream.write_all(request.as_bytes()).unwrap();
         assert_eq!(response(&mut stream), 200, "{request:?}");
-        let received = upstream.received().concat();
+        // The upstream answers a body of known length before it reads it: wait for its bytes.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut received = upstream.received().concat();
+        while received.len() < before + forwarded.len() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+            received = upstream.received().concat();
+        }
         assert_eq!(&received[before..], forwarded, "{request:?}");
     }
 }

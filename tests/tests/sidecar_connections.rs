@@ -15,7 +15,7 @@ use std::{
 };
 
 use sluice_tests::{
-    harness::{Sidecar, free_port},
+    harness::{Sidecar, standalone_sidecar},
     raw::{closed_after, connect, read_all, read_head, response},
     upstream::UpstreamProcess,
 };
@@ -23,26 +23,13 @@ use sluice_tests::{
 /// A standalone sidecar with one listener, its limits set by `limits` (YAML keys of the
 /// listener), forwarding to a test upstream with a rule far above any test load.
 fn sidecar(upstream: SocketAddr, limits: &str) -> (Sidecar, SocketAddr) {
-    start(upstream, limits, "capacity: 1000000", "")
+    standalone_sidecar(upstream, limits, "capacity: 1000000", "")
 }
 
 /// A standalone sidecar whose one rule limits every request to `rate` a second with a burst of
 /// 2, and does `on_limit` (YAML of the rule) beyond it.
 fn limited_sidecar(upstream: SocketAddr, rate: f64, on_limit: &str) -> (Sidecar, SocketAddr) {
-    start(upstream, "", &format!("capacity: {rate}\n    burst: 2"), on_limit)
-}
-
-/// A standalone sidecar: one listener (`limits`), one upstream, one resource (`resource`) that
-/// one rule (`rule`) charges every request to.
-fn start(upstream: SocketAddr, limits: &str, resource: &str, rule: &str) -> (Sidecar, SocketAddr) {
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let config = format!(
-        "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n    {limits}\n\
-         upstreams:\n  - name: app\n    url: http://{upstream}\n\
-         resources:\n  - id: everything\n    {resource}\n\
-         rules:\n  - resource: everything\n    {rule}\n"
-    );
-    (Sidecar::builder().config(&config).start_sidecar(), listen)
+    standalone_sidecar(upstream, "", &format!("capacity: {rate}\n    burst: 2"), on_limit)
 }
 
 const GET: &[u8] = b"GET /echo HTTP/1.1\r\nhost: app\r\n\r\n";
