@@ -30,6 +30,9 @@ pub struct Keyed {
     pub id: Arc<str>,
     /// Fixed for the resource's life, as its kind: a reload that changes either makes a new one.
     pub settings: Resource,
+    /// The attribute whose values are the keys, read on every request: taken out of
+    /// `settings` once.
+    per: KeyAttribute,
     state: Mutex<State>,
     /// Longest key that fits in an id.
     room: usize,
@@ -61,12 +64,14 @@ pub struct KeyedFigures {
 impl Keyed {
     pub fn new(settings: Resource, cue: Option<UnboundedSender<Arc<str>>>) -> Keyed {
         let key = settings.key.as_ref().expect("a keyed resource");
+        let per = key.per.clone();
         let id: Arc<str> = settings.id.as_str().into();
         let metrics = KeyedMetrics::new(&id);
         metrics.live(0);
         Keyed {
             room: MAX_ID_BYTES - settings.id.len() - 1,
             state: Mutex::new(State { table: KeyTable::new(key.max_keys), settings: settings.clone() }),
+            per,
             settings,
             cue,
             origin: Instant::now(),
@@ -99,7 +104,7 @@ impl Keyed {
     }
 
     pub fn attribute(&self) -> &KeyAttribute {
-        &self.settings.key.as_ref().expect("a keyed resource").per
+        &self.per
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
