@@ -5,24 +5,27 @@
 //! waited goes upstream with what is left of its deadline.
 
 use std::{
-    convert::Infallible,
     sync::Arc,
     task::{Context, Poll},
     time::{Duration, Instant},
 };
 
-use futures_util::future::Either;
+use futures_util::{
+    TryFutureExt,
+    future::{Either, MapOk},
+};
 use http::{HeaderMap, Response};
 use tower::Service;
 
 use crate::{
-    body::Body,
+    body::{Admitted, Guarded},
     classify::{Charge, Charged, Costed, Resolved},
     config::{CostRule, OnLimit, Side},
     core::{Cost, Kind},
     gate::{Gate, Permits},
-    metered, respond,
-    stack::{Exchange, ResponseFuture},
+    metered::{self, Metered},
+    respond::{Limited, Refusal},
+    stack::{BoxFuture, Exchange},
     time,
 };
 
@@ -37,33 +40,36 @@ impl<S> Admit<S> {
     }
 }
 
-impl<S> Service<Exchange> for Admit<S>
-where
-    S: Service<Exchange, Response = Response<Body>, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send,
-{
-    type Response = Response<Body>;
-    type Error = Infallible;
-    /// Unclassified requests go straight through.
-    type Future = Either<S::Future, ResponseFuture>;
+/// The answer to an unclassified request: nothing held, nothing metered.
+fn unheld<B>(response: Response<B>) -> Response<Admitted<B>> {
+    response.map(|body| Metered::new(Guarded::new(body, Permits::default())))
+}
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+impl<S, B> Service<Exchange> for Admit<S>
+where
+    S: Service<Exchange, Response = Response<B>, Error = Refusal> + Clone + Send + 'static,
+    S::Future: Send,
+    B: Send + 'static,
+{
+    type Response = Response<Admitted<B>>;
+    type Error = Refusal;
+    /// Unclassified requests go straight through.
+    type Future = Either<MapOk<S::Future, fn(Response<B>) -> Response<Admitted<B>>>, BoxFuture<Response<Admitted<B>>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut exchange: Exchange) -> Self::Future {
         let Some(mut charged) = exchange.charged.take() else {
-            return Either::Left(self.inner.call(exchange));
+            return Either::Left(self.inner.call(exchange).map_ok(unheld as fn(_) -> _));
         };
         let metered = metered::up_front(&mut charged, exchange.request.body());
         // The clone is ready, not `self.inner` (tower's rule for services driven in a future).
         let inner = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, inner);
         Either::Right(Box::pin(async move {
-            let (permits, waited) = match admit(&charged, exchange.request.headers()).await {
-                Ok(admitted) => admitted,
-                Err(rejection) => return Ok(rejection),
-            };
+            let (permits, waited) = admit(&charged, exchange.request.headers()).await?;
             if !waited.is_zero() {
                 shorten_grpc_timeout(exchange.request.headers_mut(), waited);
             }
@@ -72,31 +78,30 @@ where
                 let paced = charge.on_limit == OnLimit::Delay;
                 exchange.request.body_mut().charge_to(charge.clone(), charged.gates().into(), paced);
             }
-            let mut response = inner.call(exchange).await?;
-            if !permits.is_empty() {
-                response.body_mut().hold(permits);
-            }
-            if metered == Some(Side::Response) {
-                response.body_mut().charge_to(charge.clone(), charged.gates().into());
-            }
-            Ok(response)
+            let response = inner.call(exchange).await?;
+            Ok(response.map(|body| {
+                let mut body = Metered::new(Guarded::new(body, permits));
+                if metered == Some(Side::Response) {
+                    body.charge_to(charge.clone(), charged.gates().into(), false);
+                }
+                body
+            }))
         }))
     }
 }
 
 /// Passes the request through its charge's gates: the permits it holds and how long it waited
-/// in all; on refusal, gives back what earlier gates granted and answers with the synthetic
-/// rejection.
-async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Duration), Response<Body>> {
+/// in all; on refusal, gives back what earlier gates granted.
+async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Duration), Refusal> {
     let Charged { charge, cost, gates: resolved } = charged;
     if let Resolved::Unsafe { resource, bytes } = resolved {
-        tracing::debug!(rule = %charge.rule, %resource, bytes, "key too long refused");
-        return Err(respond::key_too_long(respond::is_grpc(headers), resource, &charge.rule, *bytes));
+        return Err(Refusal::KeyTooLong { resource: resource.clone(), rule: charge.rule.clone(), bytes: *bytes });
     }
     let gates = charged.gates();
-    let cost = bounded(charge, gates, *cost).map_err(|(declared, most)| {
-        tracing::debug!(rule = %charge.rule, declared, most = most.get(), "declared cost refused");
-        respond::cost_too_large(respond::is_grpc(headers), &charge.rule, declared, most)
+    let cost = bounded(charge, gates, *cost).map_err(|(declared, most)| Refusal::CostTooLarge {
+        rule: charge.rule.clone(),
+        declared,
+        most,
     })?;
     let max_wait = match charge.on_limit {
         OnLimit::Delay => grpc_timeout(headers).map_or(charge.max_wait, |d| d.min(charge.max_wait)),
@@ -129,10 +134,13 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Durat
                 for earlier in gates[..i].iter().filter(|g| g.kind == Kind::Rate) {
                     earlier.refund(cost);
                 }
-                let capacity = gate.applied().capacity.get();
-                let kind = gate.kind;
-                let grpc = respond::is_grpc(headers);
-                return Err(respond::limited(grpc, &gate.id, &charge.rule, kind, capacity, refused.retry_after));
+                return Err(Refusal::Limited(Limited {
+                    resource: gate.id.clone(),
+                    rule: charge.rule.clone(),
+                    kind: gate.kind,
+                    capacity: gate.applied().capacity.get(),
+                    retry_after: refused.retry_after,
+                }));
             }
         }
         if gate.kind == Kind::Concurrency {

@@ -4,24 +4,26 @@
 
 use std::{
     borrow::Cow,
-    convert::Infallible,
     sync::Arc,
     task::{Context, Poll},
     time::Duration,
 };
 
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, Request, header};
 use tower::Service;
 
 use crate::{
-    body::Body,
     config::{CostRule, KeyAttribute, Match, OnLimit, PathMatch},
     core::{Cost, TooLong},
     gate::Gate,
     keyed::Keyed,
-    respond,
     stack::Exchange,
 };
+
+/// Whether a request is gRPC: what gRPC rules match, and the form of the sidecar's own answers.
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
 
 /// What a matching rule charges: compiled once per configuration.
 pub struct Charge {
@@ -138,7 +140,7 @@ pub fn attribute<'a, 'r: 'a, B>(
             })
         }
         KeyAttribute::GrpcService | KeyAttribute::GrpcMethod => {
-            if !respond::is_grpc(req.headers()) {
+            if !is_grpc(req.headers()) {
                 return None;
             }
             let (service, method) = grpc_parts(normalized_once(path, req))?;
@@ -166,7 +168,7 @@ fn matches<'r, B>(m: &Match, req: &'r Request<B>, path: &mut Option<Cow<'r, str>
         })
         && m.host.as_ref().is_none_or(|g| g.is_match(host(req).to_ascii_lowercase()))
         && (m.grpc_service.is_none() && m.grpc_method.is_none()
-            || respond::is_grpc(req.headers()) && grpc_matches(m, normalized_once(path, req)))
+            || is_grpc(req.headers()) && grpc_matches(m, normalized_once(path, req)))
         && m.headers
             .iter()
             .all(|(name, value)| req.headers().get(name).is_some_and(|v| v.as_bytes() == value.as_bytes()))
@@ -274,13 +276,13 @@ impl<S> Classify<S> {
 
 impl<S> Service<Exchange> for Classify<S>
 where
-    S: Service<Exchange, Response = Response<Body>, Error = Infallible>,
+    S: Service<Exchange>,
 {
-    type Response = Response<Body>;
-    type Error = Infallible;
+    type Response = S::Response;
+    type Error = S::Error;
     type Future = S::Future;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 

@@ -36,7 +36,7 @@ use crate::{
     config, defaults,
     h1::{self, Coding, Framing, Malformed, RequestHead},
     listener::stopped,
-    respond,
+    respond::Refusal,
     stack::Stack,
     sync,
     time::{self, Timer},
@@ -272,7 +272,7 @@ pub async fn serve(
                     let now = Instant::now();
                     match head_since {
                         Some(since) if now - since >= limits.header_read_timeout => {
-                            break Next::Refuse(respond::head_timeout());
+                            break Next::Refuse(Refusal::HeadTimeout.render(false));
                         }
                         None if now - idle_since >= limits.idle_timeout => break Next::Close,
                         _ => tick.as_mut().reset(time::after(now, period).into()),
@@ -318,7 +318,7 @@ pub async fn serve(
             }
             Err(Unanswered::Stalled) => {
                 tracing::debug!("the request body stopped arriving for the idle timeout; request dropped");
-                write_response(&mut writer, peer, respond::body_timeout(), false, version, true).await?;
+                write_response(&mut writer, peer, Refusal::BodyTimeout.render(false), false, version, true).await?;
                 linger(&shared, &mut writer).await;
                 return Ok(None);
             }
@@ -461,9 +461,9 @@ fn read_head(input: &mut BytesMut, http1: &mut bool, max_header_bytes: usize) ->
     }
     match h1::parse_request(input, max_header_bytes) {
         Ok(Some(head)) => Some(Next::Request(head)),
-        Ok(None) if input.len() > max_header_bytes => Some(Next::Refuse(respond::head_too_large())),
+        Ok(None) if input.len() > max_header_bytes => Some(Next::Refuse(Refusal::HeadTooLarge.render(false))),
         Ok(None) => None,
-        Err(malformed) => Some(Next::Refuse(respond::malformed(&malformed.to_string()))),
+        Err(malformed) => Some(Next::Refuse(Refusal::from(malformed).render(false))),
     }
 }
 
@@ -474,7 +474,7 @@ fn request(
     shared: &Shared,
 ) -> Result<(Request<crate::body::RequestBody>, bool), Box<Response<Body>>> {
     let RequestHead { method, uri, version, headers } = head;
-    let malformed = |why: Malformed| Box::new(respond::malformed(&why.to_string()));
+    let malformed = |why: Malformed| Box::new(Refusal::from(why).render(false));
     let framing = request_framing(version, &headers)?;
     if version == Version::HTTP_11 && headers.get_all(HOST).iter().count() != 1 {
         return Err(malformed(Malformed("an HTTP/1.1 request needs exactly one host header")));
@@ -503,7 +503,7 @@ fn request(
 /// Transfer-Encoding not ending in chunked once, or unclear Content-Length is refused (400); a
 /// transfer coding other than chunked is not implemented (501, §6.1).
 pub fn request_framing(version: Version, headers: &HeaderMap) -> Result<Framing, Box<Response<Body>>> {
-    let malformed = |why: Malformed| Box::new(respond::malformed(&why.to_string()));
+    let malformed = |why: Malformed| Box::new(Refusal::from(why).render(false));
     let content_length = h1::content_length(headers).map_err(malformed)?;
     Ok(match (h1::transfer_coding(headers), content_length) {
         (Some(_), Some(_)) => return Err(malformed(Malformed("both transfer-encoding and content-length"))),
@@ -512,7 +512,7 @@ pub fn request_framing(version: Version, headers: &HeaderMap) -> Result<Framing,
         }
         (Some(Coding::Chunked), None) => Framing::chunked(),
         (Some(Coding::Layered), None) => {
-            return Err(Box::new(respond::not_implemented("transfer codings other than chunked")));
+            return Err(Box::new(Refusal::NotImplemented("transfer codings other than chunked").render(false)));
         }
         (Some(Coding::Unchunked), None) => {
             return Err(malformed(Malformed("transfer-encoding does not end in chunked, once")));

@@ -3,8 +3,9 @@
 //! half) and delays or rejects what exceeds the lease.
 //!
 //! [`core`] holds the admission and lease logic and knows nothing of clocks, locks or I/O. The
-//! data path is the tower stack in [`stack`]: [`route`] → [`classify`] → [`admission`] →
-//! [`metrics`] → [`proxy`]. [`leasing`] drives the lease client against the capacity servers.
+//! data path is the tower stack in [`stack`]: [`rescue`] → [`route`] → [`classify`] →
+//! [`admission`] → [`metrics`] → [`proxy`]. [`leasing`] drives the lease client against the
+//! capacity servers.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -29,6 +30,7 @@ pub mod metrics;
 pub mod plan;
 pub mod pool;
 pub mod proxy;
+pub mod rescue;
 pub mod respond;
 pub mod route;
 pub mod stack;

@@ -19,6 +19,7 @@ use std::{
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{Request, Response};
+use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::Either;
 use hyper::{body::Incoming, server::conn::http2};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -33,7 +34,7 @@ use tokio::{
 use tower::{ServiceExt, util::Oneshot};
 
 use crate::{
-    body::{Body, BoxError, RequestBody},
+    body::{Body, BoxError, Guarded, RequestBody},
     inbound::{self, Limits},
     plan::Plan,
     stack::{self, Stack},
@@ -136,8 +137,12 @@ struct Http2Service {
     streams: OpenCount,
 }
 
+/// A response body on an application's HTTP/2 stream: it keeps the stream counted open until it
+/// is dropped, and tells the stream's progress of each piece it hands hyper to send.
+type StreamBody = Guarded<Reported<Body>, Option<Open>>;
+
 impl hyper::service::Service<Request<Incoming>> for Http2Service {
-    type Response = Response<Body>;
+    type Response = Response<StreamBody>;
     type Error = Infallible;
     type Future = Counted;
 
@@ -158,21 +163,53 @@ pin_project! {
 }
 
 impl Future for Counted {
-    type Output = Result<Response<Body>, Infallible>;
+    type Output = Result<Response<StreamBody>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let mut response = std::task::ready!(this.call.poll(cx))?;
+        let response = std::task::ready!(this.call.poll(cx))?;
         // Polled on the stream's task: the head goes to hyper to send, and the application has
         // to take it (and the body after it) within the send timeout.
         let progress = Progress::current();
         if let Some(progress) = &progress {
             progress.handed();
         }
-        if let Some(stream) = this.stream.take() {
-            response.body_mut().hold_stream(stream, progress);
+        let stream = this.stream.take();
+        Poll::Ready(Ok(response.map(|inner| Guarded::new(Reported { inner, progress }, stream))))
+    }
+}
+
+pin_project! {
+    /// A body that tells its stream's `progress` of each piece it hands over to be sent.
+    struct Reported<B> {
+        #[pin]
+        inner: B,
+        progress: Option<Arc<Progress>>,
+    }
+}
+
+impl<B: HttpBody> HttpBody for Reported<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        if let Some(progress) = this.progress {
+            match &polled {
+                Poll::Ready(Some(Ok(_))) => progress.handed(),
+                _ => progress.taken(),
+            }
         }
-        Poll::Ready(Ok(response))
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -19,25 +19,22 @@
 //! body then closes the resource for no longer than that takes to repay, however large it is.
 
 use std::{
-    fmt,
     future::Future,
     pin::Pin,
     sync::{Arc, OnceLock},
     task::{Context, Poll, ready},
-    time::Duration,
 };
 
 use bytes::Bytes;
-use http::Response;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 
 use crate::{
-    body::{Body, BoxError, RequestBody},
+    body::{BoxError, RequestBody},
     classify::{Charge, Charged, Costed},
     config::{CostRule, Side},
     core::{Cost, Kind},
     gate::Gate,
-    respond,
+    respond::{Limited, Refusal},
 };
 
 /// A body that charges `charge`'s resources for its bytes once [`Metered::charge_to`] says so;
@@ -114,7 +111,7 @@ where
                     Ok(()) => Ok(Frame::data(meter.held.split_to(length))),
                     Err(limited) => {
                         let _ = meter.cut.0.set(limited.clone());
-                        Err(limited.into())
+                        Err(Box::new(Refusal::Limited(limited)))
                     }
                 }));
             }
@@ -177,6 +174,7 @@ async fn turn(charge: Arc<Charge>, gates: Gates, bytes: Cost) -> Result<(), Limi
             return Err(Limited {
                 resource: gate.id.clone(),
                 rule: charge.rule.clone(),
+                kind: Kind::Rate,
                 capacity: gate.applied().capacity.get(),
                 retry_after: refused.retry_after,
             });
@@ -202,23 +200,9 @@ pub fn up_front(charged: &mut Charged, body: &RequestBody) -> Option<Side> {
     }
 }
 
-/// A paced request body whose next piece could not have its turn within the rule's `max_wait`:
-/// the body ends there, and the request is answered as a refused one is, when it still can be.
-#[derive(Clone, Debug)]
-pub struct Limited {
-    resource: Arc<str>,
-    rule: String,
-    capacity: f64,
-    retry_after: Duration,
-}
-
-impl Limited {
-    pub fn response(&self, grpc: bool) -> Response<Body> {
-        respond::limited(grpc, &self.resource, &self.rule, Kind::Rate, self.capacity, self.retry_after)
-    }
-}
-
-/// Why a paced body was cut off, once it was: the body's error reaches the proxy over HTTP/1.1
+/// Why a paced body was cut off, once it was — its next piece could not have its turn within
+/// the rule's `max_wait`, and the request is answered as a refused one is, when it still can
+/// be. The body's error reaches the proxy over HTTP/1.1
 /// but not through hyper's HTTP/2 client, which resets the stream instead, so it is kept here.
 #[derive(Clone, Default)]
 pub struct CutOff(Arc<OnceLock<Limited>>);
@@ -228,15 +212,3 @@ impl CutOff {
         self.0.get()
     }
 }
-
-impl fmt::Display for Limited {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "the request body was cut off: resource {:?} had no room for it within max_wait (rule {:?})",
-            self.resource, self.rule
-        )
-    }
-}
-
-impl std::error::Error for Limited {}

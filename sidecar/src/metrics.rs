@@ -2,7 +2,6 @@
 //! holds so that recording costs an atomic operation, not a registry lookup.
 
 use std::{
-    convert::Infallible,
     future::Future,
     pin::Pin,
     sync::{
@@ -24,11 +23,11 @@ use sluice_runtime::reload::ConfigStatus;
 use tower::Service;
 
 use crate::{
-    body::Body,
     core::Cost,
     defaults::{DURATION_BUCKETS, METRICS_UPKEEP_INTERVAL, STALE_GAUGE_TIMEOUT},
     gate::Applied,
     plan::ListenerPlan,
+    respond::Refusal,
     stack::Exchange,
     sync,
 };
@@ -322,15 +321,15 @@ impl<S> Measure<S> {
     }
 }
 
-impl<S> Service<Exchange> for Measure<S>
+impl<S, B> Service<Exchange> for Measure<S>
 where
-    S: Service<Exchange, Response = Response<Body>, Error = Infallible>,
+    S: Service<Exchange, Response = Response<B>, Error = Refusal>,
 {
-    type Response = Response<Body>;
-    type Error = Infallible;
+    type Response = Response<B>;
+    type Error = Refusal;
     type Future = Timed<S::Future>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
         self.inner.poll_ready(cx)
     }
 
@@ -342,7 +341,8 @@ where
 }
 
 pin_project! {
-    /// A forwarded request until its response headers, then recorded.
+    /// A forwarded request until its response headers, then recorded; one that failed, with
+    /// the status the sidecar answers it with.
     pub struct Timed<F> {
         #[pin]
         answer: F,
@@ -351,13 +351,17 @@ pin_project! {
     }
 }
 
-impl<F: Future<Output = Result<Response<Body>, Infallible>>> Future for Timed<F> {
+impl<F: Future<Output = Result<Response<B>, Refusal>>, B> Future for Timed<F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let Ok(response) = ready!(this.answer.poll(cx));
-        this.listener.timing.record(response.status().as_u16(), this.start.elapsed().as_secs_f64());
-        Poll::Ready(Ok(response))
+        let answer = ready!(this.answer.poll(cx));
+        let status = match &answer {
+            Ok(response) => response.status(),
+            Err(refusal) => refusal.status(),
+        };
+        this.listener.timing.record(status.as_u16(), this.start.elapsed().as_secs_f64());
+        Poll::Ready(answer)
     }
 }

@@ -3,7 +3,6 @@
 //! `https://` upstreams, bodies and trailers streamed both ways.
 
 use std::{
-    convert::Infallible,
     sync::Arc,
     task::{Context, Poll},
 };
@@ -13,16 +12,17 @@ use http::{
     header::{CONNECTION, HOST, TE, TRANSFER_ENCODING, UPGRADE},
     uri::{Authority, PathAndQuery, Scheme},
 };
+use http_body_util::Either;
 use sluice_runtime::telemetry::with_causes;
 use tower::Service;
 
 use crate::{
-    body::{Body, BoxError, RequestBody, RequestBodyFailed},
+    body::{BoxError, Guarded, IdleTimeout, RequestBody, RequestBodyFailed, UpstreamBody},
     config,
     metered::CutOff,
     pool::{self, Http1Pool, Http2Pool},
-    respond,
-    stack::{Exchange, ResponseFuture},
+    respond::Refusal,
+    stack::{BoxFuture, Exchange},
 };
 
 /// One configured upstream and its connection pools.
@@ -68,39 +68,34 @@ impl UpstreamClient {
         &self.config
     }
 
-    /// Sends `req` upstream; failures become the synthetic 502/504 (or gRPC UNAVAILABLE /
-    /// DEADLINE_EXCEEDED), or 400 when it was the application's request body that failed (the
-    /// refusal of a limit when a paced body was cut off).
-    pub async fn forward(&self, req: Request<RequestBody>) -> Response<Body> {
-        let grpc = respond::is_grpc(req.headers());
+    /// Sends `req` upstream; a failure is the refusal to answer with: the upstream's (502,
+    /// 504), the application's request body's (400), or a limit's when a paced body was cut off.
+    pub async fn forward(&self, req: Request<RequestBody>) -> Result<Response<UpstreamBody>, Refusal> {
         let cut_off = req.body().cut_off();
         let sent = self.send(req);
         let answer = match self.config.timeout {
-            Some(limit) => match tokio::time::timeout(limit, sent).await {
-                Ok(answer) => answer,
-                Err(_) => return respond::gateway_timeout(grpc, self.name()),
-            },
+            Some(limit) => tokio::time::timeout(limit, sent)
+                .await
+                .map_err(|_| Refusal::GatewayTimeout { upstream: self.name().to_owned() })?,
             None => sent.await,
         };
         match answer {
             Ok(mut response) => {
                 strip_hop_by_hop(response.headers_mut());
-                response
+                Ok(response)
             }
-            Err(_) if let Some(limited) = cut_off.as_ref().and_then(CutOff::limited) => limited.response(grpc),
-            Err(e) if e.is::<RequestBodyFailed>() => {
-                tracing::debug!(upstream = self.name(), error = %e, "the application's request body failed");
-                respond::malformed(&e.to_string())
+            Err(_) if let Some(limited) = cut_off.as_ref().and_then(CutOff::limited) => {
+                Err(Refusal::Limited(limited.clone()))
             }
+            Err(e) if e.is::<RequestBodyFailed>() => Err(Refusal::Malformed(e.to_string())),
             Err(e) => {
-                tracing::debug!(upstream = self.name(), error = %e, "upstream request failed");
-                respond::bad_gateway(grpc, self.name(), &with_causes(&e.to_string(), &*e))
+                Err(Refusal::BadGateway { upstream: self.name().to_owned(), error: with_causes(&e.to_string(), &*e) })
             }
         }
     }
 
     /// HTTP/2 goes out as HTTP/2 (gRPC needs it end to end), everything else as HTTP/1.1.
-    async fn send(&self, req: Request<RequestBody>) -> Result<Response<Body>, BoxError> {
+    async fn send(&self, req: Request<RequestBody>) -> Result<Response<UpstreamBody>, BoxError> {
         let (mut parts, body) = req.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         let path = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
@@ -113,14 +108,15 @@ impl UpstreamClient {
                 .path_and_query(path)
                 .build()?;
             let (response, stream) = self.http2.send(Request::from_parts(parts, body)).await?;
-            Ok(response.map(|body| Body::http2(body, stream, self.config.body_idle_timeout)))
+            let idle = self.config.body_idle_timeout;
+            Ok(response.map(|body| IdleTimeout::new(Either::Right(Guarded::new(body, stream)), idle)))
         } else {
             // HTTP/1.1 sends the target in origin form, the authority in Host.
             parts.version = Version::HTTP_11;
             parts.headers.insert(HOST, self.host.clone());
             parts.uri = Uri::from(path);
             let response = self.http1.send(Request::from_parts(parts, body)).await?;
-            Ok(response.map(|body| Body::http1(body, self.config.body_idle_timeout)))
+            Ok(response.map(|body| IdleTimeout::new(Either::Left(body), self.config.body_idle_timeout)))
         }
     }
 }
@@ -184,16 +180,16 @@ fn tls_config(ca: Option<(&std::path::Path, &[u8])>) -> Result<rustls::ClientCon
 pub struct Proxy;
 
 impl Service<Exchange> for Proxy {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = ResponseFuture;
+    type Response = Response<UpstreamBody>;
+    type Error = Refusal;
+    type Future = BoxFuture<Response<UpstreamBody>>;
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, exchange: Exchange) -> ResponseFuture {
-        Box::pin(async move { Ok(exchange.upstream.forward(exchange.request).await) })
+    fn call(&mut self, exchange: Exchange) -> Self::Future {
+        Box::pin(async move { exchange.upstream.forward(exchange.request).await })
     }
 }
 

@@ -1,14 +1,19 @@
-//! Every response the sidecar makes up itself, in one place: rejections by a limit, requests with
-//! nowhere to go, and upstream failures. gRPC callers get a trailers-only response with the
-//! matching status, everyone else a plain HTTP status with a one-line body.
+//! Every response the sidecar makes up itself, in one place. The data path's layers say why
+//! they answer a request themselves with a [`Refusal`] (their error); the rescue layer at the top
+//! of the stack renders it once, knowing whether the caller speaks gRPC: gRPC callers get a
+//! trailers-only response with the matching status, everyone else a plain HTTP status with a
+//! one-line body.
 
-use std::{fmt::Write, time::Duration};
+use std::{fmt, fmt::Write, sync::Arc, time::Duration};
 
-use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::{Either, Full};
 
 use crate::{
     body::Body,
     core::{Cost, Kind},
+    h1::Malformed,
 };
 
 /// gRPC status codes used here (grpc/doc/statuscodes.md).
@@ -20,124 +25,169 @@ mod code {
     pub const UNAVAILABLE: u8 = 14;
 }
 
-/// Whether a request is gRPC, so that it gets its errors as gRPC statuses.
-pub fn is_grpc(headers: &HeaderMap) -> bool {
-    headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+/// Why the sidecar answers a request itself instead of the upstream.
+#[derive(Debug)]
+pub enum Refusal {
+    /// A resource's limit said no (SPEC §4.4).
+    Limited(Limited),
+    /// The request declared a cost above what its rule takes at once (`most`).
+    CostTooLarge { rule: String, declared: f64, most: Cost },
+    /// The request's value for a keyed resource would make a key longer than an id has room
+    /// for (`bytes` encoded).
+    KeyTooLong { resource: Arc<str>, rule: String, bytes: usize },
+    /// No upstream is configured for the request's host (`Host`/`:authority`).
+    NoRoute { host: String },
+    /// The request needs what the sidecar does not do: a method, a transfer coding.
+    NotImplemented(&'static str),
+    /// The request could not be read: malformed, framed ambiguously, or its body failed.
+    Malformed(String),
+    /// The request head was larger than the listener's `max_header_bytes`.
+    HeadTooLarge,
+    /// The request head did not arrive within the listener's `header_read_timeout`.
+    HeadTimeout,
+    /// The request body stopped arriving for the listener's `idle_timeout` while it was read.
+    BodyTimeout,
+    /// The upstream could not be reached or failed mid-request.
+    BadGateway { upstream: String, error: String },
+    /// The upstream did not answer within its configured timeout.
+    GatewayTimeout { upstream: String },
 }
 
-/// The limit of `resource`, charged by `rule`, said no (SPEC §4.4): 429 with `Retry-After` and
-/// the IETF RateLimit headers, or RESOURCE_EXHAUSTED with `grpc-retry-pushback-ms`.
-pub fn limited(
-    grpc: bool,
-    resource: &str,
-    rule: &str,
-    kind: Kind,
-    capacity: f64,
-    retry_after: Duration,
-) -> Response<Body> {
-    let message = format!("rate limited by sluice: resource {resource:?} is over its capacity (rule {rule:?})");
-    if grpc {
-        let mut response = trailers_only(code::RESOURCE_EXHAUSTED, &message);
-        let pushback = HeaderValue::from(u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX));
-        response.headers_mut().insert("grpc-retry-pushback-ms", pushback);
-        return response;
+/// A limit's refusal: of a request, or of a paced request body's next piece.
+#[derive(Clone, Debug)]
+pub struct Limited {
+    pub resource: Arc<str>,
+    pub rule: String,
+    pub kind: Kind,
+    /// What the resource's limit allows now, for the RateLimit headers.
+    pub capacity: f64,
+    pub retry_after: Duration,
+}
+
+impl From<Malformed> for Refusal {
+    fn from(why: Malformed) -> Refusal {
+        Refusal::Malformed(why.to_string())
     }
-    let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
-    let mut response = plain(StatusCode::TOO_MANY_REQUESTS, message);
-    let headers = response.headers_mut();
-    headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-    let name = sf_string(resource);
-    let quota = |window: f64| if capacity.is_finite() { (capacity * window).floor() as u64 } else { u64::MAX };
-    let policy = match kind {
-        // A rate below one a second is given over the window that holds one unit (0.1/s:
-        // q=1;w=10), not as a quota of 0.
-        Kind::Rate => {
-            let window = if capacity > 0.0 && capacity < 1.0 { (1.0 / capacity).ceil() } else { 1.0 };
-            // The window holds a unit by construction; a rounding error must not say 0.
-            let q = if window > 1.0 { quota(window).max(1) } else { quota(window) };
-            format!("{name};q={q};w={window}")
+}
+
+impl Refusal {
+    /// The HTTP status it is answered with (a gRPC caller gets 200 and a gRPC status).
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Refusal::Limited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::CostTooLarge { .. } | Refusal::KeyTooLong { .. } | Refusal::Malformed(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            Refusal::NoRoute { .. } => StatusCode::NOT_FOUND,
+            Refusal::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            Refusal::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Refusal::HeadTimeout | Refusal::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Refusal::BadGateway { .. } => StatusCode::BAD_GATEWAY,
+            Refusal::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
-        Kind::Concurrency => format!("{name};q={}", quota(1.0)),
-    };
-    if let Ok(v) = HeaderValue::try_from(policy) {
-        headers.insert("ratelimit-policy", v);
     }
-    if let Ok(v) = HeaderValue::try_from(format!("{name};r=0;t={seconds}")) {
-        headers.insert("ratelimit", v);
+
+    /// The gRPC status a gRPC caller gets instead: a fault of the request is one no retry
+    /// mends (INVALID_ARGUMENT), unlike a limit's (RESOURCE_EXHAUSTED).
+    fn grpc_code(&self) -> u8 {
+        match self {
+            Refusal::Limited(_) => code::RESOURCE_EXHAUSTED,
+            Refusal::CostTooLarge { .. }
+            | Refusal::KeyTooLong { .. }
+            | Refusal::Malformed(_)
+            | Refusal::HeadTooLarge => code::INVALID_ARGUMENT,
+            Refusal::NoRoute { .. } | Refusal::NotImplemented(_) => code::UNIMPLEMENTED,
+            Refusal::HeadTimeout | Refusal::BodyTimeout | Refusal::GatewayTimeout { .. } => code::DEADLINE_EXCEEDED,
+            Refusal::BadGateway { .. } => code::UNAVAILABLE,
+        }
     }
-    response
+
+    /// The synthetic response: for a gRPC caller (`grpc`), a trailers-only one.
+    pub fn render(self, grpc: bool) -> Response<Body> {
+        let message = self.to_string();
+        if grpc {
+            let mut response = trailers_only(self.grpc_code(), &message);
+            if let Refusal::Limited(limited) = &self {
+                let pushback = u64::try_from(limited.retry_after.as_millis()).unwrap_or(u64::MAX);
+                response.headers_mut().insert("grpc-retry-pushback-ms", HeaderValue::from(pushback));
+            }
+            return response;
+        }
+        let mut response = plain(self.status(), message);
+        if let Refusal::Limited(limited) = &self {
+            limited.headers(response.headers_mut());
+        }
+        response
+    }
 }
 
-/// A request that declared a cost above what its rule takes (`most`): a fault of the request,
-/// which no retry mends, so 400 or INVALID_ARGUMENT rather than 429.
-pub fn cost_too_large(grpc: bool, rule: &str, declared: f64, most: Cost) -> Response<Body> {
-    // Shortest exact form: 3, 0.5, 1e300 (never a 300-digit number).
-    let number = |n: f64| if n.abs() < 1e16 { format!("{n}") } else { format!("{n:e}") };
-    let message = format!(
-        "sluice: declared cost {} is above the {} that rule {rule:?} takes at once",
-        number(declared),
-        number(most.get())
-    );
-    if grpc { trailers_only(code::INVALID_ARGUMENT, &message) } else { plain(StatusCode::BAD_REQUEST, message) }
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Shortest exact form: 3, 0.5, 1e300 (never a 300-digit number).
+        let number = |n: f64| if n.abs() < 1e16 { format!("{n}") } else { format!("{n:e}") };
+        match self {
+            Refusal::Limited(Limited { resource, rule, .. }) => {
+                write!(f, "rate limited by sluice: resource {resource:?} is over its capacity (rule {rule:?})")
+            }
+            Refusal::CostTooLarge { rule, declared, most } => write!(
+                f,
+                "sluice: declared cost {} is above the {} that rule {rule:?} takes at once",
+                number(*declared),
+                number(most.get())
+            ),
+            Refusal::KeyTooLong { resource, rule, bytes } => write!(
+                f,
+                "sluice: the request's key for resource {resource:?} (rule {rule:?}) is {bytes} bytes encoded, \
+                 too long for an id"
+            ),
+            Refusal::NoRoute { host } => write!(f, "sluice: no upstream is configured for host {host:?}"),
+            Refusal::NotImplemented(what) => write!(f, "sluice: not implemented: {what}"),
+            Refusal::Malformed(why) => write!(f, "sluice: malformed request: {why}"),
+            Refusal::HeadTooLarge => f.write_str("sluice: request head too large"),
+            Refusal::HeadTimeout => f.write_str("sluice: request head not received in time"),
+            Refusal::BodyTimeout => f.write_str("sluice: request body not received in time"),
+            Refusal::BadGateway { upstream, error } => write!(f, "sluice: upstream {upstream:?} failed: {error}"),
+            Refusal::GatewayTimeout { upstream } => write!(f, "sluice: upstream {upstream:?} timed out"),
+        }
+    }
 }
 
-/// A request whose value for a keyed resource would make a key longer than its id leaves room
-/// for (`bytes` encoded): a fault of the request, so 400 or INVALID_ARGUMENT.
-pub fn key_too_long(grpc: bool, resource: &str, rule: &str, bytes: usize) -> Response<Body> {
-    let message = format!(
-        "sluice: the request's key for resource {resource:?} (rule {rule:?}) is {bytes} bytes encoded, too long for an id"
-    );
-    if grpc { trailers_only(code::INVALID_ARGUMENT, &message) } else { plain(StatusCode::BAD_REQUEST, message) }
+impl std::error::Error for Refusal {}
+
+impl Limited {
+    /// `Retry-After` and the IETF RateLimit headers.
+    fn headers(&self, headers: &mut http::HeaderMap) {
+        let Limited { resource, kind, capacity, retry_after, .. } = self;
+        let capacity = *capacity;
+        let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        let name = sf_string(resource);
+        let quota = |window: f64| if capacity.is_finite() { (capacity * window).floor() as u64 } else { u64::MAX };
+        let policy = match kind {
+            // A rate below one a second is given over the window that holds one unit (0.1/s:
+            // q=1;w=10), not as a quota of 0.
+            Kind::Rate => {
+                let window = if capacity > 0.0 && capacity < 1.0 { (1.0 / capacity).ceil() } else { 1.0 };
+                // The window holds a unit by construction; a rounding error must not say 0.
+                let q = if window > 1.0 { quota(window).max(1) } else { quota(window) };
+                format!("{name};q={q};w={window}")
+            }
+            Kind::Concurrency => format!("{name};q={}", quota(1.0)),
+        };
+        if let Ok(v) = HeaderValue::try_from(policy) {
+            headers.insert("ratelimit-policy", v);
+        }
+        if let Ok(v) = HeaderValue::try_from(format!("{name};r=0;t={seconds}")) {
+            headers.insert("ratelimit", v);
+        }
+    }
 }
 
-/// A request for a host or listener with no configured upstream: never forwarded.
-pub fn no_route(grpc: bool, host: &str) -> Response<Body> {
-    let message = format!("sluice: no upstream is configured for host {host:?}");
-    if grpc { trailers_only(code::UNIMPLEMENTED, &message) } else { plain(StatusCode::NOT_FOUND, message) }
-}
-
-/// The upstream could not be reached or failed mid-request.
-pub fn bad_gateway(grpc: bool, upstream: &str, error: &str) -> Response<Body> {
-    let message = format!("sluice: upstream {upstream:?} failed: {error}");
-    if grpc { trailers_only(code::UNAVAILABLE, &message) } else { plain(StatusCode::BAD_GATEWAY, message) }
-}
-
-/// The upstream did not answer within its configured timeout.
-pub fn gateway_timeout(grpc: bool, upstream: &str) -> Response<Body> {
-    let message = format!("sluice: upstream {upstream:?} timed out");
-    if grpc { trailers_only(code::DEADLINE_EXCEEDED, &message) } else { plain(StatusCode::GATEWAY_TIMEOUT, message) }
-}
-
-/// A request the codec could not read: malformed, or framed ambiguously.
-pub fn malformed(why: &str) -> Response<Body> {
-    plain(StatusCode::BAD_REQUEST, format!("sluice: malformed request: {why}"))
-}
-
-/// A request that needs what the sidecar does not do (`what`: a method, a transfer coding).
-pub fn not_implemented(what: &str) -> Response<Body> {
-    plain(StatusCode::NOT_IMPLEMENTED, format!("sluice: not implemented: {what}"))
-}
-
-/// A request head larger than the listener's `max_header_bytes`.
-pub fn head_too_large() -> Response<Body> {
-    plain(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "sluice: request head too large".to_owned())
-}
-
-/// A request head that did not arrive within the listener's `header_read_timeout`.
-pub fn head_timeout() -> Response<Body> {
-    plain(StatusCode::REQUEST_TIMEOUT, "sluice: request head not received in time".to_owned())
-}
-
-/// A request body that stopped arriving for the listener's `idle_timeout` while it was read.
-pub fn body_timeout() -> Response<Body> {
-    plain(StatusCode::REQUEST_TIMEOUT, "sluice: request body not received in time".to_owned())
-}
-
-/// A plain HTTP answer. Its `Date` is added as it is written (`h1::write_date`, and hyper's
-/// HTTP/2 server).
+/// A plain HTTP answer. Its `Date` is added as it is written (by the HTTP/1.1 codec, and by
+/// hyper's HTTP/2 server).
 fn plain(status: StatusCode, mut message: String) -> Response<Body> {
     message.push('\n');
-    let mut response = Response::new(Body::synthetic(message));
+    let mut response = Response::new(synthetic(message));
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     response
@@ -146,7 +196,7 @@ fn plain(status: StatusCode, mut message: String) -> Response<Body> {
 /// A gRPC response with no messages: HTTP 200 whose headers carry the status (gRPC's
 /// "Trailers-Only" form).
 fn trailers_only(status: u8, message: &str) -> Response<Body> {
-    let mut response = Response::new(Body::empty());
+    let mut response = Response::new(synthetic(Bytes::new()));
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert("grpc-status", HeaderValue::from(u16::from(status)));
@@ -154,6 +204,10 @@ fn trailers_only(status: u8, message: &str) -> Response<Body> {
         headers.insert("grpc-message", v);
     }
     response
+}
+
+fn synthetic(bytes: impl Into<Bytes>) -> Body {
+    Either::Left(Full::new(bytes.into()))
 }
 
 /// gRPC's encoding of `grpc-message`: printable ASCII except `%` stays, the rest is %XX.
@@ -189,9 +243,14 @@ mod tests {
 
     #[test]
     fn a_cost_too_large_is_the_requests_fault() {
-        let http = cost_too_large(false, "writes", 1e300, Cost::ONE);
-        assert_eq!(http.status(), StatusCode::BAD_REQUEST);
-        let grpc = cost_too_large(true, "writes", 2.5, Cost::ONE);
+        let refusal = |declared| Refusal::CostTooLarge { rule: "writes".into(), declared, most: Cost::ONE };
+        assert_eq!(refusal(1e300).render(false).status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            refusal(1e300).to_string(),
+            "sluice: declared cost 1e300 is above the 1 that rule \"writes\" takes at once"
+        );
+        let grpc = refusal(2.5).render(true);
+        assert_eq!(grpc.status(), StatusCode::OK);
         assert_eq!(grpc.headers()["grpc-status"], "3");
         assert_eq!(
             grpc.headers()["grpc-message"],
@@ -202,7 +261,14 @@ mod tests {
     #[test]
     fn the_ratelimit_policy_states_the_rate_over_a_window_that_holds_a_unit() {
         let policy = |kind, capacity| {
-            let response = limited(false, "r", "rule", kind, capacity, Duration::from_secs(1));
+            let limited = Limited {
+                resource: "r".into(),
+                rule: "rule".into(),
+                kind,
+                capacity,
+                retry_after: Duration::from_secs(1),
+            };
+            let response = Refusal::Limited(limited).render(false);
             response.headers()["ratelimit-policy"].to_str().unwrap().to_owned()
         };
         assert_eq!(policy(Kind::Rate, 2.5), "\"r\";q=2;w=1");

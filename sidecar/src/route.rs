@@ -4,7 +4,6 @@
 //! 501 (Envoy too refuses it unless configured for it).
 
 use std::{
-    convert::Infallible,
     future::{Ready, ready},
     sync::Arc,
     task::{Context, Poll},
@@ -16,10 +15,10 @@ use http::{Method, Request, Response};
 use tower::Service;
 
 use crate::{
-    body::{Body, RequestBody},
+    body::RequestBody,
     classify::host,
     plan::{Plan, Target},
-    respond,
+    respond::Refusal,
     stack::Exchange,
 };
 
@@ -39,21 +38,21 @@ impl<S> Route<S> {
     }
 }
 
-impl<S> Service<Request<RequestBody>> for Route<S>
+impl<S, B> Service<Request<RequestBody>> for Route<S>
 where
-    S: Service<Exchange, Response = Response<Body>, Error = Infallible>,
+    S: Service<Exchange, Response = Response<B>, Error = Refusal>,
 {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = Either<Ready<Result<Response<Body>, Infallible>>, S::Future>;
+    type Response = Response<B>;
+    type Error = Refusal;
+    type Future = Either<Ready<Result<Response<B>, Refusal>>, S::Future>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<RequestBody>) -> Self::Future {
         if request.method() == Method::CONNECT {
-            return Either::Left(ready(Ok(respond::not_implemented("CONNECT"))));
+            return Either::Left(ready(Err(Refusal::NotImplemented("CONNECT"))));
         }
         let listener = self.live.load().listeners[self.listener].clone();
         let upstream = match &listener.target {
@@ -61,8 +60,7 @@ where
             Target::ByHost(hosts) => hosts.get(&host(&request).to_ascii_lowercase()).cloned(),
         };
         let Some(upstream) = upstream else {
-            let response = respond::no_route(respond::is_grpc(request.headers()), host(&request));
-            return Either::Left(ready(Ok(response)));
+            return Either::Left(ready(Err(Refusal::NoRoute { host: host(&request).to_owned() })));
         };
         Either::Right(self.inner.call(Exchange { request, listener, upstream, charged: None }))
     }

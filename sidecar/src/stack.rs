@@ -1,24 +1,28 @@
-//! A listener's data path, read top to bottom: route → classify → admit → measure → proxy.
+//! A listener's data path, read top to bottom: rescue → route → classify → admit → measure →
+//! proxy. Each layer below the rescue either passes the request on or says why the sidecar
+//! answers it itself (a [`Refusal`], its error); the rescue renders that answer.
 
-use std::{convert::Infallible, future::Future, pin::Pin, sync::Arc};
+use std::{future::Future, pin::Pin, sync::Arc};
 
 use arc_swap::ArcSwap;
-use http::{Request, Response};
+use http::Request;
 use tower::ServiceBuilder;
 
 use crate::{
     admission::Admit,
-    body::{Body, RequestBody},
+    body::RequestBody,
     classify::{Charged, Classify},
     metrics::Measure,
     plan::{ListenerPlan, Plan},
     proxy::{Proxy, UpstreamClient},
+    rescue::Rescue,
+    respond::Refusal,
     route::Route,
 };
 
 /// The future of a layer that has to await something of its own: boxed, as an `async` block's
 /// type cannot be named.
-pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, Refusal>> + Send>>;
 
 /// A routed request on its way down the stack, with what the layers above found out about it.
 pub struct Exchange {
@@ -29,11 +33,11 @@ pub struct Exchange {
     pub charged: Option<Charged>,
 }
 
-pub type Stack = Route<Classify<Admit<Measure<Proxy>>>>;
+pub type Stack = Rescue<Route<Classify<Admit<Measure<Proxy>>>>>;
 
 /// The service for the `listener`-th listener of the configuration in force.
 pub fn stack(live: Arc<ArcSwap<Plan>>, listener: usize) -> Stack {
     let inner =
         ServiceBuilder::new().layer(Classify::layer()).layer(Admit::layer()).layer(Measure::layer()).service(Proxy);
-    Route::new(inner, live, listener)
+    Rescue::new(Route::new(inner, live, listener))
 }
