@@ -26,7 +26,7 @@ mod code {
 }
 
 /// Why the sidecar answers a request itself instead of the upstream.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Refusal {
     /// A resource's limit said no (SPEC §4.4).
     Limited(Limited),
@@ -256,6 +256,41 @@ mod tests {
             grpc.headers()["grpc-message"],
             "sluice: declared cost 2.5 is above the 1 that rule \"writes\" takes at once"
         );
+    }
+
+    #[test]
+    fn each_refusal_has_its_http_status_and_grpc_code() {
+        let limited = Limited {
+            resource: "r".into(),
+            rule: "rule".into(),
+            kind: Kind::Rate,
+            capacity: 1.0,
+            retry_after: Duration::from_millis(1500),
+        };
+        let cases = [
+            (Refusal::Limited(limited), 429, "8"),
+            (Refusal::CostTooLarge { rule: "w".into(), declared: 2.0, most: Cost::ONE }, 400, "3"),
+            (Refusal::KeyTooLong { resource: "r".into(), rule: "w".into(), bytes: 300 }, 400, "3"),
+            (Refusal::NoRoute { host: "elsewhere".into() }, 404, "12"),
+            (Refusal::NotImplemented("CONNECT"), 501, "12"),
+            (Refusal::Malformed("bad chunk size".into()), 400, "3"),
+            (Refusal::HeadTooLarge, 431, "3"),
+            (Refusal::HeadTimeout, 408, "4"),
+            (Refusal::BodyTimeout, 408, "4"),
+            (Refusal::BadGateway { upstream: "u".into(), error: "refused".into() }, 502, "14"),
+            (Refusal::GatewayTimeout { upstream: "u".into() }, 504, "4"),
+        ];
+        for (refusal, status, code) in cases {
+            let message = refusal.to_string();
+            let limited = matches!(refusal, Refusal::Limited(_));
+            let grpc = refusal.clone().render(true);
+            assert_eq!(grpc.status(), StatusCode::OK, "{message}");
+            assert_eq!(grpc.headers()["grpc-status"], code, "{message}");
+            assert_eq!(grpc.headers().contains_key("grpc-retry-pushback-ms"), limited, "{message}");
+            let plain = refusal.render(false);
+            assert_eq!(plain.status().as_u16(), status, "{message}");
+            assert_eq!(plain.headers().contains_key(header::RETRY_AFTER), limited, "{message}");
+        }
     }
 
     #[test]
