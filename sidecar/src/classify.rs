@@ -208,6 +208,16 @@ pub fn normalized(path: &str) -> Cow<'_, str> {
     Cow::Owned(format!("/{}", out.join("/")))
 }
 
+/// Whether every `%` in `path` starts a percent-encoded octet (RFC 3986 §2.1). A path with a
+/// stray one is refused before it is matched: `/%2%65` decodes once to `/%2e`, and twice (as
+/// some upstreams do) to `/.`, so no single reading of it is the upstream's.
+pub fn escapes_valid(path: &str) -> bool {
+    let bytes = path.as_bytes();
+    (0..bytes.len())
+        .filter(|&i| bytes[i] == b'%')
+        .all(|i| bytes.get(i + 1..i + 3).is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit)))
+}
+
 /// `path` with `%XX` escapes of unreserved characters (RFC 3986 §2.3) decoded.
 fn decode_unreserved(path: &str) -> String {
     let bytes = path.as_bytes();
@@ -317,6 +327,16 @@ mod tests {
             };
             (c.charge.rule.clone(), cost)
         })
+    }
+
+    #[test]
+    fn a_stray_percent_sign_is_no_path() {
+        for ok in ["/", "/a%2Fb", "/%61%7e", "/a%2e%2E/b", "/x%20y"] {
+            assert!(escapes_valid(ok), "{ok}");
+        }
+        for bad in ["/%2%65", "/%", "/a%2", "/%zz", "/%+5", "/%-1/b"] {
+            assert!(!escapes_valid(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Routing: which configured upstream a request goes to — the listener's own, or the one whose
 //! `hosts` list the request's Host/`:authority`. Anything else is answered here and never
 //! forwarded: the sidecar is not an open proxy. Nor does it open tunnels: CONNECT is answered
-//! 501 (Envoy too refuses it unless configured for it).
+//! 501 (Envoy too refuses it unless configured for it). Nor does it forward a path it cannot read
+//! as the upstream will: one with a stray `%` gets 400.
 
 use std::{
     future::{Ready, ready},
@@ -16,7 +17,7 @@ use tower::Service;
 
 use crate::{
     body::RequestBody,
-    classify::host,
+    classify::{escapes_valid, host},
     plan::{Plan, Target},
     respond::Refusal,
     stack::Exchange,
@@ -53,6 +54,9 @@ where
     fn call(&mut self, request: Request<RequestBody>) -> Self::Future {
         if request.method() == Method::CONNECT {
             return Either::Left(ready(Err(Refusal::NotImplemented("CONNECT"))));
+        }
+        if !escapes_valid(request.uri().path()) {
+            return Either::Left(ready(Err(Refusal::Malformed("a stray % in the path".to_owned()))));
         }
         let listener = self.live.load().listeners[self.listener].clone();
         let upstream = match &listener.target {

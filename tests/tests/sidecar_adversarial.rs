@@ -294,6 +294,24 @@ fn absolute_form_targets_do_not_open_a_proxy() {
 }
 
 #[test]
+fn a_path_with_a_stray_percent_sign_is_refused_not_forwarded() {
+    let upstream = RawUpstream::start(answer_ok);
+    let (_sidecar, listen) = start(upstream.addr(), "");
+    // `%2%65` reads `%2e` decoded once and `.` decoded twice: the rules cannot know which the
+    // upstream will see.
+    for path in ["/%2%65", "/api/%2%65%2%65/admin", "/a%", "/%zz"] {
+        let request = format!("GET {path} HTTP/1.1\r\nhost: app\r\nconnection: close\r\n\r\n");
+        let answer = exchange(listen, request.as_bytes());
+        assert!(answer.starts_with("HTTP/1.1 400 ") && answer.contains("stray %"), "{path}: {answer:?}");
+    }
+    assert_eq!(upstream.received().concat(), "", "nothing was forwarded");
+    // Whole escapes go upstream as they came.
+    let answer = exchange(listen, b"GET /a%2Fb%7e HTTP/1.1\r\nhost: app\r\nconnection: close\r\n\r\n");
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer:?}");
+    assert!(upstream.received().concat().starts_with("GET /a%2Fb%7e HTTP/1.1\r\n"));
+}
+
+#[test]
 fn a_head_trickled_byte_by_byte_is_cut_at_the_header_read_timeout() {
     let upstream = RawUpstream::start(answer_ok);
     let (_sidecar, listen) = start(upstream.addr(), "header_read_timeout: 1s");
