@@ -21,10 +21,9 @@ use pin_project_lite::pin_project;
 use crate::{
     classify::Charge,
     gate::{Gate, Permits},
-    inbound::Inbound,
+    h1::{Http1Body, Inbound},
     listener::Progress,
     metered::Metered,
-    pool::Http1Body,
     sync::Open,
     time::Timer,
 };

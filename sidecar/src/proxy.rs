@@ -19,8 +19,9 @@ use tower::Service;
 use crate::{
     body::{Body, BoxError, RequestBody, RequestBodyFailed},
     config,
+    h1::Http1Pool,
     metered::CutOff,
-    pool::{self, Http1Pool, Http2Pool},
+    pool::{self, Http2Pool},
     respond,
     stack::{Exchange, ResponseFuture},
 };
