@@ -19,7 +19,13 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
-use crate::{gate::Permits, inbound::Inbound, metered::Metered, pool::Http1Body, sync::Open, time::Timer};
+use crate::{
+    gate::Permits,
+    h1::{Http1Body, Inbound},
+    metered::Metered,
+    sync::Open,
+    time::Timer,
+};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

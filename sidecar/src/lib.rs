@@ -4,8 +4,9 @@
 //!
 //! [`core`] holds the admission and lease logic and knows nothing of clocks, locks or I/O. The
 //! data path is the tower stack in [`stack`]: [`rescue`] → [`route`] → [`classify`] →
-//! [`admission`] → [`metrics`] → [`proxy`]. [`leasing`] drives the lease client against the
-//! capacity servers.
+//! [`admission`] → [`metrics`] → [`proxy`]. [`h1`] speaks HTTP/1.1 to the application and the
+//! upstreams, and [`pool`] dials upstreams and pools their connections. [`leasing`] drives the
+//! lease client against the capacity servers.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -20,7 +21,6 @@ pub mod core;
 pub mod defaults;
 pub mod gate;
 pub mod h1;
-pub mod inbound;
 pub mod inject;
 pub mod keyed;
 pub mod leasing;

@@ -1,4 +1,4 @@
-//! Accepting the application's connections: HTTP/1.1 (inbound.rs) and HTTP/2 prior knowledge
+//! Accepting the application's connections: HTTP/1.1 (h1/server.rs) and HTTP/2 prior knowledge
 //! (hyper) on one port, with a cap on open connections, header, idle and send timeouts, and a
 //! graceful drain at shutdown.
 
@@ -35,7 +35,7 @@ use tower::{ServiceExt, util::Oneshot};
 
 use crate::{
     body::{Body, BoxError, Guarded, RequestBody},
-    inbound::{self, Limits},
+    h1::{self, Limits},
     plan::Plan,
     stack::{self, Stack},
     sync::{Open, OpenCount},
@@ -78,7 +78,7 @@ pub async fn serve(
         let stop = stop.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let served = match inbound::serve(stream, stack.clone(), limits, stop.clone()).await {
+            let served = match h1::serve(stream, stack.clone(), limits, stop.clone()).await {
                 Ok(Some((stream, preface))) => serve_http2(stream, preface, peer, stack, limits, stop).await,
                 other => other.map(drop),
             };

@@ -19,8 +19,9 @@ use tower::Service;
 use crate::{
     body::{BoxError, Guarded, IdleTimeout, RequestBody, RequestBodyFailed, UpstreamBody},
     config,
+    h1::Http1Pool,
     metered::CutOff,
-    pool::{self, Http1Pool, Http2Pool},
+    pool::{self, Http2Pool},
     respond::Refusal,
     stack::{BoxFuture, Exchange},
 };

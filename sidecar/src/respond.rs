@@ -13,7 +13,7 @@ use http_body_util::{Either, Full};
 use crate::{
     body::Body,
     core::{Cost, Kind},
-    h1::Malformed,
+    h1::{Malformed, Refused},
 };
 
 /// gRPC status codes used here (grpc/doc/statuscodes.md).
@@ -67,6 +67,15 @@ pub struct Limited {
 impl From<Malformed> for Refusal {
     fn from(why: Malformed) -> Refusal {
         Refusal::Malformed(why.to_string())
+    }
+}
+
+impl From<Refused> for Refusal {
+    fn from(refused: Refused) -> Refusal {
+        match refused {
+            Refused::Malformed(why) => why.into(),
+            Refused::NotImplemented(what) => Refusal::NotImplemented(what),
+        }
     }
 }
 

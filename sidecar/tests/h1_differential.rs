@@ -10,11 +10,7 @@
 
 use bytes::BytesMut;
 use http::Method;
-use sluice_sidecar::{
-    h1::{self, Decoded, Framing},
-    inbound::request_framing,
-    pool::response_framing,
-};
+use sluice_sidecar::h1::{self, Decoded, Framing, request_framing, response_framing};
 
 const CASES: usize = 6000;
 const MAX_HEAD: usize = 64 * 1024;
@@ -296,7 +292,7 @@ fn sidecar(wire: &[u8], request: bool, method: &Method) -> Verdict {
             Err(e) => return Verdict::Refused(e.to_string()),
             Ok(None) => return Verdict::Incomplete,
             Ok(Some(head)) => match request_framing(head.version, &head.headers) {
-                Err(refusal) => return Verdict::Refused(format!("answered {}", refusal.status())),
+                Err(refused) => return Verdict::Refused(refused.to_string()),
                 Ok(framing) => framing,
             },
         }

@@ -1,6 +1,7 @@
-//! HTTP/1.1 framing (RFC 9112), shared by the application side and the upstream side: heads parsed
-//! with httparse into `http` types and written back out, and message bodies delimited by
-//! Content-Length, chunked coding or the connection's end.
+//! HTTP/1.1 framing (RFC 9112), shared by the server and the client side: heads parsed with
+//! httparse into `http` types and written back out, the rules that say how a request's or a
+//! response's body is delimited, and bodies decoded by Content-Length, chunked coding or the
+//! connection's end. No I/O beyond the two poll helpers that read into a buffer.
 
 use std::{
     fmt,
@@ -213,7 +214,7 @@ pub fn transfer_coding(headers: &HeaderMap) -> Option<Coding> {
 
 /// Whether a message of `version` with `headers` lets its connection carry another one:
 /// HTTP/1.1 unless `Connection: close`, HTTP/1.0 only with `Connection: keep-alive`.
-pub fn keep_alive(version: Version, headers: &HeaderMap) -> bool {
+pub(super) fn keep_alive(version: Version, headers: &HeaderMap) -> bool {
     if version == Version::HTTP_11 { !connection_has(headers, "close") } else { connection_has(headers, "keep-alive") }
 }
 
@@ -224,6 +225,75 @@ fn connection_has(headers: &HeaderMap, option: &str) -> bool {
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
         .any(|o| o.trim_ascii().eq_ignore_ascii_case(option.as_bytes()))
+}
+
+/// Why a request's framing is refused: it breaks the rules (400), or needs a transfer coding
+/// the sidecar does not decode (501).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    Malformed(Malformed),
+    NotImplemented(&'static str),
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refused::Malformed(why) => write!(f, "malformed: {why}"),
+            Refused::NotImplemented(what) => write!(f, "not implemented: {what}"),
+        }
+    }
+}
+
+impl From<Malformed> for Refused {
+    fn from(why: Malformed) -> Refused {
+        Refused::Malformed(why)
+    }
+}
+
+/// How a request's body is delimited, checked against request smuggling (RFC 9112 §6.3). A
+/// message with both Transfer-Encoding and Content-Length, a Transfer-Encoding not ending in
+/// chunked once, or unclear Content-Length is malformed; a transfer coding other than chunked is
+/// not implemented (§6.1).
+pub fn request_framing(version: Version, headers: &HeaderMap) -> Result<Framing, Refused> {
+    let content_length = content_length(headers)?;
+    Ok(match (transfer_coding(headers), content_length) {
+        (Some(_), Some(_)) => return Err(Malformed("both transfer-encoding and content-length").into()),
+        (Some(_), None) if version == Version::HTTP_10 => {
+            return Err(Malformed("transfer-encoding in HTTP/1.0").into());
+        }
+        (Some(Coding::Chunked), None) => Framing::chunked(),
+        (Some(Coding::Layered), None) => return Err(Refused::NotImplemented("transfer codings other than chunked")),
+        (Some(Coding::Unchunked), None) => {
+            return Err(Malformed("transfer-encoding does not end in chunked, once").into());
+        }
+        (None, length) => Framing::Length(length.unwrap_or(0)),
+    })
+}
+
+/// How the response body to a `method` request is delimited (RFC 9112 §6.3). A response with
+/// both Transfer-Encoding and Content-Length is refused rather than guessed at: it is how
+/// response splitting looks. So is one with a transfer coding other than chunked: the sidecar
+/// never offers one (it sends no `TE` but `trailers`), and would pass the body on without it.
+/// And so is an HTTP/1.0 response with any Transfer-Encoding, which HTTP/1.0 does not have: RFC
+/// 9112 §6.1 has its framing taken as faulty (likely forwarded by something that did not decode
+/// it) and its connection closed, as the refusal does.
+pub fn response_framing(method: &Method, head: &ResponseHead) -> Result<Framing, Malformed> {
+    let coding = transfer_coding(&head.headers);
+    if coding.is_some() && head.version == Version::HTTP_10 {
+        return Err(Malformed("HTTP/1.0 response with transfer-encoding"));
+    }
+    if method == Method::HEAD || head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED {
+        return Ok(Framing::EMPTY);
+    }
+    match (coding, content_length(&head.headers)?) {
+        (Some(_), Some(_)) => Err(Malformed("response has both transfer-encoding and content-length")),
+        (Some(Coding::Chunked), None) => Ok(Framing::chunked()),
+        (Some(Coding::Layered | Coding::Unchunked), None) => {
+            Err(Malformed("response has a transfer coding other than chunked"))
+        }
+        (None, None) => Ok(Framing::UntilClose),
+        (None, Some(length)) => Ok(Framing::Length(length)),
+    }
 }
 
 /// Appends the header lines of a message whose body has `length` bytes, or an unknown length:
@@ -244,13 +314,13 @@ pub fn write_framed_headers(out: &mut BytesMut, headers: &HeaderMap, length: Opt
 }
 
 /// Appends `transfer-encoding: chunked`; returns the framing it starts.
-pub fn write_chunked(out: &mut BytesMut) -> Framing {
+pub(super) fn write_chunked(out: &mut BytesMut) -> Framing {
     write_header(out, TRANSFER_ENCODING.as_str(), |out| out.extend_from_slice(b"chunked"));
     Framing::chunked()
 }
 
 /// Appends one `name: value` line, the value written by `value`.
-pub fn write_header(out: &mut BytesMut, name: &str, value: impl FnOnce(&mut BytesMut)) {
+fn write_header(out: &mut BytesMut, name: &str, value: impl FnOnce(&mut BytesMut)) {
     out.extend_from_slice(name.as_bytes());
     out.extend_from_slice(b": ");
     value(out);
@@ -258,7 +328,7 @@ pub fn write_header(out: &mut BytesMut, name: &str, value: impl FnOnce(&mut Byte
 }
 
 /// Appends a `date` line for now (RFC 9110 §6.6.1), formatted once a second per thread.
-pub fn write_date(out: &mut BytesMut) {
+pub(super) fn write_date(out: &mut BytesMut) {
     thread_local! {
         static NOW: std::cell::RefCell<(u64, String)> = const { std::cell::RefCell::new((u64::MAX, String::new())) };
     }
@@ -455,7 +525,7 @@ fn decode_chunked(chunk: &mut Chunk, buf: &mut BytesMut) -> Result<Decoded, Malf
 }
 
 /// Reads more of `io` into `buf`; `Ok(0)` at the end of the stream.
-pub fn poll_read_more<R: AsyncRead + Unpin>(
+pub(super) fn poll_read_more<R: AsyncRead + Unpin>(
     io: &mut R,
     buf: &mut BytesMut,
     cx: &mut Context<'_>,
@@ -467,7 +537,7 @@ pub fn poll_read_more<R: AsyncRead + Unpin>(
 }
 
 /// The next piece of a body read from `io`: data, `None` at its end, or an error.
-pub fn poll_body<R: AsyncRead + Unpin>(
+pub(super) fn poll_body<R: AsyncRead + Unpin>(
     io: &mut R,
     buf: &mut BytesMut,
     framing: &mut Framing,
@@ -641,6 +711,64 @@ mod tests {
             Version::HTTP_11,
             &HeaderMap::from_iter([(http::header::CONNECTION, HeaderValue::from_static("x, Close"))])
         ));
+    }
+
+    fn response(status: u16, fields: &[(&str, &str)]) -> ResponseHead {
+        ResponseHead {
+            status: StatusCode::from_u16(status).unwrap(),
+            version: Version::HTTP_11,
+            headers: headers(fields),
+        }
+    }
+
+    #[test]
+    fn responses_are_framed_as_rfc_9112_says() {
+        let sized = [("content-length", "10")];
+        assert_eq!(response_framing(&Method::HEAD, &response(200, &sized)), Ok(Framing::EMPTY));
+        assert_eq!(response_framing(&Method::GET, &response(204, &[])), Ok(Framing::EMPTY));
+        assert_eq!(response_framing(&Method::GET, &response(304, &sized)), Ok(Framing::EMPTY));
+        assert_eq!(response_framing(&Method::GET, &response(200, &sized)), Ok(Framing::Length(10)));
+        assert_eq!(
+            response_framing(&Method::GET, &response(200, &[("transfer-encoding", "chunked")])),
+            Ok(Framing::chunked())
+        );
+        // The sidecar asks for no other coding, and would pass the body on without it.
+        for coding in ["gzip", "gzip, chunked"] {
+            assert!(response_framing(&Method::GET, &response(200, &[("transfer-encoding", coding)])).is_err());
+        }
+        assert_eq!(response_framing(&Method::GET, &response(200, &[])), Ok(Framing::UntilClose));
+        let both = [("transfer-encoding", "chunked"), ("content-length", "3")];
+        assert!(response_framing(&Method::GET, &response(200, &both)).is_err());
+        // HTTP/1.0 has no transfer codings: framing that names one is faulty, even on a 204.
+        for status in [200, 204] {
+            let mut old = response(status, &[("transfer-encoding", "chunked"), ("connection", "keep-alive")]);
+            old.version = Version::HTTP_10;
+            let refused = response_framing(&Method::GET, &old);
+            assert_eq!(refused, Err(Malformed("HTTP/1.0 response with transfer-encoding")));
+        }
+        assert!(response_framing(&Method::GET, &response(200, &[("content-length", "3, 4")])).is_err());
+    }
+
+    #[test]
+    fn requests_are_framed_against_smuggling() {
+        let framing = |version, fields: &[(&str, &str)]| request_framing(version, &headers(fields));
+        assert_eq!(framing(Version::HTTP_11, &[]), Ok(Framing::EMPTY));
+        assert_eq!(framing(Version::HTTP_11, &[("content-length", "3")]), Ok(Framing::Length(3)));
+        assert_eq!(framing(Version::HTTP_11, &[("transfer-encoding", "chunked")]), Ok(Framing::chunked()));
+        let both = [("transfer-encoding", "chunked"), ("content-length", "3")];
+        assert_eq!(
+            framing(Version::HTTP_11, &both),
+            Err(Refused::Malformed(Malformed("both transfer-encoding and content-length")))
+        );
+        assert!(matches!(framing(Version::HTTP_10, &[("transfer-encoding", "chunked")]), Err(Refused::Malformed(_))));
+        assert!(matches!(
+            framing(Version::HTTP_11, &[("transfer-encoding", "chunked, gzip")]),
+            Err(Refused::Malformed(_))
+        ));
+        assert_eq!(
+            framing(Version::HTTP_11, &[("transfer-encoding", "gzip, chunked")]),
+            Err(Refused::NotImplemented("transfer codings other than chunked"))
+        );
     }
 
     #[test]
