@@ -53,6 +53,12 @@ const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 /// write; larger pieces are written on their own.
 const COPY_LIMIT: usize = 16 * 1024;
 
+/// What a connection's read and write buffers start at. A connection waiting for its next request
+/// with nothing of it read gives both back, and takes them again when the application sends (as
+/// nginx frees its keep-alive connections' buffers): held, they would be most of what an idle
+/// connection costs.
+const BUFFER: usize = 8 * 1024;
+
 /// The read side of a connection: its read half, and what was read of it and not yet taken.
 struct Reader {
     read: OwnedReadHalf,
@@ -412,10 +418,11 @@ pub(crate) async fn serve(
     stop: watch::Receiver<bool>,
 ) -> Result<Option<(TcpStream, Bytes)>, BoxError> {
     let (read, write) = stream.into_split();
-    let mut reader = Reader { read, input: BytesMut::with_capacity(8 * 1024) };
+    // Buffers are taken when there is something to read, and to write.
+    let mut reader = Reader { read, input: BytesMut::new() };
     let mut writer = Writer {
         io: Timed { write, timeout: limits.send_timeout, timer: Timer::default(), armed: false },
-        out: BytesMut::with_capacity(8 * 1024),
+        out: BytesMut::new(),
     };
     let mut stop_wait = stop.clone();
     let mut stopping = pin!(stopped(&mut stop_wait));
@@ -436,7 +443,13 @@ pub(crate) async fn serve(
             }
             tokio::select! {
                 biased;
-                read = poll_fn(|cx| reader.poll_read_more(cx)) => {
+                read = async {
+                    if reader.input.capacity() == 0 {
+                        // Given back while idle: taken again once there is something to read.
+                        reader.read.readable().await?;
+                    }
+                    poll_fn(|cx| reader.poll_read_more(cx)).await
+                } => {
                     if read? == 0 {
                         break Next::Close;
                     }
@@ -507,6 +520,10 @@ pub(crate) async fn serve(
                 }
                 return Ok(None);
             }
+        }
+        if reader.input.is_empty() {
+            reader.input = BytesMut::new();
+            writer.out = BytesMut::new();
         }
         idle_since = Instant::now();
     }
@@ -636,6 +653,7 @@ async fn write_response(
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
     out.clear();
+    out.reserve(BUFFER);
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.extend_from_slice(b" ");
