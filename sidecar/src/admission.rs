@@ -5,7 +5,6 @@
 //! waited goes upstream with what is left of its deadline.
 
 use std::{
-    sync::Arc,
     task::{Context, Poll},
     time::{Duration, Instant},
 };
@@ -19,10 +18,10 @@ use tower::Service;
 
 use crate::{
     body::{Admitted, Guarded},
-    classify::{Charge, Charged, Costed, Resolved},
-    config::{CostRule, OnLimit, Side},
+    classify::{Charged, Costed, Resolved},
+    config::{OnLimit, Side},
     core::{Cost, Kind},
-    gate::{Gate, Permits},
+    gate::Permits,
     metered::{self, Metered},
     respond::{Limited, Refusal},
     stack::{BoxFuture, Exchange},
@@ -93,12 +92,12 @@ where
 /// Passes the request through its charge's gates: the permits it holds and how long it waited
 /// in all; on refusal, gives back what earlier gates granted.
 async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Duration), Refusal> {
-    let Charged { charge, cost, gates: resolved } = charged;
+    let Charged { charge, gates: resolved, .. } = charged;
     if let Resolved::Unsafe { resource, bytes } = resolved {
         return Err(Refusal::KeyTooLong { resource: resource.clone(), rule: charge.rule.clone(), bytes: *bytes });
     }
     let gates = charged.gates();
-    let cost = bounded(charge, gates, *cost).map_err(|(declared, most)| Refusal::CostTooLarge {
+    let cost = bounded(charged).map_err(|(declared, most)| Refusal::CostTooLarge {
         rule: charge.rule.clone(),
         declared,
         most,
@@ -150,18 +149,14 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Durat
     Ok((permits, waited_in_all))
 }
 
-/// The cost to charge: a declared one only up to the rule's `max_cost`, or without one, up to
-/// the least that any of its resources takes at once now (a rate's burst: more would leave it
-/// in debt). Else the declared cost and that bound.
-fn bounded(charge: &Charge, gates: &[Arc<Gate>], cost: Costed) -> Result<Cost, (f64, Cost)> {
-    let declared = match cost {
+/// The cost to charge: a declared one only up to what the charge takes at once
+/// ([`Charged::most`]); else the declared cost and that bound.
+fn bounded(charged: &Charged) -> Result<Cost, (f64, Cost)> {
+    let declared = match charged.cost {
         Costed::Fixed(cost) => return Ok(cost),
         Costed::Declared(declared) => declared,
     };
-    let most = match &charge.cost {
-        CostRule::Header { max: Some(max), .. } | CostRule::Bytes { max: Some(max), .. } => *max,
-        _ => gates.iter().map(|g| g.largest_cost()).fold(Cost::MAX, |a, b| if b < a { b } else { a }),
-    };
+    let most = charged.most();
     Cost::new(declared).filter(|c| *c <= most).ok_or((declared, most))
 }
 
@@ -221,9 +216,7 @@ mod tests {
         let charged = |path: &str, cost: &str| {
             let request = http::Request::get(path).header("x-cost", cost).body(()).unwrap();
             let charged = plan.listeners[0].rules.classify(&request).unwrap();
-            bounded(&charged.charge, charged.gates(), charged.cost)
-                .map(Cost::get)
-                .map_err(|(declared, most)| (declared, most.get()))
+            bounded(&charged).map(Cost::get).map_err(|(declared, most)| (declared, most.get()))
         };
         // The least of a rate's burst and a semaphore's capacity.
         assert_eq!(charged("/a", "2"), Ok(2.0));

@@ -64,6 +64,15 @@ impl Charged {
             Resolved::Unsafe { .. } => &[],
         }
     }
+
+    /// The most a declared cost may be: the rule's `max_cost`, or without one the least that
+    /// any of its resources takes at once now (a rate's burst: more would leave it in debt).
+    pub fn most(&self) -> Cost {
+        match &self.charge.cost {
+            CostRule::Header { max: Some(max), .. } | CostRule::Bytes { max: Some(max), .. } => *max,
+            _ => self.gates().iter().map(|g| g.largest_cost()).fold(Cost::MAX, |a, b| if b < a { b } else { a }),
+        }
+    }
 }
 
 /// What a request is to be charged.

@@ -2,10 +2,11 @@
 //! rate resources for each piece of data as it passes, so that bandwidth can be leased as
 //! requests are.
 //!
-//! - A request body of known length (Content-Length, or an HTTP/2 stream that says it) is
-//!   charged up front by admission, as any cost is, and bounded as a declared cost is; it is not
-//!   metered again.
-//! - A request body that streams (chunked, or HTTP/2 without a length) is admitted at a cost of
+//! - A request body of known length (Content-Length, or an HTTP/2 stream that says it) within
+//!   what its rule takes at once (`max_cost`, else the burst) is charged up front by admission,
+//!   as any cost is; it is not metered again.
+//! - A request body that streams (chunked, or HTTP/2 without a length), or whose length is
+//!   above that, is admitted at a cost of
 //!   0 — it waits out, or is refused for, any debt of its resources — and then metered. In
 //!   `delay` mode each piece (at most a burst) waits its turn at every gate, in FIFO order with
 //!   the resource's requests, before it goes on: the stream is paced to the rate, and nothing
@@ -187,12 +188,13 @@ async fn turn(charge: Arc<Charge>, gates: Gates, bytes: Cost) -> Result<(), Limi
 }
 
 /// For a rule that charges bytes: makes a request body's known length its cost (charged up
-/// front, as a declared cost); returns which body is to be metered once the request is
-/// admitted, if any. A body metered as it streams is admitted at a cost of 0.
+/// front, as a declared cost) when the charge takes that much at once; returns which body is to
+/// be metered once the request is admitted, if any. A body metered as it streams — of unknown
+/// length, or longer than that — is admitted at a cost of 0.
 pub fn up_front(charged: &mut Charged, body: &RequestBody) -> Option<Side> {
     let CostRule::Bytes { of, .. } = charged.charge.cost else { return None };
     match (of, body.size_hint().exact()) {
-        (Side::Request, Some(length)) => {
+        (Side::Request, Some(length)) if Cost::saturating(length as f64) <= charged.most() => {
             charged.cost = Costed::Declared(length as f64);
             None
         }
