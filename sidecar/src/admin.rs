@@ -20,6 +20,7 @@ use sluice_runtime::{
 };
 
 use crate::{
+    metrics::{self, KeyFamilies},
     plan::Plan,
     status::{self, GateHistory},
     sync,
@@ -75,10 +76,11 @@ fn route(req: &Request<Incoming>, admin: &Admin) -> Response<Full<Bytes>> {
         "/metrics" => {
             let plan = admin.live.load();
             plan.gates.iter().for_each(|gate| gate.show_metrics());
-            plan.keyed.iter().for_each(|keyed| keyed.show_metrics());
-            crate::metrics::publish_config(&ConfigStatus::now(&admin.config));
+            let mut keys = KeyFamilies::default();
+            plan.keyed.iter().for_each(|keyed| keyed.show_metrics(&mut keys));
+            metrics::publish_config(&ConfigStatus::now(&admin.config));
             admin.handle.run_upkeep();
-            reply(StatusCode::OK, "text/plain; version=0.0.4", admin.handle.render())
+            reply(StatusCode::OK, "text/plain; version=0.0.4", metrics::render(&admin.handle, keys))
         }
         "/live" => reply(StatusCode::OK, "text/plain", "live\n".into()),
         "/ready" if admin.is_ready() => reply(StatusCode::OK, "text/plain", "ready\n".into()),

@@ -215,7 +215,7 @@ mod tests {
         let plan = Plan::build(config::parse(yaml).unwrap(), None, None).unwrap();
         let charged = |path: &str, cost: &str| {
             let request = http::Request::get(path).header("x-cost", cost).body(()).unwrap();
-            let charged = plan.listeners[0].rules.classify(&request).unwrap();
+            let charged = plan.listeners[0].rules.classify(&request).unwrap().unwrap();
             bounded(&charged).map(Cost::get).map_err(|(declared, most)| (declared, most.get()))
         };
         // The least of a rate's burst and a semaphore's capacity.

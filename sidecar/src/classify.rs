@@ -4,19 +4,23 @@
 
 use std::{
     borrow::Cow,
+    future::{Ready, ready},
     sync::Arc,
     task::{Context, Poll},
     time::Duration,
 };
 
+use futures_util::future::Either;
 use http::{HeaderMap, Request, header};
 use tower::Service;
 
 use crate::{
+    canonical::{self, Ambiguous},
     config::{CostRule, KeyAttribute, Match, OnLimit, PathMatch},
     core::{Cost, TooLong},
     gate::Gate,
     keyed::Keyed,
+    respond::Refusal,
     stack::Exchange,
 };
 
@@ -96,77 +100,87 @@ impl Rules {
         Rules { rules }
     }
 
-    /// The first rule matching `req`, if any.
-    pub fn classify<B>(&self, req: &Request<B>) -> Option<Charged> {
+    /// The first rule matching `req`, if any; an attribute a rule reads that has no single
+    /// reading refuses the request (see [`canonical`]).
+    pub fn classify<B>(&self, req: &Request<B>) -> Result<Option<Charged>, Ambiguous> {
         let mut path = None;
-        let (_, charge) = self.rules.iter().find(|(m, _)| matches(m, req, &mut path))?;
+        let mut rules = self.rules.iter();
+        let charge = loop {
+            match rules.next() {
+                Some((m, charge)) if matches(m, req, &mut path)? => break charge,
+                Some(_) => {}
+                None => return Ok(None),
+            }
+        };
         let cost = match &charge.cost {
             CostRule::Constant(c) => Costed::Fixed(*c),
             CostRule::Header { name, default, .. } => {
-                header_cost(req.headers(), name).map_or(Costed::Fixed(*default), Costed::Declared)
+                header_cost(req.headers(), name)?.map_or(Costed::Fixed(*default), Costed::Declared)
             }
             // Admission reads the body's length, or meters the body as it passes.
             CostRule::Bytes { .. } => Costed::Fixed(Cost::default()),
         };
-        let gates = if charge.keyed.is_empty() { Resolved::Rule } else { resolve(charge, req, &mut path) };
-        Some(Charged { charge: charge.clone(), cost, gates })
+        let gates = if charge.keyed.is_empty() { Resolved::Rule } else { resolve(charge, req, &mut path)? };
+        Ok(Some(Charged { charge: charge.clone(), cost, gates }))
     }
 }
 
 /// The gates of a charge with keyed resources: each one's key from the request.
-fn resolve<'r, B>(charge: &Charge, req: &'r Request<B>, path: &mut Option<Cow<'r, str>>) -> Resolved {
+fn resolve<'r, B>(
+    charge: &Charge,
+    req: &'r Request<B>,
+    path: &mut Option<Cow<'r, str>>,
+) -> Result<Resolved, Ambiguous> {
     let count = charge.gates.len() + charge.keyed.len();
     let mut gates = Vec::with_capacity(count);
     let (mut fixed, mut keyed) = (charge.gates.iter(), charge.keyed.iter().peekable());
     for i in 0..count {
         match keyed.next_if(|(at, _)| *at == i) {
-            Some((_, k)) => match k.gate(attribute(k.attribute(), req, path).as_deref()) {
+            Some((_, k)) => match k.gate(attribute(k.attribute(), req, path)?.as_deref()) {
                 Ok(gate) => gates.push(gate),
-                Err(TooLong { bytes }) => return Resolved::Unsafe { resource: k.id.clone(), bytes },
+                Err(TooLong { bytes }) => return Ok(Resolved::Unsafe { resource: k.id.clone(), bytes }),
             },
             None => gates.push(fixed.next().expect("the charge's fixed gates fill the other places").clone()),
         }
     }
-    Resolved::Keyed(gates)
+    Ok(Resolved::Keyed(gates))
 }
 
-/// The value of a keyed resource's attribute in `req`, if it has one; borrowed where it can
-/// be. The request's path is [`normalized`] into `path` if that was not done yet.
+/// The value of a keyed resource's attribute in `req`, if it has one, in its [`canonical`]
+/// form; borrowed where it can be. The request's path is normalized into `path` if that was
+/// not done yet.
 pub fn attribute<'a, 'r: 'a, B>(
     per: &KeyAttribute,
     req: &'r Request<B>,
     path: &'a mut Option<Cow<'r, str>>,
-) -> Option<Cow<'a, [u8]>> {
-    let borrowed = |s: &'a str| Some(Cow::Borrowed(s.as_bytes()));
-    match per {
-        KeyAttribute::Header(name) => req.headers().get(name).map(|v| Cow::Borrowed(v.as_bytes())),
-        KeyAttribute::PathSegment(n) => normalized_once(path, req).split('/').nth(n + 1).and_then(borrowed),
-        KeyAttribute::Query(name) => {
-            let (_, value) = form_urlencoded::parse(req.uri().query()?.as_bytes()).find(|(k, _)| k == name)?;
-            Some(match value {
-                Cow::Borrowed(v) => Cow::Borrowed(v.as_bytes()),
-                Cow::Owned(v) => Cow::Owned(v.into_bytes()),
-            })
-        }
+) -> Result<Option<Cow<'a, [u8]>>, Ambiguous> {
+    let text = |s: Cow<'a, str>| {
+        Some(match s {
+            Cow::Borrowed(s) => Cow::Borrowed(s.as_bytes()),
+            Cow::Owned(s) => Cow::Owned(s.into_bytes()),
+        })
+    };
+    Ok(match per {
+        KeyAttribute::Header(name) => canonical::header(req.headers(), name)?,
+        KeyAttribute::PathSegment(n) => canonical::segment(normalized_once(path, req), *n),
+        KeyAttribute::Query(name) => canonical::query(req.uri().query(), name)?,
         KeyAttribute::GrpcService | KeyAttribute::GrpcMethod => {
             if !is_grpc(req.headers()) {
-                return None;
+                return Ok(None);
             }
-            let (service, method) = grpc_parts(normalized_once(path, req))?;
-            borrowed(if *per == KeyAttribute::GrpcService { service } else { method })
+            grpc_parts(normalized_once(path, req)).and_then(|(service, method)| {
+                text(Cow::Borrowed(if *per == KeyAttribute::GrpcService { service } else { method }))
+            })
         }
-        KeyAttribute::Method => borrowed(req.method().as_str()),
-        KeyAttribute::Host => match host(req) {
-            h if h.bytes().any(|b| b.is_ascii_uppercase()) => Some(Cow::Owned(h.to_ascii_lowercase().into_bytes())),
-            h => borrowed(h),
-        },
-    }
+        KeyAttribute::Method => text(Cow::Borrowed(req.method().as_str())),
+        KeyAttribute::Host => text(canonical::host(req)),
+    })
 }
 
 /// Reads only what the rule tests: most rules test neither the host nor gRPC. The request's
-/// path is [`normalized`] into `path` by the first rule that tests it, for the rules after it.
-fn matches<'r, B>(m: &Match, req: &'r Request<B>, path: &mut Option<Cow<'r, str>>) -> bool {
-    (m.methods.is_empty() || m.methods.contains(req.method()))
+/// path is normalized into `path` by the first rule that tests it, for the rules after it.
+fn matches<'r, B>(m: &Match, req: &'r Request<B>, path: &mut Option<Cow<'r, str>>) -> Result<bool, Ambiguous> {
+    let matched = (m.methods.is_empty() || m.methods.contains(req.method()))
         && m.path.as_ref().is_none_or(|p| {
             let path = normalized_once(path, req);
             match p {
@@ -175,82 +189,22 @@ fn matches<'r, B>(m: &Match, req: &'r Request<B>, path: &mut Option<Cow<'r, str>
                 PathMatch::Glob(g) => g.is_match(path),
             }
         })
-        && m.host.as_ref().is_none_or(|g| g.is_match(host(req).to_ascii_lowercase()))
+        && m.host.as_ref().is_none_or(|g| g.is_match(&*canonical::host(req)))
         && (m.grpc_service.is_none() && m.grpc_method.is_none()
-            || is_grpc(req.headers()) && grpc_matches(m, normalized_once(path, req)))
-        && m.headers
-            .iter()
-            .all(|(name, value)| req.headers().get(name).is_some_and(|v| v.as_bytes() == value.as_bytes()))
+            || is_grpc(req.headers()) && grpc_matches(m, normalized_once(path, req)));
+    if !matched {
+        return Ok(false);
+    }
+    for (name, value) in &m.headers {
+        if canonical::header(req.headers(), name)?.is_none_or(|v| *v != *value.as_bytes()) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 fn normalized_once<'a, 'r, B>(path: &'a mut Option<Cow<'r, str>>, req: &'r Request<B>) -> &'a str {
-    path.get_or_insert_with(|| normalized(req.uri().path()))
-}
-
-/// The path rules are matched against: RFC 3986 §6.2.2 normalization — percent-encoded
-/// unreserved characters decoded, dot segments removed — with repeated slashes merged, so
-/// that `//api/./x`, `/y/../api/x` or `/%61pi/x` are charged as `/api/x` is, whatever the
-/// upstream makes of them (Envoy's `normalize_path` and `merge_slashes`). The request itself
-/// goes upstream unchanged. Other escapes, such as `%2F`, stay as they are. Rules' exact and
-/// prefix paths are normalized the same way when the configuration is read.
-pub fn normalized(path: &str) -> Cow<'_, str> {
-    if !path.starts_with('/') || !(path.contains("//") || path.contains("/.") || path.contains('%')) {
-        return Cow::Borrowed(path);
-    }
-    let decoded = decode_unreserved(path);
-    let mut out: Vec<&str> = Vec::new();
-    let segments: Vec<&str> = decoded.split('/').skip(1).collect();
-    for (i, segment) in segments.iter().enumerate() {
-        let last = i + 1 == segments.len();
-        match *segment {
-            "." | "" if !last => {}
-            ".." => {
-                out.pop();
-                if last {
-                    out.push("");
-                }
-            }
-            "." => out.push(""),
-            s => out.push(s),
-        }
-    }
-    Cow::Owned(format!("/{}", out.join("/")))
-}
-
-/// Whether every `%` in `path` starts a percent-encoded octet (RFC 3986 §2.1). A path with a
-/// stray one is refused before it is matched: `/%2%65` decodes once to `/%2e`, and twice (as
-/// some upstreams do) to `/.`, so no single reading of it is the upstream's.
-pub fn escapes_valid(path: &str) -> bool {
-    let bytes = path.as_bytes();
-    (0..bytes.len())
-        .filter(|&i| bytes[i] == b'%')
-        .all(|i| bytes.get(i + 1..i + 3).is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit)))
-}
-
-/// `path` with `%XX` escapes of unreserved characters (RFC 3986 §2.3) decoded.
-fn decode_unreserved(path: &str) -> String {
-    let bytes = path.as_bytes();
-    let mut out = String::with_capacity(path.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escaped = (bytes[i] == b'%')
-            .then(|| path.get(i + 1..i + 3))
-            .flatten()
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-            .filter(|b| b.is_ascii_alphanumeric() || b"-._~".contains(b));
-        match escaped {
-            Some(b) => {
-                out.push(char::from(b));
-                i += 3;
-            }
-            None => {
-                let c = path[i..].chars().next().expect("within the path");
-                out.push(c);
-                i += c.len_utf8();
-            }
-        }
-    }
-    out
+    path.get_or_insert_with(|| canonical::path(req.uri().path()))
 }
 
 /// gRPC paths are `/package.Service/Method`.
@@ -265,20 +219,13 @@ fn grpc_matches(m: &Match, path: &str) -> bool {
     m.grpc_service.as_deref().is_none_or(|s| s == service) && m.grpc_method.as_deref().is_none_or(|x| x == method)
 }
 
-/// The request's host without port: `:authority` for HTTP/2, the Host header for HTTP/1.
-pub fn host<B>(req: &Request<B>) -> &str {
-    let authority = req.uri().host().or_else(|| req.headers().get(http::header::HOST)?.to_str().ok());
-    let authority = authority.unwrap_or_default();
-    // Strip a port, but not the colons of a bracketed IPv6 literal.
-    match authority.rsplit_once(':') {
-        Some((h, port)) if !h.is_empty() && !port.contains(']') && port.bytes().all(|b| b.is_ascii_digit()) => h,
-        _ => authority,
-    }
-}
-
-fn header_cost(headers: &HeaderMap, name: &http::HeaderName) -> Option<f64> {
-    let cost: f64 = headers.get(name)?.to_str().ok()?.trim().parse().ok()?;
-    (cost >= 0.0 && cost.is_finite()).then_some(cost)
+/// The cost the request declares in header `name`, if it is a number ≥ 0.
+fn header_cost(headers: &HeaderMap, name: &http::HeaderName) -> Result<Option<f64>, Ambiguous> {
+    let Some(value) = canonical::header(headers, name)? else {
+        return Ok(None);
+    };
+    let cost = std::str::from_utf8(&value).ok().and_then(|v| v.trim().parse::<f64>().ok());
+    Ok(cost.filter(|c| *c >= 0.0 && c.is_finite()))
 }
 
 /// Tower layer: classifies each request with the rules of the listener it arrived on.
@@ -295,19 +242,24 @@ impl<S> Classify<S> {
 
 impl<S> Service<Exchange> for Classify<S>
 where
-    S: Service<Exchange>,
+    S: Service<Exchange, Error = Refusal>,
 {
     type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
+    type Error = Refusal;
+    type Future = Either<Ready<Result<S::Response, Refusal>>, S::Future>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut exchange: Exchange) -> S::Future {
-        exchange.charged = exchange.listener.rules.classify(&exchange.request);
-        self.inner.call(exchange)
+    fn call(&mut self, mut exchange: Exchange) -> Self::Future {
+        match exchange.listener.rules.classify(&exchange.request) {
+            Ok(charged) => {
+                exchange.charged = charged;
+                Either::Right(self.inner.call(exchange))
+            }
+            Err(Ambiguous(why)) => Either::Left(ready(Err(Refusal::Malformed(why)))),
+        }
     }
 }
 
@@ -329,7 +281,7 @@ mod tests {
     }
 
     fn classify(plan: &Plan, req: Request<()>) -> Option<(String, f64)> {
-        plan.listeners[0].rules.classify(&req).map(|c| {
+        plan.listeners[0].rules.classify(&req).unwrap().map(|c| {
             let cost = match c.cost {
                 Costed::Fixed(cost) => cost.get(),
                 Costed::Declared(cost) => cost,
@@ -339,32 +291,7 @@ mod tests {
     }
 
     #[test]
-    fn a_stray_percent_sign_is_no_path() {
-        for ok in ["/", "/a%2Fb", "/%61%7e", "/a%2e%2E/b", "/x%20y"] {
-            assert!(escapes_valid(ok), "{ok}");
-        }
-        for bad in ["/%2%65", "/%", "/a%2", "/%zz", "/%+5", "/%-1/b"] {
-            assert!(!escapes_valid(bad), "{bad}");
-        }
-    }
-
-    #[test]
     fn paths_are_matched_normalized() {
-        for (path, expected) in [
-            ("/a/b", "/a/b"),
-            ("/a/./b/../c", "/a/c"),
-            ("//a///b", "/a/b"),
-            ("/a/b/..", "/a/"),
-            ("/a/.", "/a/"),
-            ("/a/", "/a/"),
-            ("/../../a", "/a"),
-            ("/%61%2D%7e/%2e%2E/b", "/b"),
-            ("/a%2Fb/%zz/%", "/a%2Fb/%zz/%"),
-            ("/.well-known/x", "/.well-known/x"),
-            ("*", "*"),
-        ] {
-            assert_eq!(normalized(path), expected, "{path}");
-        }
         let plan = rules();
         let post = |path: &str| Request::post(path).body(()).unwrap();
         assert_eq!(classify(&plan, post("//v1/./orders")), Some(("w".into(), 2.0)));
@@ -414,14 +341,14 @@ mod tests {
             let config = config::parse(&yaml).unwrap();
             let per = &config.resources[0].key.as_ref().unwrap().per;
             let mut path = None;
-            attribute(per, &req, &mut path).map(|v| String::from_utf8(v.into_owned()).unwrap())
+            attribute(per, &req, &mut path).unwrap().map(|v| String::from_utf8(v.into_owned()).unwrap())
         };
         let get = |uri: &str| Request::get(uri).header("x-tenant", "acme").header("host", "API.Example:8080");
         assert_eq!(value("{header: x-tenant}", get("/").body(()).unwrap()).as_deref(), Some("acme"));
         assert_eq!(value("{header: x-other}", get("/").body(()).unwrap()), None);
         assert_eq!(value("{path_segment: 1}", get("/v1//acme/./orders").body(()).unwrap()).as_deref(), Some("acme"));
         assert_eq!(value("{path_segment: 5}", get("/v1/acme").body(()).unwrap()), None);
-        assert_eq!(value("{query: t}", get("/x?a=1&t=a%20b+c&t=z").body(()).unwrap()).as_deref(), Some("a b c"));
+        assert_eq!(value("{query: t}", get("/x?a=1&t=a%20b+c").body(()).unwrap()).as_deref(), Some("a b c"));
         assert_eq!(value("{query: t}", get("/x").body(()).unwrap()), None);
         assert_eq!(value("method", Request::put("/").body(()).unwrap()).as_deref(), Some("PUT"));
         assert_eq!(value("host", get("/").body(()).unwrap()).as_deref(), Some("api.example"));

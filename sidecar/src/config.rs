@@ -9,7 +9,7 @@ use serde::Deserialize;
 use sluice_client::defaults::{MAX_ID_BYTES, MAX_RESOURCES_PER_REQUEST};
 
 use crate::{
-    classify::normalized,
+    canonical,
     core::{Capacity, Cost, Fallback, Kind, MAX_AMOUNT},
     defaults,
 };
@@ -482,7 +482,7 @@ fn upstream(i: usize, doc: UpstreamDoc) -> Result<Upstream, String> {
     if doc.ca.is_some() && url.scheme() != Some(&Scheme::HTTPS) {
         return Err(format!("{}: a CA applies to https:// upstreams only", at("ca")));
     }
-    let hosts = doc.hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
+    let hosts = doc.hosts.iter().map(|h| canonical::host_name(h).into_owned()).collect();
     let timeout = doc.timeout.as_deref().map(|t| duration(t, &at("timeout"))).transpose()?;
     let body_idle_timeout = doc
         .body_idle_timeout
@@ -605,6 +605,15 @@ fn key_spec(per: &PerDoc, doc: &ResourceDoc, at: &dyn Fn(&str) -> String) -> Res
         }
         n => n.unwrap_or(defaults::MAX_KEYS),
     };
+    let per_key_metrics = matches!(doc.metrics, Some(MetricsDoc::PerKey));
+    if per_key_metrics && max_keys > defaults::MAX_KEYS_WITH_SERIES {
+        return Err(format!(
+            "{}: at most {} with `metrics: per_key` (every live key is {} series on /metrics)",
+            at("max_keys"),
+            defaults::MAX_KEYS_WITH_SERIES,
+            defaults::SERIES_PER_KEY
+        ));
+    }
     // The shared keys' ids must fit, and a value's key should have some room.
     if doc.id.len() + 1 + defaults::MIN_KEY_BYTES > MAX_ID_BYTES {
         let most = MAX_ID_BYTES - 1 - defaults::MIN_KEY_BYTES;
@@ -617,7 +626,7 @@ fn key_spec(per: &PerDoc, doc: &ResourceDoc, at: &dyn Fn(&str) -> String) -> Res
             .idle_timeout
             .as_deref()
             .map_or(Ok(defaults::KEY_IDLE_TIMEOUT), |t| duration(t, &at("idle_timeout")))?,
-        per_key_metrics: matches!(doc.metrics, Some(MetricsDoc::PerKey)),
+        per_key_metrics,
     })
 }
 
@@ -676,8 +685,8 @@ fn rule(i: usize, doc: RuleDoc, listeners: &[Listener], resources: &[Resource]) 
     let path = match m.path.map(|p| (p.exact, p.prefix, p.glob)) {
         None => None,
         // Requests are matched by their normalized path, so the rule's is normalized too.
-        Some((Some(p), None, None)) => Some(PathMatch::Exact(normalized(&p).into_owned())),
-        Some((None, Some(p), None)) => Some(PathMatch::Prefix(normalized(&p).into_owned())),
+        Some((Some(p), None, None)) => Some(PathMatch::Exact(canonical::path(&p).into_owned())),
+        Some((None, Some(p), None)) => Some(PathMatch::Prefix(canonical::path(&p).into_owned())),
         Some((None, None, Some(p))) => Some(PathMatch::Glob(glob(&p, "match.path.glob")?)),
         Some(_) => return Err(format!("{}: give exactly one of exact, prefix or glob", at("match.path"))),
     };

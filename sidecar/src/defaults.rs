@@ -36,6 +36,16 @@ pub const STALE_GAUGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A keyed resource's `max_keys` unless it sets one: most keys of values held at once.
 pub const MAX_KEYS: usize = 1_000;
 
+/// The most `max_keys` of a keyed resource with `metrics: per_key`: each live key is
+/// [`SERIES_PER_KEY`] series, about 3.5 KB of `/metrics` and 1.5 KB of memory (docs/sidecar.md,
+/// Memory budget), so that a scrape stays a few megabytes.
+pub const MAX_KEYS_WITH_SERIES: usize = 1_000;
+
+/// The series of a key with series of its own: 4 decisions, admitted cost, the wait
+/// histogram's buckets, sum and count, and 11 gauges (capacity, wants, expiry, refresh
+/// interval, fallback duration, 6 modes).
+pub const SERIES_PER_KEY: usize = 4 + 1 + DURATION_BUCKETS.len() + 3 + 11;
+
 /// A keyed resource's `idle_timeout` unless it sets one: a key unused this long (and with
 /// nothing in flight or queued) is dropped and its lease released, so memory and the servers'
 /// resources follow the live keys. Several lease lengths, so that a client pausing between

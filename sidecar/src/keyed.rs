@@ -22,7 +22,7 @@ use crate::{
     gate::{Applied, Gate},
     leasing::Leasing,
     listener::stopped,
-    metrics::{GateMetrics, KeyedMetrics},
+    metrics::{GateMetrics, KeyFamilies, KeyedMetrics},
     sync,
 };
 
@@ -136,7 +136,7 @@ impl Keyed {
         let settings = key_settings(settings, name);
         let per_key = settings_per_key(&self.settings);
         let metrics =
-            if per_key { GateMetrics::new(&settings.id.as_str().into()) } else { GateMetrics::shared(&self.id) };
+            if per_key { GateMetrics::own(&settings.id.as_str().into()) } else { GateMetrics::shared(&self.id) };
         let fallback = self.cue.as_ref().map(|_| {
             // Until the lease client hears of the key, it holds to what the client would
             // enforce for a resource not yet answered for.
@@ -205,12 +205,15 @@ impl Keyed {
     }
 
     /// Sets the series of the resource (and of each key, with series per key) afresh, before
-    /// a scrape.
-    pub fn show_metrics(&self) {
+    /// a scrape; the live keys' own counters go into `families`.
+    pub fn show_metrics(&self, families: &mut KeyFamilies) {
         let gates = self.gates();
         self.metrics.live(gates.len());
         if settings_per_key(&self.settings) {
-            gates.iter().for_each(|gate| gate.show_metrics());
+            for gate in &gates {
+                gate.show_metrics();
+                gate.metrics.write_own(families);
+            }
         }
     }
 

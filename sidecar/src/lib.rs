@@ -14,6 +14,7 @@ pub mod admission;
 pub mod app;
 pub mod body;
 pub mod ca_rotation;
+pub mod canonical;
 pub mod classify;
 pub mod cli;
 pub mod config;

@@ -2,6 +2,7 @@
 //! holds so that recording costs an atomic operation, not a registry lookup.
 
 use std::{
+    fmt::Write,
     future::Future,
     pin::Pin,
     sync::{
@@ -14,9 +15,10 @@ use std::{
 
 use http::Response;
 use metrics::{
-    Counter, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+    Counter, Histogram, HistogramFn, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge,
+    histogram,
 };
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, formatting::sanitize_label_value};
 use metrics_util::MetricKindMask;
 use pin_project_lite::pin_project;
 use sluice_runtime::reload::ConfigStatus;
@@ -49,6 +51,11 @@ const KEYS: &str = "sluice_sidecar_keys";
 const KEYS_DROPPED: &str = "sluice_sidecar_keys_dropped_total";
 const KEY_OVERFLOWS: &str = "sluice_sidecar_key_overflows_total";
 
+const REQUESTS_HELP: &str =
+    "Requests charged to a resource, by decision (allowed, delayed, rejected, shadow_rejected).";
+const WAIT_HELP: &str = "Time delayed requests waited for capacity.";
+const COST_HELP: &str = "Cost admitted by the resource: requests' costs, and bytes for rules that charge bytes.";
+
 /// Every mode a resource can be in; exactly one has the value 1.
 pub const MODES: &[&str] =
     &["standalone", "pending", "leased", "fallback_safe", "fallback_optimistic", "fallback_pessimistic"];
@@ -70,12 +77,9 @@ pub fn install() -> Result<PrometheusHandle, String> {
             }
         })
         .map_err(|e| format!("cannot start the metrics upkeep thread: {e}"))?;
-    describe_counter!(
-        REQUESTS,
-        "Requests charged to a resource, by decision (allowed, delayed, rejected, shadow_rejected)."
-    );
-    describe_histogram!(WAIT, Unit::Seconds, "Time delayed requests waited for capacity.");
-    describe_counter!(COST, "Cost admitted by the resource: requests' costs, and bytes for rules that charge bytes.");
+    describe_counter!(REQUESTS, REQUESTS_HELP);
+    describe_histogram!(WAIT, Unit::Seconds, WAIT_HELP);
+    describe_counter!(COST, COST_HELP);
     describe_gauge!(CAPACITY, "Capacity the resource's limiter enforces now (+Inf: no limit).");
     describe_gauge!(WANTS, "Capacity last asked for: the moving average of offered load with headroom.");
     describe_gauge!(EXPIRY, "Unix time the resource's lease expires.");
@@ -141,6 +145,118 @@ pub struct GateMetrics {
     /// Whether the resource's gauges are set: not for the keys of a keyed resource, whose
     /// counters go to the keyed resource's series, unless it has series per key.
     gauges: bool,
+    /// A key's series of its own, when it has them.
+    own: Option<Arc<KeySeries>>,
+}
+
+/// The counters and the wait histogram of a key with series of its own.
+#[derive(Default)]
+pub struct KeySeries {
+    /// Allowed, delayed, rejected, shadow-rejected.
+    decisions: [Arc<AtomicU64>; 4],
+    cost: Arc<AtomicU64>,
+    wait: Arc<Buckets>,
+}
+
+/// A histogram over [`DURATION_BUCKETS`] in atomics: a sample in the first bucket it fits,
+/// beyond the last in the `+Inf` one.
+struct Buckets {
+    counts: [AtomicU64; DURATION_BUCKETS.len() + 1],
+    /// The sum of the samples (an `f64`'s bits).
+    sum: AtomicU64,
+}
+
+impl Default for Buckets {
+    fn default() -> Buckets {
+        Buckets { counts: std::array::from_fn(|_| AtomicU64::new(0)), sum: AtomicU64::new(0f64.to_bits()) }
+    }
+}
+
+impl HistogramFn for Buckets {
+    fn record(&self, value: f64) {
+        let bucket = DURATION_BUCKETS.partition_point(|bound| *bound < value);
+        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
+        let add = |bits: u64| Some((f64::from_bits(bits) + value).to_bits());
+        let _ = self.sum.fetch_update(Ordering::Relaxed, Ordering::Relaxed, add);
+    }
+}
+
+/// The decisions' label values, in the order of [`KeySeries::decisions`].
+const DECISIONS: [&str; 4] = ["allowed", "delayed", "rejected", "shadow_rejected"];
+
+impl KeySeries {
+    fn write(&self, resource: &str, families: &mut KeyFamilies) {
+        let resource = sanitize_label_value(resource);
+        for (decision, count) in DECISIONS.iter().zip(&self.decisions) {
+            let count = count.load(Ordering::Relaxed);
+            let _ =
+                writeln!(families.requests, "{REQUESTS}{{resource=\"{resource}\",decision=\"{decision}\"}} {count}");
+        }
+        let _ = writeln!(families.cost, "{COST}{{resource=\"{resource}\"}} {}", self.cost.load(Ordering::Relaxed));
+        let mut below = 0;
+        for (bound, count) in DURATION_BUCKETS.iter().zip(&self.wait.counts) {
+            below += count.load(Ordering::Relaxed);
+            let _ = writeln!(families.wait, "{WAIT}_bucket{{resource=\"{resource}\",le=\"{bound}\"}} {below}");
+        }
+        let all = below + self.wait.counts[DURATION_BUCKETS.len()].load(Ordering::Relaxed);
+        let sum = f64::from_bits(self.wait.sum.load(Ordering::Relaxed));
+        let _ = writeln!(families.wait, "{WAIT}_bucket{{resource=\"{resource}\",le=\"+Inf\"}} {all}");
+        let _ = writeln!(families.wait, "{WAIT}_sum{{resource=\"{resource}\"}} {sum}");
+        let _ = writeln!(families.wait, "{WAIT}_count{{resource=\"{resource}\"}} {all}");
+    }
+}
+
+/// The sample lines of the live keys' own series, by family, for [`render`].
+#[derive(Default)]
+pub struct KeyFamilies {
+    requests: String,
+    cost: String,
+    wait: String,
+}
+
+/// `/metrics`: the registry's series with the live keys' own series in their families (a
+/// family's samples must follow its `# TYPE` line together).
+pub fn render(handle: &PrometheusHandle, keys: KeyFamilies) -> String {
+    let families = [
+        (REQUESTS, "counter", REQUESTS_HELP, keys.requests),
+        (COST, "counter", COST_HELP, keys.cost),
+        (WAIT, "histogram", WAIT_HELP, keys.wait),
+    ];
+    let mut pending: Vec<_> = families.into_iter().filter(|f| !f.3.is_empty()).collect();
+    let recorded = handle.render();
+    if pending.is_empty() {
+        return recorded;
+    }
+    let mut out = String::with_capacity(recorded.len() + pending.iter().map(|f| f.3.len() + 200).sum::<usize>());
+    let mut current: Option<&str> = None;
+    // The lines of `family`, if any are pending, close it (before the blank line that ends it).
+    let flush = |out: &mut String, family: Option<&str>, pending: &mut Vec<(&str, &str, &str, String)>| {
+        if let Some(at) = family.and_then(|name| pending.iter().position(|f| f.0 == name)) {
+            let blank = out.ends_with("\n\n");
+            if blank {
+                out.pop();
+            }
+            out.push_str(&pending.swap_remove(at).3);
+            if blank {
+                out.push('\n');
+            }
+        }
+    };
+    for line in recorded.lines() {
+        let family =
+            line.strip_prefix("# HELP ").or_else(|| line.strip_prefix("# TYPE ")).and_then(|l| l.split(' ').next());
+        if family.is_some() && family != current {
+            flush(&mut out, current, &mut pending);
+            current = family;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    flush(&mut out, current, &mut pending);
+    for (name, kind, help, lines) in pending {
+        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{lines}");
+    }
+    out
 }
 
 /// What the fallback alert needs to know of a resource's leases.
@@ -154,29 +270,57 @@ struct LeaseTimes {
 
 impl GateMetrics {
     pub fn new(id: &Arc<str>) -> GateMetrics {
-        GateMetrics::counting(id, true)
+        let resource = || id.to_string();
+        let decision = |d: &'static str| counter!(REQUESTS, "resource" => resource(), "decision" => d);
+        let counters = [decision("allowed"), decision("delayed"), decision("rejected"), decision("shadow_rejected")];
+        let (wait, cost) = (histogram!(WAIT, "resource" => resource()), counter!(COST, "resource" => resource()));
+        GateMetrics::recording(id, counters, wait, cost, true, None)
     }
 
     /// A key's: its decisions counted in `keyed`'s series, and no gauges.
     pub fn shared(keyed: &Arc<str>) -> GateMetrics {
-        GateMetrics::counting(keyed, false)
+        GateMetrics { gauges: false, ..GateMetrics::new(keyed) }
     }
 
-    fn counting(id: &Arc<str>, gauges: bool) -> GateMetrics {
-        let resource = || id.to_string();
-        let decision = |d: &'static str| counter!(REQUESTS, "resource" => resource(), "decision" => d);
+    /// A key's with series of its own (`metrics: per_key`): its counters and histogram are kept
+    /// out of the registry, which never forgets a series, and written by [`render`] while the key
+    /// lives; its gauges are the registry's, which drops them when a dropped key stops setting
+    /// them.
+    pub fn own(id: &Arc<str>) -> GateMetrics {
+        let series = Arc::new(KeySeries::default());
+        let counters = series.decisions.each_ref().map(|d| Counter::from_arc(d.clone()));
+        let (wait, cost) = (Histogram::from_arc(series.wait.clone()), Counter::from_arc(series.cost.clone()));
+        GateMetrics::recording(id, counters, wait, cost, true, Some(series))
+    }
+
+    fn recording(
+        id: &Arc<str>,
+        [allowed, delayed, rejected, shadow_rejected]: [Counter; 4],
+        wait: Histogram,
+        cost: Counter,
+        gauges: bool,
+        own: Option<Arc<KeySeries>>,
+    ) -> GateMetrics {
         GateMetrics {
-            allowed: decision("allowed"),
-            delayed: decision("delayed"),
-            rejected: decision("rejected"),
-            shadow_rejected: decision("shadow_rejected"),
-            wait: histogram!(WAIT, "resource" => resource()),
-            cost: counter!(COST, "resource" => resource()),
+            allowed,
+            delayed,
+            rejected,
+            shadow_rejected,
+            wait,
+            cost,
             cost_sum: AtomicU64::new(0f64.to_bits()),
             decisions: Default::default(),
             resource: id.clone(),
             lease: Mutex::new(LeaseTimes::default()),
             gauges,
+            own,
+        }
+    }
+
+    /// Writes a key's own series (see [`GateMetrics::own`]) into `families`.
+    pub fn write_own(&self, families: &mut KeyFamilies) {
+        if let Some(series) = &self.own {
+            series.write(&self.resource, families);
         }
     }
 
@@ -363,5 +507,71 @@ impl<F: Future<Output = Result<Response<B>, Refusal>>, B> Future for Timed<F> {
         };
         this.listener.timing.record(status.as_u16(), this.start.elapsed().as_secs_f64());
         Poll::Ready(answer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_keys_own_series_join_their_families_and_leave_with_the_key() {
+        let recorder = PrometheusBuilder::new().set_buckets(DURATION_BUCKETS).unwrap().build_recorder();
+        let handle = recorder.handle();
+        let (key, other): (Arc<str>, Arc<str>) = ("t/acme".into(), "orders".into());
+        let own = GateMetrics::own(&key);
+        metrics::with_local_recorder(&recorder, || {
+            describe_counter!(REQUESTS, REQUESTS_HELP);
+            describe_gauge!(KEYS, "keys");
+            GateMetrics::new(&other).record_allowed();
+            gauge!(KEYS, "resource" => "t").set(1.0);
+        });
+        own.record_allowed();
+        own.record_delayed(Duration::from_millis(3));
+        own.record_delayed(Duration::from_secs(60));
+        own.record_cost(Cost::new(2.5).unwrap());
+
+        let mut families = KeyFamilies::default();
+        own.write_own(&mut families);
+        let text = render(&handle, families);
+        let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+        let mut names: Vec<&str> = types.iter().map(|l| l.split(' ').nth(2).unwrap()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), types.len(), "one TYPE line per family:\n{text}");
+        // Each family's samples follow its TYPE line, with no other family's in between.
+        let family_of = |line: &str| {
+            let name = line.split(['{', ' ']).next().unwrap();
+            [REQUESTS, COST, WAIT, KEYS]
+                .into_iter()
+                .find(|f| name.starts_with(f))
+                .unwrap_or_else(|| panic!("{line}:\n{text}"))
+        };
+        let mut current = "";
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                current = rest.split(' ').next().unwrap();
+            } else if !line.starts_with('#') && !line.is_empty() {
+                assert_eq!(family_of(line), current, "{line} outside its family:\n{text}");
+            }
+        }
+        for line in [
+            "sluice_sidecar_requests_total{resource=\"t/acme\",decision=\"allowed\"} 1",
+            "sluice_sidecar_requests_total{resource=\"t/acme\",decision=\"delayed\"} 2",
+            "sluice_sidecar_admitted_cost_total{resource=\"t/acme\"} 2",
+            "sluice_sidecar_wait_seconds_bucket{resource=\"t/acme\",le=\"0.0025\"} 0",
+            "sluice_sidecar_wait_seconds_bucket{resource=\"t/acme\",le=\"0.005\"} 1",
+            "sluice_sidecar_wait_seconds_bucket{resource=\"t/acme\",le=\"30\"} 1",
+            "sluice_sidecar_wait_seconds_bucket{resource=\"t/acme\",le=\"+Inf\"} 2",
+            "sluice_sidecar_wait_seconds_count{resource=\"t/acme\"} 2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        assert!(text.contains("# TYPE sluice_sidecar_wait_seconds histogram"), "a family of its own:\n{text}");
+
+        drop(own);
+        let text = render(&handle, KeyFamilies::default());
+        assert!(!text.contains("t/acme"), "a dropped key's series are gone:\n{text}");
+        assert!(text.contains("resource=\"orders\""));
     }
 }

@@ -168,20 +168,21 @@ impl Limited {
     fn headers(&self, headers: &mut http::HeaderMap) {
         let Limited { resource, kind, capacity, retry_after, .. } = self;
         let capacity = *capacity;
-        let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+        let seconds = sf_integer((retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0)) as f64);
         headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         let name = sf_string(resource);
-        let quota = |window: f64| if capacity.is_finite() { (capacity * window).floor() as u64 } else { u64::MAX };
+        let quota = |window: u64| sf_integer(capacity * window as f64);
         let policy = match kind {
             // A rate below one a second is given over the window that holds one unit (0.1/s:
-            // q=1;w=10), not as a quota of 0.
+            // q=1;w=10), not as a quota of 0; a rate too small for any window a header can say
+            // holds 0 in the longest.
             Kind::Rate => {
-                let window = if capacity > 0.0 && capacity < 1.0 { (1.0 / capacity).ceil() } else { 1.0 };
+                let window = if capacity > 0.0 && capacity < 1.0 { sf_integer((1.0 / capacity).ceil()) } else { 1 };
                 // The window holds a unit by construction; a rounding error must not say 0.
-                let q = if window > 1.0 { quota(window).max(1) } else { quota(window) };
+                let q = if window > 1 && window < SF_INTEGER_MAX { quota(window).max(1) } else { quota(window) };
                 format!("{name};q={q};w={window}")
             }
-            Kind::Concurrency => format!("{name};q={}", quota(1.0)),
+            Kind::Concurrency => format!("{name};q={}", quota(1)),
         };
         if let Ok(v) = HeaderValue::try_from(policy) {
             headers.insert("ratelimit-policy", v);
@@ -230,6 +231,15 @@ fn percent_encode(text: &str) -> String {
         }
     }
     out
+}
+
+/// The largest structured-field integer (RFC 8941 §3.3.1: at most 15 digits); a parser drops
+/// a header with a longer one.
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
+/// `x` (≥ 0, or +∞) rounded down to a structured-field integer, at most [`SF_INTEGER_MAX`].
+fn sf_integer(x: f64) -> u64 {
+    if x >= SF_INTEGER_MAX as f64 { SF_INTEGER_MAX } else { x.max(0.0) as u64 }
 }
 
 /// A structured-field string (RFC 8941), as the RateLimit headers name their policy.
@@ -321,5 +331,12 @@ mod tests {
         assert_eq!(policy(Kind::Rate, 0.0), "\"r\";q=0;w=1");
         assert_eq!(policy(Kind::Rate, 1.0 / 161.0), "\"r\";q=1;w=161");
         assert_eq!(policy(Kind::Concurrency, 3.0), "\"r\";q=3");
+        // Every integer within RFC 8941's 15 digits, however small or large the capacity.
+        assert_eq!(policy(Kind::Rate, 1e-25), "\"r\";q=0;w=999999999999999");
+        assert_eq!(policy(Kind::Rate, 1e-15), "\"r\";q=0;w=999999999999999");
+        assert_eq!(policy(Kind::Rate, 2e-15), "\"r\";q=1;w=500000000000000");
+        assert_eq!(policy(Kind::Rate, 1e15), "\"r\";q=999999999999999;w=1");
+        assert_eq!(policy(Kind::Rate, f64::INFINITY), "\"r\";q=999999999999999;w=1");
+        assert_eq!(policy(Kind::Concurrency, f64::INFINITY), "\"r\";q=999999999999999");
     }
 }

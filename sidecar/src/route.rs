@@ -2,7 +2,8 @@
 //! `hosts` list the request's Host/`:authority`. Anything else is answered here and never
 //! forwarded: the sidecar is not an open proxy. Nor does it open tunnels: CONNECT is answered
 //! 501 (Envoy too refuses it unless configured for it). Nor does it forward a path it cannot read
-//! as the upstream will: one with a stray `%` gets 400.
+//! as the upstream will: one with a stray `%` gets 400, and so does one malformed as the
+//! protocol that carried it defines it (see [`canonical::malformed`]).
 
 use std::{
     future::{Ready, ready},
@@ -17,7 +18,7 @@ use tower::Service;
 
 use crate::{
     body::RequestBody,
-    classify::{escapes_valid, host},
+    canonical,
     plan::{Plan, Target},
     respond::Refusal,
     stack::Exchange,
@@ -55,16 +56,19 @@ where
         if request.method() == Method::CONNECT {
             return Either::Left(ready(Err(Refusal::NotImplemented("CONNECT"))));
         }
-        if !escapes_valid(request.uri().path()) {
+        if !canonical::escapes_valid(request.uri().path()) {
             return Either::Left(ready(Err(Refusal::Malformed("a stray % in the path".to_owned()))));
+        }
+        if let Some(why) = canonical::malformed(&request) {
+            return Either::Left(ready(Err(Refusal::Malformed(why))));
         }
         let listener = self.live.load().listeners[self.listener].clone();
         let upstream = match &listener.target {
             Target::Fixed(upstream) => Some(upstream.clone()),
-            Target::ByHost(hosts) => hosts.get(&host(&request).to_ascii_lowercase()).cloned(),
+            Target::ByHost(hosts) => hosts.get(&*canonical::host(&request)).cloned(),
         };
         let Some(upstream) = upstream else {
-            return Either::Left(ready(Err(Refusal::NoRoute { host: host(&request).to_owned() })));
+            return Either::Left(ready(Err(Refusal::NoRoute { host: canonical::host(&request).into_owned() })));
         };
         Either::Right(self.inner.call(Exchange { request, listener, upstream, charged: None }))
     }
