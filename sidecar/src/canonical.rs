@@ -137,19 +137,21 @@ pub fn escapes_valid(text: &str) -> bool {
     (0..bytes.len()).filter(|&i| bytes[i] == b'%').all(|i| escape(bytes, i).is_some())
 }
 
-/// The path rules are matched against: RFC 3986 §6.2.2 normalization — percent-encoded
-/// unreserved characters decoded, the hex digits of the other escapes in upper case, dot
-/// segments removed — with repeated slashes merged, so that `//api/./x`, `/y/../api/x` or
-/// `/%61pi/x` are charged as `/api/x` is, whatever the upstream makes of them (Envoy's
-/// `normalize_path` and `merge_slashes`). The request itself goes upstream unchanged. Other
-/// escapes, such as `%2F`, stay escapes. Rules' exact and prefix paths are normalized the same
-/// way when the configuration is read.
+/// The path rules are matched against, each byte in one spelling: escaped (`%XX`, upper case)
+/// unless it is unreserved, a sub-delimiter, `:` or `@` (RFC 3986 §3.3), which stand as
+/// themselves however they came; a `/` as it came, since `%2F` is no separator. Then dot
+/// segments are removed and repeated slashes merged (§6.2.2, Envoy's `normalize_path` and
+/// `merge_slashes`). So `//api/./x`, `/y/../api/x`, `/%61pi/x` and `/api%2fx`'s
+/// `/api%2Fx` are charged as their one spelling is, whatever the upstream makes of them, and
+/// `/café` as `/caf%C3%A9`. The request itself goes upstream unchanged. Rules' exact and
+/// prefix paths are read the same way when the configuration is read; globs match this form.
 pub fn path(path: &str) -> Cow<'_, str> {
-    if !path.starts_with('/') || !(path.contains("//") || path.contains("/.") || path.contains('%')) {
+    let plain = path.bytes().all(|b| b == b'/' || stands_raw(b));
+    if !path.starts_with('/') || plain && !(path.contains("//") || path.contains("/.")) {
         return Cow::Borrowed(path);
     }
-    let decoded = decode_unreserved(path);
-    let segments: Vec<&str> = decoded.split('/').skip(1).collect();
+    let spelled = respelled(path);
+    let segments: Vec<&str> = spelled.split('/').skip(1).collect();
     let mut out: Vec<&str> = Vec::with_capacity(segments.len());
     for (i, segment) in segments.iter().enumerate() {
         let last = i + 1 == segments.len();
@@ -168,38 +170,68 @@ pub fn path(path: &str) -> Cow<'_, str> {
     Cow::Owned(format!("/{}", out.join("/")))
 }
 
+/// Whether byte `b` of a path stands as itself in [`path`]'s spelling.
+fn stands_raw(b: u8) -> bool {
+    RAW[usize::from(b)]
+}
+
+/// [`stands_raw`] as a table: every path's bytes are looked up.
+const RAW: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+                    | b':'
+                    | b'@'
+            );
+        b += 1;
+    }
+    table
+};
+
+/// `path` with each byte in [`path`]'s spelling.
+fn respelled(path: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let bytes = path.as_bytes();
+    let mut out = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let (b, width) = match (bytes[i] == b'%').then(|| escape(bytes, i)).flatten() {
+            Some(b) => (b, 3),
+            None => (bytes[i], 1),
+        };
+        if stands_raw(b) || b == b'/' && width == 1 {
+            out.push(char::from(b));
+        } else {
+            out.extend(['%', char::from(HEX[usize::from(b >> 4)]), char::from(HEX[usize::from(b & 15)])]);
+        }
+        i += width;
+    }
+    out
+}
+
 /// Segment `n` (0: the first after the leading `/`) of a [`path`]-normalized path, with every
 /// escape decoded: `%C3%A9`, `%c3%a9` and a raw `é` are the same two bytes, as every upstream
 /// that decodes its path reads them; `%2F` is a `/` within the segment.
 pub fn segment(normalized: &str, n: usize) -> Option<Cow<'_, [u8]>> {
     normalized.split('/').nth(n.checked_add(1)?).map(decoded)
-}
-
-/// `path` with `%XX` escapes of unreserved characters (RFC 3986 §2.3) decoded and the hex
-/// digits of the others in upper case (§6.2.2.1).
-fn decode_unreserved(path: &str) -> String {
-    let bytes = path.as_bytes();
-    let mut out = String::with_capacity(path.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match (bytes[i] == b'%').then(|| escape(bytes, i)).flatten() {
-            Some(b) if b.is_ascii_alphanumeric() || b"-._~".contains(&b) => {
-                out.push(char::from(b));
-                i += 3;
-            }
-            Some(_) => {
-                out.push('%');
-                out.push_str(&path[i + 1..i + 3].to_ascii_uppercase());
-                i += 3;
-            }
-            None => {
-                let c = path[i..].chars().next().expect("within the path");
-                out.push(c);
-                i += c.len_utf8();
-            }
-        }
-    }
-    out
 }
 
 /// The request's host: `:authority` for HTTP/2 and an absolute-form target, else the Host
@@ -250,10 +282,13 @@ mod tests {
             ("/../../a", "/a"),
             ("/%61%2D%7e/%2e%2E/b", "/b"),
             ("/a%2fb/caf%c3%A9", "/a%2Fb/caf%C3%A9"),
+            ("/café/%21%3a/%3F%20\"", "/caf%C3%A9/!:/%3F%20%22"),
+            ("/%25/%", "/%25/%25"),
             ("/.well-known/x", "/.well-known/x"),
             ("*", "*"),
         ] {
             assert_eq!(path(raw), expected, "{raw}");
+            assert_eq!(path(expected), expected, "idempotent: {raw}");
         }
     }
 

@@ -51,10 +51,61 @@ const KEYS: &str = "sluice_sidecar_keys";
 const KEYS_DROPPED: &str = "sluice_sidecar_keys_dropped_total";
 const KEY_OVERFLOWS: &str = "sluice_sidecar_key_overflows_total";
 
-const REQUESTS_HELP: &str =
-    "Requests charged to a resource, by decision (allowed, delayed, rejected, shadow_rejected).";
-const WAIT_HELP: &str = "Time delayed requests waited for capacity.";
-const COST_HELP: &str = "Cost admitted by the resource: requests' costs, and bytes for rules that charge bytes.";
+/// A family of series a resource has, and so a key with series of its own.
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    unit: Option<Unit>,
+    help: &'static str,
+}
+
+/// The families of a resource's series, in the order of [`KeyFamilies`]' lines.
+const RESOURCE_FAMILIES: [Family; 9] = [
+    Family {
+        name: REQUESTS,
+        kind: "counter",
+        unit: None,
+        help: "Requests charged to a resource, by decision (allowed, delayed, rejected, shadow_rejected).",
+    },
+    Family { name: WAIT, kind: "histogram", unit: Some(Unit::Seconds), help: "Time delayed requests waited for capacity." },
+    Family {
+        name: COST,
+        kind: "counter",
+        unit: None,
+        help: "Cost admitted by the resource: requests' costs, and bytes for rules that charge bytes.",
+    },
+    Family {
+        name: CAPACITY,
+        kind: "gauge",
+        unit: None,
+        help: "Capacity the resource's limiter enforces now (+Inf: no limit).",
+    },
+    Family {
+        name: WANTS,
+        kind: "gauge",
+        unit: None,
+        help: "Capacity last asked for: the moving average of offered load with headroom.",
+    },
+    Family { name: EXPIRY, kind: "gauge", unit: None, help: "Unix time the resource's lease expires." },
+    Family {
+        name: MODE,
+        kind: "gauge",
+        unit: None,
+        help: "1 for the resource's current mode (leased, pending, standalone, fallback_*).",
+    },
+    Family {
+        name: REFRESH,
+        kind: "gauge",
+        unit: Some(Unit::Seconds),
+        help: "Refresh interval of the resource's latest lease, kept while it lives on its fallback.",
+    },
+    Family {
+        name: FALLBACK,
+        kind: "gauge",
+        unit: Some(Unit::Seconds),
+        help: "How long the resource has lived on its fallback (asked, and no valid lease); 0 otherwise.",
+    },
+];
 
 /// Every mode a resource can be in; exactly one has the value 1.
 pub const MODES: &[&str] =
@@ -77,13 +128,14 @@ pub fn install() -> Result<PrometheusHandle, String> {
             }
         })
         .map_err(|e| format!("cannot start the metrics upkeep thread: {e}"))?;
-    describe_counter!(REQUESTS, REQUESTS_HELP);
-    describe_histogram!(WAIT, Unit::Seconds, WAIT_HELP);
-    describe_counter!(COST, COST_HELP);
-    describe_gauge!(CAPACITY, "Capacity the resource's limiter enforces now (+Inf: no limit).");
-    describe_gauge!(WANTS, "Capacity last asked for: the moving average of offered load with headroom.");
-    describe_gauge!(EXPIRY, "Unix time the resource's lease expires.");
-    describe_gauge!(MODE, "1 for the resource's current mode (leased, pending, standalone, fallback_*).");
+    for Family { name, kind, unit, help } in RESOURCE_FAMILIES {
+        match (kind, unit) {
+            ("counter", _) => describe_counter!(name, help),
+            ("histogram", Some(unit)) => describe_histogram!(name, unit, help),
+            (_, Some(unit)) => describe_gauge!(name, unit, help),
+            _ => describe_gauge!(name, help),
+        }
+    }
     describe_counter!(RPCS, "RPCs to the capacity servers, by method and result.");
     describe_histogram!(UPSTREAM, Unit::Seconds, "Time until the upstream's response headers, by listener and status.");
     describe_counter!(RELOADS, "Configuration reloads, by result (success or failure).");
@@ -92,16 +144,6 @@ pub fn install() -> Result<PrometheusHandle, String> {
         counter!(RELOADS, "result" => result).absolute(0);
     }
     describe_gauge!(RELOAD_OK, "0 while the last change of the configuration file was rejected, else 1.");
-    describe_gauge!(
-        REFRESH,
-        Unit::Seconds,
-        "Refresh interval of the resource's latest lease, kept while it lives on its fallback."
-    );
-    describe_gauge!(
-        FALLBACK,
-        Unit::Seconds,
-        "How long the resource has lived on its fallback (asked, and no valid lease); 0 otherwise."
-    );
     describe_gauge!(KEYS, "Live keys of a keyed resource, its shared keys (no value, overflow) included.");
     describe_counter!(KEYS_DROPPED, "Keys of a keyed resource dropped after their idle timeout.");
     describe_counter!(
@@ -149,13 +191,26 @@ pub struct GateMetrics {
     own: Option<Arc<KeySeries>>,
 }
 
-/// The counters and the wait histogram of a key with series of its own.
+/// The series of a key with series of its own: kept out of the registry, which never forgets
+/// a counter, and written into `/metrics` by [`render`] while the key lives.
 #[derive(Default)]
 pub struct KeySeries {
     /// Allowed, delayed, rejected, shadow-rejected.
     decisions: [Arc<AtomicU64>; 4],
     cost: Arc<AtomicU64>,
     wait: Arc<Buckets>,
+    gauges: Mutex<Gauges>,
+}
+
+/// A resource's gauges as last set.
+#[derive(Clone, Copy, Default)]
+struct Gauges {
+    capacity: f64,
+    wants: Option<f64>,
+    expiry: f64,
+    mode: &'static str,
+    refresh: Option<f64>,
+    fallback: f64,
 }
 
 /// A histogram over [`DURATION_BUCKETS`] in atomics: a sample in the first bucket it fits,
@@ -184,64 +239,77 @@ impl HistogramFn for Buckets {
 /// The decisions' label values, in the order of [`KeySeries::decisions`].
 const DECISIONS: [&str; 4] = ["allowed", "delayed", "rejected", "shadow_rejected"];
 
+/// The sample lines of the live keys' own series, one string per family of
+/// [`RESOURCE_FAMILIES`], for [`render`].
+#[derive(Default)]
+pub struct KeyFamilies {
+    lines: [String; RESOURCE_FAMILIES.len()],
+}
+
 impl KeySeries {
     fn write(&self, resource: &str, families: &mut KeyFamilies) {
-        let resource = sanitize_label_value(resource);
+        let r = sanitize_label_value(resource);
+        let [requests, wait, cost, capacity, wants, expiry, mode, refresh, fallback] = &mut families.lines;
         for (decision, count) in DECISIONS.iter().zip(&self.decisions) {
             let count = count.load(Ordering::Relaxed);
-            let _ =
-                writeln!(families.requests, "{REQUESTS}{{resource=\"{resource}\",decision=\"{decision}\"}} {count}");
+            let _ = writeln!(requests, "{REQUESTS}{{resource=\"{r}\",decision=\"{decision}\"}} {count}");
         }
-        let _ = writeln!(families.cost, "{COST}{{resource=\"{resource}\"}} {}", self.cost.load(Ordering::Relaxed));
+        let _ = writeln!(cost, "{COST}{{resource=\"{r}\"}} {}", self.cost.load(Ordering::Relaxed));
         let mut below = 0;
         for (bound, count) in DURATION_BUCKETS.iter().zip(&self.wait.counts) {
             below += count.load(Ordering::Relaxed);
-            let _ = writeln!(families.wait, "{WAIT}_bucket{{resource=\"{resource}\",le=\"{bound}\"}} {below}");
+            let _ = writeln!(wait, "{WAIT}_bucket{{resource=\"{r}\",le=\"{bound}\"}} {below}");
         }
         let all = below + self.wait.counts[DURATION_BUCKETS.len()].load(Ordering::Relaxed);
         let sum = f64::from_bits(self.wait.sum.load(Ordering::Relaxed));
-        let _ = writeln!(families.wait, "{WAIT}_bucket{{resource=\"{resource}\",le=\"+Inf\"}} {all}");
-        let _ = writeln!(families.wait, "{WAIT}_sum{{resource=\"{resource}\"}} {sum}");
-        let _ = writeln!(families.wait, "{WAIT}_count{{resource=\"{resource}\"}} {all}");
+        let _ = writeln!(wait, "{WAIT}_bucket{{resource=\"{r}\",le=\"+Inf\"}} {all}");
+        let _ = writeln!(wait, "{WAIT}_sum{{resource=\"{r}\"}} {sum}");
+        let _ = writeln!(wait, "{WAIT}_count{{resource=\"{r}\"}} {all}");
+        let g = *sync::lock(&self.gauges);
+        let _ = writeln!(capacity, "{CAPACITY}{{resource=\"{r}\"}} {}", number(g.capacity));
+        if let Some(w) = g.wants {
+            let _ = writeln!(wants, "{WANTS}{{resource=\"{r}\"}} {}", number(w));
+        }
+        let _ = writeln!(expiry, "{EXPIRY}{{resource=\"{r}\"}} {}", g.expiry);
+        for m in MODES {
+            let _ = writeln!(mode, "{MODE}{{resource=\"{r}\",mode=\"{m}\"}} {}", u8::from(*m == g.mode));
+        }
+        if let Some(seconds) = g.refresh {
+            let _ = writeln!(refresh, "{REFRESH}{{resource=\"{r}\"}} {seconds}");
+        }
+        let _ = writeln!(fallback, "{FALLBACK}{{resource=\"{r}\"}} {}", g.fallback);
     }
 }
 
-/// The sample lines of the live keys' own series, by family, for [`render`].
-#[derive(Default)]
-pub struct KeyFamilies {
-    requests: String,
-    cost: String,
-    wait: String,
+/// A sample's value as the exposition format writes it (`+Inf` for no limit).
+fn number(x: f64) -> String {
+    if x == f64::INFINITY { "+Inf".to_owned() } else { x.to_string() }
 }
 
 /// `/metrics`: the registry's series with the live keys' own series in their families (a
 /// family's samples must follow its `# TYPE` line together).
 pub fn render(handle: &PrometheusHandle, keys: KeyFamilies) -> String {
-    let families = [
-        (REQUESTS, "counter", REQUESTS_HELP, keys.requests),
-        (COST, "counter", COST_HELP, keys.cost),
-        (WAIT, "histogram", WAIT_HELP, keys.wait),
-    ];
-    let mut pending: Vec<_> = families.into_iter().filter(|f| !f.3.is_empty()).collect();
+    let mut pending: Vec<(&Family, String)> =
+        RESOURCE_FAMILIES.iter().zip(keys.lines).filter(|(_, lines)| !lines.is_empty()).collect();
     let recorded = handle.render();
     if pending.is_empty() {
         return recorded;
     }
-    let mut out = String::with_capacity(recorded.len() + pending.iter().map(|f| f.3.len() + 200).sum::<usize>());
-    let mut current: Option<&str> = None;
+    let mut out = String::with_capacity(recorded.len() + pending.iter().map(|(_, l)| l.len() + 200).sum::<usize>());
     // The lines of `family`, if any are pending, close it (before the blank line that ends it).
-    let flush = |out: &mut String, family: Option<&str>, pending: &mut Vec<(&str, &str, &str, String)>| {
-        if let Some(at) = family.and_then(|name| pending.iter().position(|f| f.0 == name)) {
+    let flush = |out: &mut String, family: Option<&str>, pending: &mut Vec<(&Family, String)>| {
+        if let Some(at) = family.and_then(|name| pending.iter().position(|(f, _)| f.name == name)) {
             let blank = out.ends_with("\n\n");
             if blank {
                 out.pop();
             }
-            out.push_str(&pending.swap_remove(at).3);
+            out.push_str(&pending.swap_remove(at).1);
             if blank {
                 out.push('\n');
             }
         }
     };
+    let mut current: Option<&str> = None;
     for line in recorded.lines() {
         let family =
             line.strip_prefix("# HELP ").or_else(|| line.strip_prefix("# TYPE ")).and_then(|l| l.split(' ').next());
@@ -253,7 +321,7 @@ pub fn render(handle: &PrometheusHandle, keys: KeyFamilies) -> String {
         out.push('\n');
     }
     flush(&mut out, current, &mut pending);
-    for (name, kind, help, lines) in pending {
+    for (Family { name, kind, help, .. }, lines) in pending {
         let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{lines}");
     }
     out
@@ -272,9 +340,9 @@ impl GateMetrics {
     pub fn new(id: &Arc<str>) -> GateMetrics {
         let resource = || id.to_string();
         let decision = |d: &'static str| counter!(REQUESTS, "resource" => resource(), "decision" => d);
-        let counters = [decision("allowed"), decision("delayed"), decision("rejected"), decision("shadow_rejected")];
+        let counters = DECISIONS.map(decision);
         let (wait, cost) = (histogram!(WAIT, "resource" => resource()), counter!(COST, "resource" => resource()));
-        GateMetrics::recording(id, counters, wait, cost, true, None)
+        GateMetrics::recording(id, counters, wait, cost, None)
     }
 
     /// A key's: its decisions counted in `keyed`'s series, and no gauges.
@@ -282,15 +350,13 @@ impl GateMetrics {
         GateMetrics { gauges: false, ..GateMetrics::new(keyed) }
     }
 
-    /// A key's with series of its own (`metrics: per_key`): its counters and histogram are kept
-    /// out of the registry, which never forgets a series, and written by [`render`] while the key
-    /// lives; its gauges are the registry's, which drops them when a dropped key stops setting
-    /// them.
+    /// A key's with series of its own (`metrics: per_key`), which go when it goes (see
+    /// [`KeySeries`]).
     pub fn own(id: &Arc<str>) -> GateMetrics {
         let series = Arc::new(KeySeries::default());
         let counters = series.decisions.each_ref().map(|d| Counter::from_arc(d.clone()));
         let (wait, cost) = (Histogram::from_arc(series.wait.clone()), Counter::from_arc(series.cost.clone()));
-        GateMetrics::recording(id, counters, wait, cost, true, Some(series))
+        GateMetrics::recording(id, counters, wait, cost, Some(series))
     }
 
     fn recording(
@@ -298,7 +364,6 @@ impl GateMetrics {
         [allowed, delayed, rejected, shadow_rejected]: [Counter; 4],
         wait: Histogram,
         cost: Counter,
-        gauges: bool,
         own: Option<Arc<KeySeries>>,
     ) -> GateMetrics {
         GateMetrics {
@@ -312,7 +377,7 @@ impl GateMetrics {
             decisions: Default::default(),
             resource: id.clone(),
             lease: Mutex::new(LeaseTimes::default()),
-            gauges,
+            gauges: true,
             own,
         }
     }
@@ -367,31 +432,45 @@ impl GateMetrics {
     }
 
     pub fn wants(&self, wants: f64) {
-        if !self.gauges {
-            return;
+        match (&self.own, self.gauges) {
+            (Some(series), _) => sync::lock(&series.gauges).wants = Some(wants),
+            (None, true) => gauge!(WANTS, "resource" => self.resource.clone()).set(wants),
+            (None, false) => {}
         }
-        gauge!(WANTS, "resource" => self.resource.clone()).set(wants);
     }
 
     pub fn applied(&self, applied: &Applied) {
         if !self.gauges {
             return;
         }
-        let resource = || self.resource.clone();
-        gauge!(CAPACITY, "resource" => resource()).set(applied.capacity.get());
-        gauge!(EXPIRY, "resource" => resource()).set(applied.expiry.map_or(0.0, |e| e as f64));
-        for mode in MODES {
-            gauge!(MODE, "resource" => resource(), "mode" => *mode).set(f64::from(u8::from(*mode == applied.mode)));
-        }
         // Called at every change of mode (and at every scrape), so the move to the fallback
         // is seen as it happens.
         let mut lease = sync::lock(&self.lease);
         let since = lease.fallback_since;
         lease.fallback_since = applied.mode.starts_with("fallback").then(|| since.unwrap_or_else(Instant::now));
-        let on_fallback = lease.fallback_since.map_or(0.0, |since| since.elapsed().as_secs_f64());
-        gauge!(FALLBACK, "resource" => resource()).set(on_fallback);
-        if let Some(seconds) = lease.refresh_interval {
-            gauge!(REFRESH, "resource" => resource()).set(seconds as f64);
+        let shown = Gauges {
+            capacity: applied.capacity.get(),
+            wants: None,
+            expiry: applied.expiry.map_or(0.0, |e| e as f64),
+            mode: applied.mode,
+            refresh: lease.refresh_interval.map(|seconds| seconds as f64),
+            fallback: lease.fallback_since.map_or(0.0, |since| since.elapsed().as_secs_f64()),
+        };
+        drop(lease);
+        if let Some(series) = &self.own {
+            let mut gauges = sync::lock(&series.gauges);
+            *gauges = Gauges { wants: gauges.wants, ..shown };
+            return;
+        }
+        let resource = || self.resource.clone();
+        gauge!(CAPACITY, "resource" => resource()).set(shown.capacity);
+        gauge!(EXPIRY, "resource" => resource()).set(shown.expiry);
+        for mode in MODES {
+            gauge!(MODE, "resource" => resource(), "mode" => *mode).set(f64::from(u8::from(*mode == shown.mode)));
+        }
+        gauge!(FALLBACK, "resource" => resource()).set(shown.fallback);
+        if let Some(seconds) = shown.refresh {
+            gauge!(REFRESH, "resource" => resource()).set(seconds);
         }
     }
 }
@@ -513,6 +592,7 @@ impl<F: Future<Output = Result<Response<B>, Refusal>>, B> Future for Timed<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::Capacity;
 
     #[test]
     fn a_keys_own_series_join_their_families_and_leave_with_the_key() {
@@ -521,7 +601,7 @@ mod tests {
         let (key, other): (Arc<str>, Arc<str>) = ("t/acme".into(), "orders".into());
         let own = GateMetrics::own(&key);
         metrics::with_local_recorder(&recorder, || {
-            describe_counter!(REQUESTS, REQUESTS_HELP);
+            describe_counter!(REQUESTS, "requests");
             describe_gauge!(KEYS, "keys");
             GateMetrics::new(&other).record_allowed();
             gauge!(KEYS, "resource" => "t").set(1.0);
@@ -530,6 +610,7 @@ mod tests {
         own.record_delayed(Duration::from_millis(3));
         own.record_delayed(Duration::from_secs(60));
         own.record_cost(Cost::new(2.5).unwrap());
+        own.applied(&Applied { capacity: Capacity::UNLIMITED, mode: "leased", expiry: Some(7) });
 
         let mut families = KeyFamilies::default();
         own.write_own(&mut families);
@@ -542,10 +623,8 @@ mod tests {
         // Each family's samples follow its TYPE line, with no other family's in between.
         let family_of = |line: &str| {
             let name = line.split(['{', ' ']).next().unwrap();
-            [REQUESTS, COST, WAIT, KEYS]
-                .into_iter()
-                .find(|f| name.starts_with(f))
-                .unwrap_or_else(|| panic!("{line}:\n{text}"))
+            let names = RESOURCE_FAMILIES.iter().map(|f| f.name).chain([KEYS]);
+            names.filter(|f| name.starts_with(f)).max_by_key(|f| f.len()).unwrap_or_else(|| panic!("{line}:\n{text}"))
         };
         let mut current = "";
         for line in text.lines() {
@@ -564,6 +643,10 @@ mod tests {
             "sluice_sidecar_wait_seconds_bucket{resource=\"t/acme\",le=\"30\"} 1",
             "sluice_sidecar_wait_seconds_bucket{resource=\"t/acme\",le=\"+Inf\"} 2",
             "sluice_sidecar_wait_seconds_count{resource=\"t/acme\"} 2",
+            "sluice_sidecar_lease_capacity{resource=\"t/acme\"} +Inf",
+            "sluice_sidecar_lease_expiry_timestamp_seconds{resource=\"t/acme\"} 7",
+            "sluice_sidecar_mode{resource=\"t/acme\",mode=\"leased\"} 1",
+            "sluice_sidecar_mode{resource=\"t/acme\",mode=\"pending\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
         }

@@ -128,6 +128,44 @@ async fn standalone_each_tenant_has_its_own_bucket() {
     assert_eq!(status["keyed"][0]["admitted"], 6, "totals count the dropped keys: {status}");
 }
 
+/// With `metrics: per_key` every live key has its series, and a dropped key's go with it: a
+/// client cycling through values must not grow `/metrics` (and the sidecar) without bound.
+#[tokio::test]
+async fn series_per_key_leave_with_their_keys() {
+    let upstream = UpstreamProcess::start(None);
+    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let settings = "capacity: 0.01, burst: 1, idle_timeout: 1s, metrics: per_key";
+    let sidecar = Sidecar::builder().config(&config(listen, upstream.addr(), None, settings)).start_sidecar();
+    let client = http1();
+    for round in 0..3 {
+        let tenants: Vec<String> = (0..20).map(|i| format!("tenant-{round}-{i}")).collect();
+        for tenant in &tenants {
+            assert_eq!(call(&client, listen, Some(tenant)).await.0, 200);
+            assert_eq!(call(&client, listen, Some(tenant)).await.0, 429);
+        }
+        let first = format!("{KEYED}/{}", tenants[0]);
+        let per_key = |decision: &str| {
+            sidecar.metric(&format!("sluice_sidecar_requests_total{{resource=\"{first}\",decision=\"{decision}\"}}"))
+        };
+        assert_eq!(per_key("allowed"), Some(1.0));
+        assert_eq!(per_key("rejected"), Some(1.0));
+        let text = sidecar.get("/metrics").1;
+        assert!(text.contains(&format!("sluice_sidecar_wait_seconds_count{{resource=\"{first}\"}} 0")), "{text}");
+        assert!(text.contains(&format!("sluice_sidecar_lease_capacity{{resource=\"{first}\"}}")), "{text}");
+        // Each family once, whole: its samples follow its TYPE line.
+        let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+        let families: std::collections::HashSet<&str> = types.iter().map(|l| l.split(' ').nth(2).unwrap()).collect();
+        assert_eq!(families.len(), types.len(), "a family twice:\n{text}");
+
+        // Idle for its timeout, every key goes, and its series with it.
+        eventually(Duration::from_secs(10), "the keys and their series gone", || {
+            !sidecar.get("/metrics").1.contains(&format!("{KEYED}/"))
+        })
+        .await;
+    }
+    assert_eq!(sidecar.metric(&series("sluice_sidecar_keys_dropped_total", "")), Some(60.0));
+}
+
 #[tokio::test]
 async fn leased_through_a_tree_each_tenant_is_a_resource_and_idle_keys_are_released() {
     // Each tenant's key gets 1 request a second from the root (a lease of 30 s, so that only a
