@@ -5,15 +5,16 @@
 //! waited goes upstream with what is left of its deadline.
 
 use std::{
-    task::{Context, Poll},
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll, ready},
     time::{Duration, Instant},
 };
 
-use futures_util::{
-    TryFutureExt,
-    future::{Either, MapOk},
-};
+use futures_util::future::Either;
 use http::{HeaderMap, Response};
+use pin_project_lite::pin_project;
+use tokio::sync::OwnedSemaphorePermit;
 use tower::Service;
 
 use crate::{
@@ -39,9 +40,28 @@ impl<S> Admit<S> {
     }
 }
 
-/// The answer to an unclassified request: nothing held, nothing metered.
-fn unheld<B>(response: Response<B>) -> Response<Admitted<B>> {
-    response.map(|body| Metered::new(Guarded::new(body, Permits::default())))
+pin_project! {
+    /// An unclassified request on its way: its answer holds only its place in flight, and is
+    /// not metered.
+    pub struct Unclassified<F> {
+        #[pin]
+        call: F,
+        slot: Option<OwnedSemaphorePermit>,
+    }
+}
+
+impl<F, B> Future for Unclassified<F>
+where
+    F: Future<Output = Result<Response<B>, Refusal>>,
+{
+    type Output = Result<Response<Admitted<B>>, Refusal>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = ready!(this.call.poll(cx))?;
+        let held = Permits::holding(this.slot.take());
+        Poll::Ready(Ok(response.map(|body| Metered::new(Guarded::new(body, held)))))
+    }
 }
 
 impl<S, B> Service<Exchange> for Admit<S>
@@ -53,22 +73,23 @@ where
     type Response = Response<Admitted<B>>;
     type Error = Refusal;
     /// Unclassified requests go straight through.
-    type Future = Either<MapOk<S::Future, fn(Response<B>) -> Response<Admitted<B>>>, BoxFuture<Response<Admitted<B>>>>;
+    type Future = Either<Unclassified<S::Future>, BoxFuture<Response<Admitted<B>>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut exchange: Exchange) -> Self::Future {
+        let slot = exchange.slot.take();
         let Some(mut charged) = exchange.charged.take() else {
-            return Either::Left(self.inner.call(exchange).map_ok(unheld as fn(_) -> _));
+            return Either::Left(Unclassified { call: self.inner.call(exchange), slot });
         };
         let metered = metered::up_front(&mut charged, exchange.request.body());
         // The clone is ready, not `self.inner` (tower's rule for services driven in a future).
         let inner = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, inner);
         Either::Right(Box::pin(async move {
-            let (permits, waited) = admit(&charged, exchange.request.headers()).await?;
+            let (permits, waited) = admit(&charged, exchange.request.headers(), slot).await?;
             if !waited.is_zero() {
                 shorten_grpc_timeout(exchange.request.headers_mut(), waited);
             }
@@ -91,7 +112,11 @@ where
 
 /// Passes the request through its charge's gates: the permits it holds and how long it waited
 /// in all; on refusal, gives back what earlier gates granted.
-async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Duration), Refusal> {
+async fn admit(
+    charged: &Charged,
+    headers: &HeaderMap,
+    slot: Option<OwnedSemaphorePermit>,
+) -> Result<(Permits, Duration), Refusal> {
     let Charged { charge, gates: resolved, .. } = charged;
     if let Resolved::Unsafe { resource, bytes } = resolved {
         return Err(Refusal::KeyTooLong { resource: resource.clone(), rule: charge.rule.clone(), bytes: *bytes });
@@ -108,7 +133,7 @@ async fn admit(charged: &Charged, headers: &HeaderMap) -> Result<(Permits, Durat
     };
     // One budget for all the gates; a request that may not wait reads no clock.
     let deadline = (!max_wait.is_zero()).then(|| time::after(Instant::now(), max_wait));
-    let mut permits = Permits::default();
+    let mut permits = Permits::holding(slot);
     let mut waited_in_all = Duration::ZERO;
     for (i, gate) in gates.iter().enumerate() {
         let budget = deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));

@@ -51,6 +51,9 @@ pub struct Listener {
     /// upstreams' `hosts`.
     pub upstream: Option<String>,
     pub max_connections: usize,
+    /// Requests in flight at once over all the listener's connections and streams; beyond it
+    /// a request is refused at once (503), so that memory stays within its budget.
+    pub max_requests: usize,
     pub idle_timeout: Duration,
     pub header_read_timeout: Duration,
     /// How long a response, or an HTTP/2 stream's, may wait for the application to take more.
@@ -223,6 +226,7 @@ struct ListenerDoc {
     address: SocketAddr,
     upstream: Option<String>,
     max_connections: Option<usize>,
+    max_requests: Option<usize>,
     idle_timeout: Option<String>,
     header_read_timeout: Option<String>,
     send_timeout: Option<String>,
@@ -516,6 +520,7 @@ fn listener(i: usize, doc: ListenerDoc, upstreams: &[Upstream]) -> Result<Listen
             defaults::MAX_CONNECTIONS,
             defaults::MAX_CONNECTIONS_LIMIT,
         )?,
+        max_requests: count(doc.max_requests, "max_requests", defaults::MAX_REQUESTS, defaults::MAX_REQUESTS_LIMIT)?,
         idle_timeout: timeout(&doc.idle_timeout, "idle_timeout", defaults::IDLE_TIMEOUT)?,
         header_read_timeout: timeout(&doc.header_read_timeout, "header_read_timeout", defaults::HEADER_READ_TIMEOUT)?,
         send_timeout: timeout(&doc.send_timeout, "send_timeout", defaults::SEND_TIMEOUT)?,
@@ -805,10 +810,13 @@ impl Config {
     /// The listeners are bound and the servers connected at start; a reload may change
     /// everything else, a listener's upstream and timeouts included.
     pub fn restart_needed(&self, next: &Config) -> Option<String> {
-        let binds =
-            |c: &Config| c.listeners.iter().map(|l| (l.name.clone(), l.address, l.max_connections)).collect::<Vec<_>>();
+        let binds = |c: &Config| {
+            c.listeners.iter().map(|l| (l.name.clone(), l.address, l.max_connections, l.max_requests)).collect::<Vec<_>>()
+        };
         if binds(self) != binds(next) {
-            return Some("listener names, addresses or max_connections changed; they take effect at restart".into());
+            return Some(
+                "listener names, addresses, max_connections or max_requests changed; they take effect at restart".into(),
+            );
         }
         if self.server != next.server {
             return Some("the `server` section changed; it takes effect at restart".into());
@@ -904,6 +912,7 @@ mod tests {
             (listener(", header_read_timeout: 0s"), "listeners[0] (l).header_read_timeout: must be greater than 0"),
             (listener(", send_timeout: 300000000000years"), "listeners[0] (l).send_timeout: must be at most 1day"),
             (listener(", max_connections: 1000001"), "listeners[0] (l).max_connections: must be from 1 to 1000000"),
+            (listener(", max_requests: 0"), "listeners[0] (l).max_requests: must be from 1 to 1000000"),
             (listener(", max_header_bytes: 2000000"), "listeners[0] (l).max_header_bytes: must be from 1 to 1048576"),
             (
                 listener("").replace("http://127.0.0.1:2", "http://127.0.0.1:2, timeout: 2days"),

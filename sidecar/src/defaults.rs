@@ -75,12 +75,44 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// application that stops reading must not hold a resource for everybody.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Largest request head accepted (HTTP/1.1 buffer and HTTP/2 header list).
-pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// Largest request head accepted (HTTP/1.1 buffer and HTTP/2 header list): room for large
+/// cookies and tokens (Node.js allows 16 KiB, nginx 4 lines of 8 KiB), and a bound on what each
+/// connection and request in flight holds (docs/sidecar.md, Memory budget).
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
 
 /// Downstream connections served at once per listener; beyond it the listener stops accepting
-/// until one closes, so the kernel's backlog pushes back on the application.
-pub const MAX_CONNECTIONS: usize = 10_000;
+/// until one closes, so the kernel's backlog pushes back on the application. A pod's
+/// application needs tens to hundreds; each costs up to about 100 KiB (Memory budget).
+pub const MAX_CONNECTIONS: usize = 1_000;
+
+/// Requests in flight at once per listener, over every connection and HTTP/2 stream; the next
+/// is refused at once (503, gRPC UNAVAILABLE) as Linkerd sheds load past its in-flight bound.
+/// Each costs up to about 150 KiB (Memory budget).
+pub const MAX_REQUESTS: usize = 1_000;
+
+/// The most a listener's `max_requests` may be.
+pub const MAX_REQUESTS_LIMIT: usize = 1_000_000;
+
+/// HTTP/2 streams one application connection may open at once (nginx allows 128, Go 250); what
+/// all connections hold together is bounded by the listener's `max_requests`.
+pub const MAX_HTTP2_STREAMS: u32 = 200;
+
+/// Flow-control windows of the application's HTTP/2 connections, for a stream and for the whole
+/// connection: what a connection may send ahead of what the sidecar has forwarded. RFC 9113's
+/// own initial window; hyper's 1 MiB would let each connection park a megabyte of request body.
+/// On loopback a window of this size still carries hundreds of megabytes a second.
+pub const HTTP2_WINDOW: u32 = 65_535;
+
+/// An application HTTP/2 stream's response data queued beyond what its flow control lets go
+/// (hyper's default is 400 KiB a stream): an application that stops reading holds this much of
+/// each response, and the upstream is asked for no more.
+pub const HTTP2_SEND_BUFFER: usize = 16 * 1024;
+
+/// Flow-control windows of the upstream HTTP/2 connections: what an upstream may send ahead of
+/// what the application has taken, per stream and for a connection of up to
+/// [`STREAMS_PER_HTTP2_CONNECTION`] streams (hyper's client allows 2 MiB and 5 MiB).
+pub const UPSTREAM_HTTP2_STREAM_WINDOW: u32 = 64 * 1024;
+pub const UPSTREAM_HTTP2_CONNECTION_WINDOW: u32 = 1024 * 1024;
 
 /// After answering a request whose body it did not read (a rejection, say), the sidecar closes
 /// its side and reads and drops what the application still sends, for up to this long and this

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::sync::{Notify, mpsc::UnboundedSender, oneshot};
+use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc::UnboundedSender, oneshot};
 
 use crate::{
     config::Resource,
@@ -394,25 +394,36 @@ fn burst(settings: &Resource, capacity: Capacity) -> Cost {
     settings.burst.unwrap_or_else(|| Cost::saturating((capacity.get() * defaults::BURST_SECONDS).max(2.0)))
 }
 
-/// Concurrency permits an admitted request holds until its response ends.
+/// What an admitted request holds until its response ends: its place among its listener's
+/// requests in flight, and its concurrency permits.
 #[derive(Default)]
-pub struct Permits(Vec<(Arc<Gate>, Cost)>);
+pub struct Permits {
+    slot: Option<OwnedSemaphorePermit>,
+    gates: Vec<(Arc<Gate>, Cost)>,
+}
 
 impl Permits {
-    pub fn push(&mut self, gate: Arc<Gate>, cost: Cost) {
-        self.0.push((gate, cost));
+    /// Holding the request's place (`slot`) and no concurrency permit yet.
+    pub fn holding(slot: Option<OwnedSemaphorePermit>) -> Permits {
+        Permits { slot, gates: Vec::new() }
     }
 
+    pub fn push(&mut self, gate: Arc<Gate>, cost: Cost) {
+        self.gates.push((gate, cost));
+    }
+
+    /// Whether it holds no concurrency permit.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.gates.is_empty()
     }
 }
 
 impl Drop for Permits {
     fn drop(&mut self) {
-        for (gate, cost) in self.0.drain(..) {
+        for (gate, cost) in self.gates.drain(..) {
             gate.release(cost);
         }
+        drop(self.slot.take());
     }
 }
 

@@ -35,6 +35,7 @@ use tower::{ServiceExt, util::Oneshot};
 
 use crate::{
     body::{Body, BoxError, Guarded, RequestBody},
+    defaults::{HTTP2_SEND_BUFFER, HTTP2_WINDOW, MAX_HTTP2_STREAMS},
     h1::{self, Limits},
     plan::Plan,
     stack::{self, Stack},
@@ -52,8 +53,13 @@ pub async fn serve(
     grace: Duration,
 ) {
     // Every open connection holds a slot; all of them back means every connection has ended.
-    let max_connections = u32::try_from(live.load().config.listeners[index].max_connections).unwrap_or(u32::MAX);
+    let (max_connections, max_requests) = {
+        let listener = &live.load().config.listeners[index];
+        (u32::try_from(listener.max_connections).unwrap_or(u32::MAX), listener.max_requests)
+    };
     let slots = Arc::new(Semaphore::new(max_connections as usize));
+    // Every request in flight, over all connections, holds one; a reload keeps them.
+    let in_flight = Arc::new(Semaphore::new(max_requests));
     loop {
         // Stop accepting at the cap: the kernel's backlog then pushes back on the application.
         let slot = tokio::select! {
@@ -74,7 +80,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let limits = Limits::from(&live.load().config.listeners[index]);
-        let stack = stack::stack(live.clone(), index);
+        let stack = stack::stack(live.clone(), index, in_flight.clone());
         let stop = stop.clone();
         tokio::spawn(async move {
             let _slot = slot;
@@ -104,7 +110,13 @@ async fn serve_http2(
     stop: watch::Receiver<bool>,
 ) -> Result<(), BoxError> {
     let mut builder = http2::Builder::new(StreamExecutor { send_timeout: limits.send_timeout });
-    builder.timer(TokioTimer::new()).max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+    builder
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(MAX_HTTP2_STREAMS)
+        .initial_stream_window_size(HTTP2_WINDOW)
+        .initial_connection_window_size(HTTP2_WINDOW)
+        .max_send_buf_size(HTTP2_SEND_BUFFER);
     let activity = Activity::default();
     let io = TokioIo::new(Tracked { stream, preface, activity: activity.clone() });
     let streams = OpenCount::default();

@@ -50,6 +50,7 @@ const FALLBACK: &str = "sluice_sidecar_fallback_duration_seconds";
 const KEYS: &str = "sluice_sidecar_keys";
 const KEYS_DROPPED: &str = "sluice_sidecar_keys_dropped_total";
 const KEY_OVERFLOWS: &str = "sluice_sidecar_key_overflows_total";
+const SHED: &str = "sluice_sidecar_requests_shed_total";
 
 /// A family of series a resource has, and so a key with series of its own.
 struct Family {
@@ -139,6 +140,7 @@ pub fn install() -> Result<PrometheusHandle, String> {
     describe_counter!(RPCS, "RPCs to the capacity servers, by method and result.");
     describe_histogram!(UPSTREAM, Unit::Seconds, "Time until the upstream's response headers, by listener and status.");
     describe_counter!(RELOADS, "Configuration reloads, by result (success or failure).");
+    describe_counter!(SHED, "Requests refused (503) because the listener had its max_requests in flight.");
     // Shown from the start, so that an alert on failures has a series before the first reload.
     for result in ["success", "failure"] {
         counter!(RELOADS, "result" => result).absolute(0);
@@ -160,6 +162,10 @@ pub fn publish_config(config: &ConfigStatus) {
 
 pub fn record_reload(ok: bool) {
     counter!(RELOADS, "result" => if ok { "success" } else { "failure" }).increment(1);
+}
+
+pub fn record_shed(listener: &str) {
+    counter!(SHED, "listener" => listener.to_owned()).increment(1);
 }
 
 pub fn record_rpc(method: &'static str, ok: bool) {

@@ -192,6 +192,8 @@ impl Http2Pool {
         let io = TokioIo::new(self.dialer.dial().await?);
         let (sender, connection) = http2::Builder::new(TokioExecutor::new())
             .max_header_list_size(u32::try_from(defaults::UPSTREAM_MAX_HEADER_BYTES).unwrap_or(u32::MAX))
+            .initial_stream_window_size(defaults::UPSTREAM_HTTP2_STREAM_WINDOW)
+            .initial_connection_window_size(defaults::UPSTREAM_HTTP2_CONNECTION_WINDOW)
             .handshake(io)
             .await?;
         tokio::spawn(async move {

@@ -51,6 +51,8 @@ pub enum Refusal {
     BadGateway { upstream: String, error: String },
     /// The upstream did not answer within its configured timeout.
     GatewayTimeout { upstream: String },
+    /// The listener has its `max_requests` in flight.
+    Overloaded { most: usize },
 }
 
 /// A limit's refusal: of a request, or of a paced request body's next piece.
@@ -93,6 +95,7 @@ impl Refusal {
             Refusal::HeadTimeout | Refusal::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Refusal::BadGateway { .. } => StatusCode::BAD_GATEWAY,
             Refusal::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Refusal::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -107,7 +110,7 @@ impl Refusal {
             | Refusal::HeadTooLarge => code::INVALID_ARGUMENT,
             Refusal::NoRoute { .. } | Refusal::NotImplemented(_) => code::UNIMPLEMENTED,
             Refusal::HeadTimeout | Refusal::BodyTimeout | Refusal::GatewayTimeout { .. } => code::DEADLINE_EXCEEDED,
-            Refusal::BadGateway { .. } => code::UNAVAILABLE,
+            Refusal::BadGateway { .. } | Refusal::Overloaded { .. } => code::UNAVAILABLE,
         }
     }
 
@@ -157,6 +160,7 @@ impl fmt::Display for Refusal {
             Refusal::BodyTimeout => f.write_str("sluice: request body not received in time"),
             Refusal::BadGateway { upstream, error } => write!(f, "sluice: upstream {upstream:?} failed: {error}"),
             Refusal::GatewayTimeout { upstream } => write!(f, "sluice: upstream {upstream:?} timed out"),
+            Refusal::Overloaded { most } => write!(f, "sluice: overloaded: {most} requests in flight on the listener"),
         }
     }
 }
@@ -298,6 +302,7 @@ mod tests {
             (Refusal::BodyTimeout, 408, "4"),
             (Refusal::BadGateway { upstream: "u".into(), error: "refused".into() }, 502, "14"),
             (Refusal::GatewayTimeout { upstream: "u".into() }, 504, "4"),
+            (Refusal::Overloaded { most: 1000 }, 503, "14"),
         ];
         for (refusal, status, code) in cases {
             let message = refusal.to_string();

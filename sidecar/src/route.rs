@@ -14,11 +14,12 @@ use std::{
 use arc_swap::ArcSwap;
 use futures_util::future::Either;
 use http::{Method, Request, Response};
+use tokio::sync::Semaphore;
 use tower::Service;
 
 use crate::{
     body::RequestBody,
-    canonical,
+    canonical, metrics,
     plan::{Plan, Target},
     respond::Refusal,
     stack::Exchange,
@@ -31,12 +32,14 @@ pub struct Route<S> {
     inner: S,
     live: Arc<ArcSwap<Plan>>,
     listener: usize,
+    in_flight: Arc<Semaphore>,
 }
 
 impl<S> Route<S> {
-    /// `listener` indexes the configuration's listeners, which a reload cannot reorder.
-    pub fn new(inner: S, live: Arc<ArcSwap<Plan>>, listener: usize) -> Route<S> {
-        Route { inner, live, listener }
+    /// `listener` indexes the configuration's listeners, which a reload cannot reorder; each
+    /// request takes one of `in_flight`'s places (its `max_requests`) or is refused.
+    pub fn new(inner: S, live: Arc<ArcSwap<Plan>>, listener: usize, in_flight: Arc<Semaphore>) -> Route<S> {
+        Route { inner, live, listener, in_flight }
     }
 }
 
@@ -53,6 +56,11 @@ where
     }
 
     fn call(&mut self, request: Request<RequestBody>) -> Self::Future {
+        let Ok(slot) = self.in_flight.clone().try_acquire_owned() else {
+            let listener = &self.live.load().config.listeners[self.listener];
+            metrics::record_shed(&listener.name);
+            return Either::Left(ready(Err(Refusal::Overloaded { most: listener.max_requests })));
+        };
         if request.method() == Method::CONNECT {
             return Either::Left(ready(Err(Refusal::NotImplemented("CONNECT"))));
         }
@@ -70,6 +78,6 @@ where
         let Some(upstream) = upstream else {
             return Either::Left(ready(Err(Refusal::NoRoute { host: canonical::host(&request).into_owned() })));
         };
-        Either::Right(self.inner.call(Exchange { request, listener, upstream, charged: None }))
+        Either::Right(self.inner.call(Exchange { request, listener, upstream, charged: None, slot: Some(slot) }))
     }
 }

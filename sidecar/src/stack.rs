@@ -6,6 +6,7 @@ use std::{future::Future, pin::Pin, sync::Arc};
 
 use arc_swap::ArcSwap;
 use http::Request;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::ServiceBuilder;
 
 use crate::{
@@ -31,13 +32,17 @@ pub struct Exchange {
     pub upstream: Arc<UpstreamClient>,
     /// What the request is charged, once classification found a matching rule.
     pub charged: Option<Charged>,
+    /// Its place among the listener's `max_requests`, which admission moves onto the response
+    /// body: held until the response ends.
+    pub slot: Option<OwnedSemaphorePermit>,
 }
 
 pub type Stack = Rescue<Route<Classify<Admit<Measure<Proxy>>>>>;
 
-/// The service for the `listener`-th listener of the configuration in force.
-pub fn stack(live: Arc<ArcSwap<Plan>>, listener: usize) -> Stack {
+/// The service for the `listener`-th listener of the configuration in force, whose requests in
+/// flight take the places of `in_flight`.
+pub fn stack(live: Arc<ArcSwap<Plan>>, listener: usize, in_flight: Arc<Semaphore>) -> Stack {
     let inner =
         ServiceBuilder::new().layer(Classify::layer()).layer(Admit::layer()).layer(Measure::layer()).service(Proxy);
-    Rescue::new(Route::new(inner, live, listener))
+    Rescue::new(Route::new(inner, live, listener, in_flight))
 }
