@@ -87,8 +87,8 @@ pub const MAX_CONNECTIONS: usize = 1_000;
 
 /// Requests in flight at once per listener, over every connection and HTTP/2 stream; the next
 /// is refused at once (503, gRPC UNAVAILABLE) as Linkerd sheds load past its in-flight bound.
-/// Each costs up to about 150 KiB (Memory budget).
-pub const MAX_REQUESTS: usize = 1_000;
+/// Each costs up to about 150 KiB (Memory budget): 500 is 5,000 requests a second of 100 ms.
+pub const MAX_REQUESTS: usize = 500;
 
 /// The most a listener's `max_requests` may be.
 pub const MAX_REQUESTS_LIMIT: usize = 1_000_000;
