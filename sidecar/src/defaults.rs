@@ -37,7 +37,7 @@ pub const STALE_GAUGE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_KEYS: usize = 1_000;
 
 /// The most `max_keys` of a keyed resource with `metrics: per_key`: each live key is
-/// [`SERIES_PER_KEY`] series, about 3.5 KB of `/metrics` and 1.5 KB of memory (docs/sidecar.md,
+/// [`SERIES_PER_KEY`] series, about 2.5 KB of `/metrics` and 0.7 KB of memory (docs/sidecar.md,
 /// Memory budget), so that a scrape stays a few megabytes.
 pub const MAX_KEYS_WITH_SERIES: usize = 1_000;
 
