@@ -86,6 +86,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         election_key,
         parent,
         config_status.clone(),
+        args.max_leases,
         state::now(),
     ));
     tokio::spawn(parent::run(state.clone()));

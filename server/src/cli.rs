@@ -84,6 +84,13 @@ pub struct Args {
           value_parser = at_least_one, allow_hyphen_values = true)]
     pub max_resources: usize,
 
+    /// Most leases this server holds at once, a child server's counted once per priority band
+    /// or profile group it claims; a request that would add more gets RESOURCE_EXHAUSTED, while
+    /// leases already held renew. Bounds the memory clients can make the server hold.
+    #[arg(long, env = "SLUICE_MAX_LEASES", default_value_t = defaults::MAX_LEASES,
+          value_parser = at_least_one, allow_hyphen_values = true)]
+    pub max_leases: usize,
+
     /// How often the status pages' charts take a sample (they show the last 120); tests
     /// shorten it.
     #[arg(long, env = "SLUICE_HISTORY_INTERVAL", value_parser = positive_duration, allow_hyphen_values = true,

@@ -26,6 +26,23 @@ pub const EMBEDDED_CONFIG: &str = include_str!("default_config.yaml");
 /// five metric series, and clients choose resource ids freely.
 pub const MAX_RESOURCES: usize = 100_000;
 
+/// Most leases a server holds at once (`--max-leases`), counted in demands: an end client's
+/// lease is one, a child server's one per priority band or profile group it claims. A request
+/// that would add more gets RESOURCE_EXHAUSTED; leases already held renew as before. Sized from
+/// the memory a lease costs (docs/server.md, Memory budget: the gRPC listener): 1,000,000 are
+/// about 230 MB with short client ids, at most about 1.4 GB with ids of 1 KiB.
+pub const MAX_LEASES: usize = 1_000_000;
+
+/// Most priority bands one resource of a GetServerCapacity may claim: Doorman's servers send one
+/// per priority among their clients, a handful. A Sluice server with more priorities among its
+/// clients folds the least important into one band when it asks its parent.
+pub const MAX_BANDS: usize = 16;
+
+/// Demands a request files per hold of the ledger's lock: a request naming 10,000 resources (or
+/// a child's bands and profile groups on them) is applied in parts, the lock let go between
+/// them, so that it never holds up other clients' calls for long.
+pub const DEMANDS_PER_LOCK: usize = 1_000;
+
 /// Largest request the gRPC listener decodes: room for 10,000 resources with 1 KiB ids.
 pub const MAX_REQUEST_BYTES: usize = 16 << 20;
 

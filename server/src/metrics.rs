@@ -31,6 +31,8 @@ const ELECTIONS: &str = "sluice_server_elections_total";
 const INFO: &str = "sluice_server_info";
 const RELOAD_OK: &str = "sluice_server_config_last_reload_successful";
 const PARENT_EXPIRY: &str = "sluice_server_parent_lease_expiry_timestamp_seconds";
+const LEASES: &str = "sluice_server_leases";
+const LEASE_LIMIT: &str = "sluice_server_lease_limit";
 
 /// Installs the process-wide recorder.
 pub fn install() -> Result<PrometheusHandle, String> {
@@ -75,6 +77,14 @@ pub fn install() -> Result<PrometheusHandle, String> {
         PARENT_EXPIRY,
         "Unix time an intermediate server's lease on a resource from its parent expires (0: no valid lease)."
     );
+    describe_gauge!(
+        LEASES,
+        "Leases the server holds, a child server's counted once per priority band or profile group it claims."
+    );
+    describe_gauge!(
+        LEASE_LIMIT,
+        "Most leases the server holds (--max-leases); new ones beyond get RESOURCE_EXHAUSTED."
+    );
     Ok(handle)
 }
 
@@ -102,6 +112,8 @@ pub fn publish(status: &ServerStatus) {
     let key = status.election.key.clone().unwrap_or_default();
     gauge!(INFO, "election" => status.election.mode, "election_key" => key).set(1.0);
     gauge!(RELOAD_OK).set(f64::from(u8::from(status.config.rejected.is_none())));
+    gauge!(LEASES).set(status.leases as f64);
+    gauge!(LEASE_LIMIT).set(status.max_leases as f64);
     let intermediate = status.parent.is_some();
     for r in &status.resources {
         let id = r.id.clone();

@@ -1,7 +1,8 @@
-//! The `doorman.Capacity` gRPC service: validates each request, applies it to the ledger under
-//! one short lock, and answers in Doorman's messages.
+//! The `doorman.Capacity` gRPC service: validates each request, applies it to the ledger in
+//! short holds of its lock, and answers in Doorman's messages.
 
 use std::{
+    future::Future,
     sync::{Arc, MutexGuard},
     time::Instant,
 };
@@ -14,7 +15,8 @@ use sluice_proto::{
 use tonic::{Code, Request, Response, Status};
 
 use crate::{
-    core::{Algorithm, Grant, Ledger, UnixSeconds},
+    core::{Algorithm, Full, Grant, Ledger, UnixSeconds},
+    defaults::DEMANDS_PER_LOCK,
     metrics,
     state::{self, Role, State},
     validate::{self, ResourceClaim},
@@ -38,7 +40,7 @@ impl CapacityService {
 }
 
 /// Answers a GetCapacity on `ledger` at `now` (the RPC without the network, shared with the
-/// simulator): every claim is granted, or none if the new resources would not fit.
+/// simulator): every claim is granted, or none if they do not fit.
 pub fn get_capacity(
     ledger: &mut Ledger,
     now: UnixSeconds,
@@ -46,11 +48,8 @@ pub fn get_capacity(
     max_resources: usize,
 ) -> Result<GetCapacityResponse, Status> {
     let claims = validate::get_capacity(req)?;
-    let response = grant(ledger, now, &req.client_id, &claims, max_resources, |id, grant, _| ResourceResponse {
-        resource_id: id.to_owned(),
-        gets: lease(grant),
-        safe_capacity: Some(grant.safe_capacity),
-    })?;
+    room(ledger, now, &req.client_id, &claims, max_resources)?;
+    let response = grant(ledger, now, &req.client_id, &claims, capacity_response);
     Ok(GetCapacityResponse { response, mastership: None })
 }
 
@@ -62,16 +61,8 @@ pub fn get_server_capacity(
     max_resources: usize,
 ) -> Result<GetServerCapacityResponse, Status> {
     let claims = validate::get_server_capacity(req)?;
-    let response = grant(ledger, now, &req.server_id, &claims, max_resources, |id, grant, ledger| {
-        let resource = ledger.resource(id).expect("a resource exists once claimed");
-        ServerCapacityResourceResponse {
-            resource_id: id.to_owned(),
-            gets: lease(grant),
-            // The parent's algorithm at an intermediate server: one algorithm per tree.
-            algorithm: Some(algorithm(resource.algorithm())),
-            safe_capacity: Some(grant.safe_capacity),
-        }
-    })?;
+    room(ledger, now, &req.server_id, &claims, max_resources)?;
+    let response = grant(ledger, now, &req.server_id, &claims, server_capacity_response);
     Ok(GetServerCapacityResponse { response, mastership: None })
 }
 
@@ -81,43 +72,90 @@ pub fn release_capacity(
     now: UnixSeconds,
     req: &ReleaseCapacityRequest,
 ) -> Result<ReleaseCapacityResponse, Status> {
-    for id in validate::release_capacity(req)? {
-        ledger.release(now, &req.client_id, id);
-    }
+    release(ledger, now, &req.client_id, &validate::release_capacity(req)?);
     Ok(ReleaseCapacityResponse { mastership: None })
 }
 
-/// Grants every claim, answering each with `respond`; or none, if the new resources would not
-/// fit.
+fn release(ledger: &mut Ledger, now: UnixSeconds, client: &str, ids: &[&str]) {
+    for id in ids {
+        ledger.release(now, client, id);
+    }
+}
+
+fn capacity_response(id: &str, grant: &Grant, _: &Ledger) -> ResourceResponse {
+    ResourceResponse { resource_id: id.to_owned(), gets: lease(grant), safe_capacity: Some(grant.safe_capacity) }
+}
+
+fn server_capacity_response(id: &str, grant: &Grant, ledger: &Ledger) -> ServerCapacityResourceResponse {
+    let resource = ledger.resource(id).expect("a resource exists once claimed");
+    ServerCapacityResourceResponse {
+        resource_id: id.to_owned(),
+        gets: lease(grant),
+        // The parent's algorithm at an intermediate server: one algorithm per tree.
+        algorithm: Some(algorithm(resource.algorithm())),
+        safe_capacity: Some(grant.safe_capacity),
+    }
+}
+
+/// RESOURCE_EXHAUSTED unless `claims` fit in the ledger (see [`Ledger::room`]).
+fn room(
+    ledger: &Ledger,
+    now: UnixSeconds,
+    client: &str,
+    claims: &[ResourceClaim<'_>],
+    max_resources: usize,
+) -> Result<(), Status> {
+    ledger.room(now, client, claims, max_resources).map_err(|full| {
+        Status::resource_exhausted(match full {
+            Full::Resources(limit) => {
+                format!("this server keeps at most {limit} resources; the new ones in this request do not fit")
+            }
+            Full::Leases(limit) => format!(
+                "this server holds at most {limit} leases (--max-leases); the new ones in this request do not fit \
+                 (leases already held renew as before)"
+            ),
+        })
+    })
+}
+
+/// Grants every claim, answering each with `respond`.
 fn grant<T>(
     ledger: &mut Ledger,
     now: UnixSeconds,
     client: &str,
     claims: &[ResourceClaim<'_>],
-    max_resources: usize,
     respond: impl Fn(&str, &Grant, &Ledger) -> T,
-) -> Result<Vec<T>, Status> {
-    // Counting the new resources costs a lookup each; only needed near the limit.
-    let near_limit = ledger.len() + claims.len() > max_resources;
-    let new = || claims.iter().filter(|(id, _)| ledger.resource(id).is_none()).count();
-    if near_limit && ledger.len() + new() > max_resources {
-        return Err(Status::resource_exhausted(format!(
-            "this server keeps at most {max_resources} resources; the new ones in this request do not fit"
-        )));
-    }
-    Ok(claims
+) -> Vec<T> {
+    claims
         .iter()
         .map(|(id, claim)| {
             let grant = ledger.claim(now, client, id, claim);
             respond(id, &grant, ledger)
         })
-        .collect())
+        .collect()
+}
+
+/// A request's claims in parts of at most [`DEMANDS_PER_LOCK`] demands (one claim at least).
+fn parts<'a, 'b>(claims: &'a [ResourceClaim<'b>]) -> Vec<&'a [ResourceClaim<'b>]> {
+    let (mut parts, mut start, mut demands) = (Vec::new(), 0, 0);
+    for (i, (_, claim)) in claims.iter().enumerate() {
+        if i > start && demands + claim.wants.len() > DEMANDS_PER_LOCK {
+            parts.push(&claims[start..i]);
+            (start, demands) = (i, 0);
+        }
+        demands += claim.wants.len();
+    }
+    parts.push(&claims[start..]);
+    parts
 }
 
 /// Runs a handler, recording its outcome and duration.
-fn observe<T>(method: &'static str, handle: impl FnOnce() -> Result<T, Status>) -> Result<Response<T>, Status> {
+async fn observe<T>(
+    method: &'static str,
+    handle: impl Future<Output = Result<T, Status>>,
+) -> Result<Response<T>, Status> {
     let start = Instant::now();
-    let result = handle();
+    let result = handle.await;
     let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
     if let Err(status) = &result {
         tracing::debug!(method, code = ?code, message = status.message(), "request refused");
@@ -145,10 +183,40 @@ fn algorithm(a: &Algorithm) -> proto::Algorithm {
     }
 }
 
+impl CapacityService {
+    /// Grants `client`'s claims, already validated, on this master's ledger: in [`parts`], one
+    /// hold of the lock each, letting other calls in between, so that no request holds the
+    /// lock for long however much it claims. The whole request must fit when it starts, and each
+    /// part again when its turn comes (others may have taken the room meanwhile: then the parts
+    /// before stay granted). `Ok(Err)` with who the master is once this server is not.
+    async fn grant_in_parts<T>(
+        &self,
+        client: &str,
+        claims: &[ResourceClaim<'_>],
+        respond: impl Fn(&str, &Grant, &Ledger) -> T,
+    ) -> Result<Result<Vec<T>, Mastership>, Status> {
+        let mut responses = Vec::with_capacity(claims.len());
+        for (i, part) in parts(claims).into_iter().enumerate() {
+            if i > 0 {
+                tokio::task::yield_now().await;
+            }
+            let mut ledger = match self.master_ledger() {
+                Ok(ledger) => ledger,
+                Err(mastership) => return Ok(Err(mastership)),
+            };
+            let now = state::now();
+            room(&ledger, now, client, if i == 0 { claims } else { part }, self.max_resources)?;
+            responses.extend(grant(&mut ledger, now, client, part, &respond));
+            self.state.wake_parent_if_due(&ledger);
+        }
+        Ok(Ok(responses))
+    }
+}
+
 #[tonic::async_trait]
 impl Capacity for CapacityService {
     async fn discovery(&self, _: Request<DiscoveryRequest>) -> Result<Response<DiscoveryResponse>, Status> {
-        observe("Discovery", || {
+        observe("Discovery", async {
             // Only names the master: no ledger to guard, so the role is read without its lock.
             Ok(match &self.state.standing().role {
                 Role::Master => DiscoveryResponse {
@@ -160,49 +228,55 @@ impl Capacity for CapacityService {
                 }
             })
         })
+        .await
     }
 
     async fn get_capacity(
         &self,
         request: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
-        observe("GetCapacity", || {
-            let mut ledger = match self.master_ledger() {
-                Ok(ledger) => ledger,
-                Err(mastership) => {
-                    return Ok(GetCapacityResponse { response: Vec::new(), mastership: Some(mastership) });
-                }
-            };
-            let response = get_capacity(&mut ledger, state::now(), request.get_ref(), self.max_resources)?;
-            self.state.wake_parent_if_due(&ledger);
-            Ok(response)
+        observe("GetCapacity", async {
+            let req = request.get_ref();
+            // Checked before the lock is taken: a large request's checks hold up no one.
+            let claims = validate::get_capacity(req)?;
+            Ok(match self.grant_in_parts(&req.client_id, &claims, capacity_response).await? {
+                Ok(response) => GetCapacityResponse { response, mastership: None },
+                Err(mastership) => GetCapacityResponse { response: Vec::new(), mastership: Some(mastership) },
+            })
         })
+        .await
     }
 
     async fn get_server_capacity(
         &self,
         request: Request<GetServerCapacityRequest>,
     ) -> Result<Response<GetServerCapacityResponse>, Status> {
-        observe("GetServerCapacity", || {
-            let mut ledger = match self.master_ledger() {
-                Ok(ledger) => ledger,
-                Err(mastership) => {
-                    return Ok(GetServerCapacityResponse { response: Vec::new(), mastership: Some(mastership) });
-                }
-            };
-            let response = get_server_capacity(&mut ledger, state::now(), request.get_ref(), self.max_resources)?;
-            self.state.wake_parent_if_due(&ledger);
-            Ok(response)
+        observe("GetServerCapacity", async {
+            let req = request.get_ref();
+            let claims = validate::get_server_capacity(req)?;
+            Ok(match self.grant_in_parts(&req.server_id, &claims, server_capacity_response).await? {
+                Ok(response) => GetServerCapacityResponse { response, mastership: None },
+                Err(mastership) => GetServerCapacityResponse { response: Vec::new(), mastership: Some(mastership) },
+            })
         })
+        .await
     }
 
     async fn release_capacity(
         &self,
         request: Request<ReleaseCapacityRequest>,
     ) -> Result<Response<ReleaseCapacityResponse>, Status> {
-        observe("ReleaseCapacity", || match self.master_ledger() {
-            Ok(mut ledger) => release_capacity(&mut ledger, state::now(), request.get_ref()),
-            Err(mastership) => Ok(ReleaseCapacityResponse { mastership: Some(mastership) }),
+        observe("ReleaseCapacity", async {
+            let req = request.get_ref();
+            let ids = validate::release_capacity(req)?;
+            Ok(match self.master_ledger() {
+                Ok(mut ledger) => {
+                    release(&mut ledger, state::now(), &req.client_id, &ids);
+                    ReleaseCapacityResponse { mastership: None }
+                }
+                Err(mastership) => ReleaseCapacityResponse { mastership: Some(mastership) },
+            })
         })
+        .await
     }
 }

@@ -18,8 +18,13 @@ use crate::core::{Ledger, Repository, UnixSeconds};
 /// An empty ledger that starts serving — and learning — at `now`: a root's, or an intermediate
 /// server's that asks its parent for capacity. The only place a ledger is made: at start, on
 /// winning an election, and on losing one.
-fn fresh_ledger(repository: Arc<Repository>, parent: Option<&ParentLink>, now: UnixSeconds) -> Ledger {
-    let ledger = Ledger::new(repository, now);
+fn fresh_ledger(
+    repository: Arc<Repository>,
+    parent: Option<&ParentLink>,
+    max_leases: usize,
+    now: UnixSeconds,
+) -> Ledger {
+    let ledger = Ledger::new(repository, now).with_max_leases(max_leases);
     match parent {
         Some(link) => ledger.with_parent(link.server_id.clone(), now as u64 ^ u64::from(std::process::id())),
         None => ledger,
@@ -64,6 +69,8 @@ pub struct State {
     election_key: Option<String>,
     /// Set for an intermediate server.
     parent: Option<ParentLink>,
+    /// Every ledger's bound on the leases it holds (`--max-leases`).
+    max_leases: usize,
     /// Tells the parent task that a request is due at once (a resource appeared).
     parent_wanted: Notify,
     ready: AtomicBool,
@@ -80,6 +87,7 @@ impl State {
         election_key: Option<String>,
         parent: Option<ParentLink>,
         config_status: SharedConfigStatus,
+        max_leases: usize,
         now: UnixSeconds,
     ) -> State {
         let repository = Arc::new(repository);
@@ -88,12 +96,13 @@ impl State {
             Some(_) => Role::Follower { leader: None },
         };
         State {
-            ledger: Mutex::new(fresh_ledger(repository.clone(), parent.as_ref(), now)),
+            ledger: Mutex::new(fresh_ledger(repository.clone(), parent.as_ref(), max_leases, now)),
             config: ArcSwap::new(repository),
             standing: ArcSwap::from_pointee(Standing { role, since: now }),
             advertise_address,
             election_key,
             parent,
+            max_leases,
             parent_wanted: Notify::new(),
             ready: AtomicBool::new(false),
             config_status,
@@ -142,7 +151,7 @@ impl State {
     /// knows nothing of the leases its predecessor granted.
     pub fn become_master(&self, now: UnixSeconds) {
         let mut ledger = self.lock_ledger();
-        *ledger = fresh_ledger(self.config.load_full(), self.parent.as_ref(), now);
+        *ledger = fresh_ledger(self.config.load_full(), self.parent.as_ref(), self.max_leases, now);
         self.standing.store(Arc::new(Standing { role: Role::Master, since: now }));
     }
 
@@ -155,7 +164,7 @@ impl State {
         let since = if was_master { now } else { previous.since };
         self.standing.store(Arc::new(Standing { role: Role::Follower { leader }, since }));
         if was_master {
-            *ledger = fresh_ledger(self.config.load_full(), self.parent.as_ref(), now);
+            *ledger = fresh_ledger(self.config.load_full(), self.parent.as_ref(), self.max_leases, now);
         }
         was_master
     }
@@ -215,7 +224,15 @@ mod tests {
 
     fn state(election_key: Option<&str>) -> State {
         let repository = config::parse(crate::defaults::EMBEDDED_CONFIG).expect("embedded config");
-        State::new(repository, "me:7777".into(), election_key.map(str::to_owned), None, ConfigStatus::shared(None), 100)
+        State::new(
+            repository,
+            "me:7777".into(),
+            election_key.map(str::to_owned),
+            None,
+            ConfigStatus::shared(None),
+            10,
+            100,
+        )
     }
 
     #[test]

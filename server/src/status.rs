@@ -35,6 +35,10 @@ pub struct ServerStatus {
     pub election: ElectionStatus,
     pub config: ConfigStatus,
     pub templates: Vec<TemplateStatus>,
+    /// Leases held, in demands (a child server's one per band or profile group), and the most
+    /// the server holds (`--max-leases`).
+    pub leases: usize,
+    pub max_leases: usize,
     pub resources: Vec<ResourceStatus>,
 }
 
@@ -158,6 +162,8 @@ pub fn server(ledger: &Ledger, now: UnixSeconds, state: &State) -> ServerStatus 
         is_master: standing.role == Role::Master,
         master_address,
         serving_since: ledger.serving_since(),
+        leases: ledger.leases(),
+        max_leases: ledger.max_leases(),
         now,
         parent: ledger.parent().zip(state.parent()).map(|(p, link)| ParentStatus {
             address: link.servers.address(),
@@ -307,13 +313,16 @@ pub fn server_html(s: &ServerStatus, history: &ResourceHistory, end: f64) -> Str
     let e = &s.election;
     let _ = write!(
         html,
-        "<p>role: <b>{}</b> since {} · master: {} · election: {}{} · serving since {} · page made {}</p>",
+        "<p>role: <b>{}</b> since {} · master: {} · election: {}{} · serving since {} · leases: {} of at most {} \
+         · page made {}</p>",
         e.role,
         date_and_age(e.since, s.now),
         escape(s.master_address.as_deref().unwrap_or("unknown")),
         e.mode,
         e.key.as_deref().map_or_else(String::new, |key| format!(" on key {}", escape(key))),
         date_and_age(s.serving_since, s.now),
+        s.leases,
+        s.max_leases,
         date(s.now)
     );
     html.push_str(&s.config.html(s.now));

@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 
 use crate::{
     core::{Claim, Holds, Wants},
-    defaults::{MAX_AMOUNT, MAX_ID_BYTES, MAX_PROFILE_GROUPS, MAX_RESOURCES_PER_REQUEST, MAX_SUBCLIENTS},
+    defaults::{MAX_AMOUNT, MAX_BANDS, MAX_ID_BYTES, MAX_PROFILE_GROUPS, MAX_RESOURCES_PER_REQUEST, MAX_SUBCLIENTS},
 };
 
 /// A validated claim on one resource.
@@ -40,6 +40,12 @@ pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<Resourc
         &req.resource,
         |r| &r.resource_id,
         |i, r| {
+            if r.wants.len() > MAX_BANDS {
+                return Err(invalid(format!(
+                    "resource[{i}].wants: at most {MAX_BANDS} priority bands per resource, got {}",
+                    r.wants.len()
+                )));
+            }
             let mut bands = SmallVec::with_capacity(r.wants.len());
             let mut priorities = HashSet::with_capacity(r.wants.len());
             for (j, band) in r.wants.iter().enumerate() {
@@ -278,6 +284,13 @@ mod tests {
         );
         req.resource[0].wants[1] = PriorityBandAggregate { priority: 2, num_clients: 1, wants: 1.0, profile: None };
         assert_eq!(message(get_server_capacity(&req)), "resource[0].wants[1].priority: band 2 appears twice");
+        req.resource[0].wants = (1..=MAX_BANDS as i64).map(|p| band(p, 1.0)).collect();
+        assert_eq!(get_server_capacity(&req).unwrap()[0].1.wants.len(), MAX_BANDS);
+        req.resource[0].wants.push(band(MAX_BANDS as i64 + 1, 1.0));
+        assert_eq!(
+            message(get_server_capacity(&req)),
+            format!("resource[0].wants: at most {MAX_BANDS} priority bands per resource, got {}", MAX_BANDS + 1)
+        );
     }
 
     #[test]

@@ -567,3 +567,22 @@ fn a_server_whose_clients_all_left_gives_its_lease_back_at_once() {
     assert!(a.resource("r").is_some_and(|r| r.leases().is_empty()), "x's lease ran out");
     assert!(a.parent_due().is_none(), "nothing given back");
 }
+
+#[test]
+fn a_leaf_folds_its_least_important_bands_into_one_within_what_its_parent_accepts() {
+    use sluice_server::defaults::MAX_BANDS;
+    let mut root = root(1000.0);
+    let mut leaf = intermediate("leaf");
+    let priorities = MAX_BANDS as i64 + 3;
+    for p in 0..priorities {
+        ask(&mut leaf, 0, &format!("c{p}"), p, 10.0);
+    }
+    let request = leaf.parent_request(0.0).unwrap();
+    let bands = &request.resource[0].wants;
+    assert_eq!(bands.len(), MAX_BANDS);
+    let folded = &bands[MAX_BANDS - 1];
+    assert_eq!((folded.priority, folded.num_clients, folded.wants), (3, 4, 40.0), "priorities 3 to 0 in one band");
+    assert_eq!(bands[0].priority, priorities - 1, "the most important first, on its own");
+    let response = service::get_server_capacity(&mut root, 0, &request, MAX_RESOURCES).expect("accepted");
+    assert_eq!(response.response[0].gets.capacity, 10.0 * priorities as f64);
+}

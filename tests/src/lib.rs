@@ -11,6 +11,7 @@ pub mod docker;
 pub mod etcd;
 pub mod faults;
 pub mod harness;
+pub mod hostile;
 pub mod http;
 pub mod kube;
 pub mod loadgen;

@@ -13,6 +13,7 @@ use sluice_proto::{
     ReleaseCapacityRequest, ResourceRequest, ServerCapacityResourceRequest, algorithm::Kind,
     capacity_client::CapacityClient,
 };
+use sluice_runtime::defaults::{ADMIN_HEADER_TIMEOUT, ADMIN_MAX_CONNECTIONS};
 use sluice_tests::harness::{self, Server};
 use tonic::{Code, transport::Channel};
 
@@ -242,6 +243,13 @@ async fn bad_requests_get_invalid_argument_and_change_nothing() {
         assert_eq!(status.code(), Code::InvalidArgument);
         assert!(status.message().contains("num_clients"));
     }
+    let mut many_bands = server_request(1);
+    // One more than the 16 a resource may claim (docs/server.md).
+    many_bands.resource[0].wants =
+        (0..17).map(|priority| PriorityBandAggregate { priority, num_clients: 1, wants: 1.0, profile: None }).collect();
+    let status = client.get_server_capacity(many_bands).await.expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().starts_with("resource[0].wants: at most 16 priority bands"), "{}", status.message());
     let status = client
         .release_capacity(ReleaseCapacityRequest { client_id: String::new(), resource_id: vec!["db".into()] })
         .await
@@ -275,6 +283,31 @@ async fn resources_beyond_the_limit_are_refused_whole() {
     let status = client.get_capacity(request("a", "r3", 1.0, None)).await.expect_err("refused");
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert_eq!(ask(&mut client, "b", "r1", 1.0).await, 1.0, "known resources still serve");
+}
+
+#[tokio::test]
+async fn past_the_lease_bound_newcomers_are_refused_while_holders_renew() {
+    let server = Server::builder().config(&fair_share(100.0, 30, 0)).args(["--max-leases", "3"]).start();
+    let mut client = server.client().await;
+    for id in ["a", "b", "c"] {
+        ask(&mut client, id, "db", 10.0).await;
+    }
+    let refused = client.get_capacity(request("d", "db", 10.0, None)).await.expect_err("no room");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(refused.message().contains("at most 3 leases (--max-leases)"), "{}", refused.message());
+    let status = client.get_capacity(request("a", "other", 10.0, None)).await.expect_err("a new lease of a holder");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    for _ in 0..3 {
+        assert_eq!(ask(&mut client, "a", "db", 20.0).await, 20.0, "a holder renews, its wants changed");
+    }
+    assert_eq!(status_json(&server, "")["leases"], 3);
+    assert_eq!(server.metric("sluice_server_leases"), Some(3.0));
+    assert_eq!(server.metric("sluice_server_lease_limit"), Some(3.0));
+    client
+        .release_capacity(ReleaseCapacityRequest { client_id: "b".into(), resource_id: vec!["db".into()] })
+        .await
+        .unwrap();
+    assert_eq!(ask(&mut client, "d", "db", 10.0).await, 10.0, "a released lease makes room");
 }
 
 #[tokio::test]
@@ -452,6 +485,40 @@ fn an_admin_request_head_that_never_ends_is_cut_off() {
     // The timeout is 10 s; a minute (the read timeout) would mean there is none.
     assert!(opened.elapsed() < Duration::from_secs(55), "cut off after {:?}: {read:?}", opened.elapsed());
     assert!(answer.is_empty() || answer.starts_with(b"HTTP/1.1 408"), "{}", String::from_utf8_lossy(&answer));
+}
+
+/// Sends a GET on `stream` and reads the answer's head: its status line, empty if the
+/// connection was closed instead.
+fn get_on(stream: &mut std::net::TcpStream, path: &str) -> String {
+    if write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").is_err() {
+        return String::new();
+    }
+    let mut answer = [0; 512];
+    let n = stream.read(&mut answer).unwrap_or(0);
+    String::from_utf8_lossy(&answer[..n]).lines().next().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn the_admin_listener_holds_a_bounded_number_of_connections_and_lets_idle_ones_go() {
+    let server = Server::builder().start();
+    let connect = || {
+        let stream = std::net::TcpStream::connect(server.admin).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        stream
+    };
+    let opened = Instant::now();
+    let mut held: Vec<_> = (0..ADMIN_MAX_CONNECTIONS).map(|_| connect()).collect();
+    for stream in &mut held {
+        assert_eq!(get_on(stream, "/healthz"), "HTTP/1.1 200 OK", "kept alive");
+    }
+    assert_eq!(get_on(&mut connect(), "/healthz"), "", "one more is closed at once");
+    held.pop();
+    eventually("room for one more", Duration::from_secs(5), || get_on(&mut connect(), "/healthz") == "HTTP/1.1 200 OK");
+    // Idle, they are let go after the header timeout (10 s), freeing their places.
+    let mut rest = [0; 1];
+    assert_eq!(held[0].read(&mut rest).unwrap_or(0), 0, "closed by the server");
+    let idle = opened.elapsed();
+    assert!(idle >= ADMIN_HEADER_TIMEOUT && idle < ADMIN_HEADER_TIMEOUT * 2, "let go after {idle:?}");
 }
 
 #[test]

@@ -1,21 +1,43 @@
 //! The HTTP admin listener both binaries run (`/metrics`, probes, status pages): every GET is
 //! answered by the caller's route, on a thread and runtime of its own so that it answers while
 //! the data path is saturated.
+//!
+//! Its memory is bounded whatever clients do: at most [`ADMIN_MAX_CONNECTIONS`] connections,
+//! each with small buffers, let go when idle ([`ADMIN_HEADER_TIMEOUT`]) or when they stop
+//! taking their answer ([`ADMIN_WRITE_TIMEOUT`], [`ADMIN_ANSWER_TIMEOUT`]); and at most
+//! [`ADMIN_ANSWERS_AT_ONCE`] answers rendered and in flight, however many ask.
 
-use std::{convert::Infallible, sync::Arc, thread};
+use std::{
+    convert::Infallible,
+    future::Future,
+    io,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    thread,
+    time::{Duration, Instant},
+};
 
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::{
     Method, Request, Response, StatusCode,
-    body::{Bytes, Incoming},
+    body::{Body, Bytes, Frame, Incoming, SizeHint},
     header::{CONTENT_TYPE, HeaderValue},
     server::conn::http1,
     service::service_fn,
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::TcpListener,
+    sync::{OwnedSemaphorePermit, Semaphore},
+    time::Sleep,
+};
 
-use crate::defaults::{ADMIN_ACCEPT_PAUSE, ADMIN_HEADER_TIMEOUT};
+use crate::defaults::{
+    ADMIN_ACCEPT_PAUSE, ADMIN_ANSWER_TIMEOUT, ADMIN_ANSWERS_AT_ONCE, ADMIN_BUFFER_BYTES, ADMIN_CHUNK_BYTES,
+    ADMIN_HEADER_TIMEOUT, ADMIN_MAX_CONNECTIONS, ADMIN_WRITE_TIMEOUT,
+};
 
 /// Answers every GET on `listener` with `route` until the process exits.
 pub fn serve<F>(listener: std::net::TcpListener, route: F) -> std::io::Result<()>
@@ -23,6 +45,8 @@ where
     F: Fn(&Request<Incoming>) -> Response<Full<Bytes>> + Send + Sync + 'static,
 {
     let route = Arc::new(route);
+    let connections = Arc::new(Semaphore::new(ADMIN_MAX_CONNECTIONS));
+    let answers = Arc::new(Semaphore::new(ADMIN_ANSWERS_AT_ONCE));
     listener.set_nonblocking(true)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     thread::Builder::new().name("sluice-admin".into()).spawn(move || {
@@ -38,32 +62,169 @@ where
                         continue;
                     }
                 };
-                let route = route.clone();
+                // Over the cap, closed at once: waiting in the backlog instead would hold up
+                // probes behind connections that may never end.
+                let Ok(held) = connections.clone().try_acquire_owned() else {
+                    tracing::debug!(%peer, "admin connection refused: {ADMIN_MAX_CONNECTIONS} open");
+                    continue;
+                };
+                let (route, answers) = (route.clone(), answers.clone());
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| {
-                        // hyper leaves out the body of an answer to HEAD.
-                        let response = if req.method() == Method::GET || req.method() == Method::HEAD {
-                            route(&req)
-                        } else {
-                            let mut refused = reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "only GET\n".into());
-                            refused
-                                .headers_mut()
-                                .insert(hyper::header::ALLOW, "GET, HEAD".parse().expect("a header value"));
-                            refused
-                        };
-                        async move { Ok::<_, Infallible>(response) }
-                    });
-                    // A client that stops half-way through its request head is let go.
+                    let service = service_fn(move |req| answer(req, route.clone(), answers.clone()));
                     let mut http = http1::Builder::new();
-                    http.timer(TokioTimer::new()).header_read_timeout(ADMIN_HEADER_TIMEOUT);
-                    if let Err(e) = http.serve_connection(TokioIo::new(stream), service).await {
+                    // A client that stops half-way through its request head, or sends none, is
+                    // let go.
+                    http.timer(TokioTimer::new())
+                        .header_read_timeout(ADMIN_HEADER_TIMEOUT)
+                        .max_buf_size(ADMIN_BUFFER_BYTES);
+                    let io = TokioIo::new(Patient::new(stream, ADMIN_WRITE_TIMEOUT));
+                    if let Err(e) = http.serve_connection(io, service).await {
                         tracing::debug!(%peer, error = %e, "admin connection ended");
                     }
+                    drop(held);
                 });
             }
         })
     })?;
     Ok(())
+}
+
+/// Renders `req`'s answer once one of the `answers` turns is free; the answer keeps the turn
+/// while it is handed over.
+async fn answer<F>(
+    req: Request<Incoming>,
+    route: Arc<F>,
+    answers: Arc<Semaphore>,
+) -> Result<Response<Answer>, Infallible>
+where
+    F: Fn(&Request<Incoming>) -> Response<Full<Bytes>>,
+{
+    let turn = answers.acquire_owned().await.expect("the semaphore is never closed");
+    // hyper leaves out the body of an answer to HEAD.
+    let response = if req.method() == Method::GET || req.method() == Method::HEAD {
+        route(&req)
+    } else {
+        let mut refused = reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "only GET\n".into());
+        refused.headers_mut().insert(hyper::header::ALLOW, "GET, HEAD".parse().expect("a header value"));
+        refused
+    };
+    let (head, body) = response.into_parts();
+    let whole = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(never) => match never {},
+    };
+    Ok(Response::from_parts(head, Answer::new(whole, turn)))
+}
+
+/// A rendered answer, handed to its connection [`ADMIN_CHUNK_BYTES`] at a time as it has room;
+/// it holds its turn until the last chunk is taken, then frees the whole.
+struct Answer {
+    whole: Bytes,
+    taken: usize,
+    turn: Option<OwnedSemaphorePermit>,
+    deadline: Instant,
+}
+
+impl Answer {
+    fn new(whole: Bytes, turn: OwnedSemaphorePermit) -> Answer {
+        Answer { whole, taken: 0, turn: Some(turn), deadline: Instant::now() + ADMIN_ANSWER_TIMEOUT }
+    }
+}
+
+impl Body for Answer {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let this = &mut *self;
+        if this.taken == this.whole.len() {
+            return Poll::Ready(None);
+        }
+        if Instant::now() > this.deadline {
+            return Poll::Ready(Some(Err(io::Error::new(io::ErrorKind::TimedOut, "answer not taken in time"))));
+        }
+        let end = this.whole.len().min(this.taken + ADMIN_CHUNK_BYTES);
+        let chunk = Bytes::copy_from_slice(&this.whole[this.taken..end]);
+        this.taken = end;
+        if end == this.whole.len() {
+            this.whole = Bytes::new();
+            this.taken = 0;
+            this.turn = None;
+        }
+        Poll::Ready(Some(Ok(Frame::data(chunk))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.taken == self.whole.len()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact((self.whole.len() - self.taken) as u64)
+    }
+}
+
+/// A connection whose writes fail once they have waited `limit` for the client to take
+/// anything.
+struct Patient<T> {
+    io: T,
+    limit: Duration,
+    stalled: Option<Pin<Box<Sleep>>>,
+}
+
+impl<T> Patient<T> {
+    fn new(io: T, limit: Duration) -> Patient<T> {
+        Patient { io, limit, stalled: None }
+    }
+
+    /// `polled`, unless the write has been pending for `limit`.
+    fn progress<R>(&mut self, polled: Poll<io::Result<R>>, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let limit = self.limit;
+        let stalled = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "the client takes nothing"))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Patient<T> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Patient<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.progress(polled, cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.progress(polled, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_flush(cx);
+        self.progress(polled, cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.progress(polled, cx)
+    }
 }
 
 /// The value of one query parameter.

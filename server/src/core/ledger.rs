@@ -10,11 +10,11 @@ use hashbrown::HashMap;
 use sluice_client::Answer;
 use sluice_proto::{GetServerCapacityRequest, GetServerCapacityResponse};
 
-use crate::defaults::EXPIRY_PER_CLAIM;
+use crate::defaults::{EXPIRY_PER_CLAIM, MAX_LEASES};
 
 use super::{
     parent::Parent,
-    resource::{Claim, Grant, Resource, Supply},
+    resource::{self, Claim, Grant, Resource, Supply},
     store::UnixSeconds,
     template::Repository,
 };
@@ -28,12 +28,38 @@ pub struct Ledger {
     parent: Option<Parent>,
     /// Fixes the shape of every band's tree, so that a simulation replays bit for bit.
     seed: Option<u64>,
+    /// Demands filed over every resource's leases (see [`Ledger::leases`]).
+    leases: usize,
+    /// Most of them: a claim that would file more is refused ([`Ledger::room`]).
+    max_leases: usize,
+}
+
+/// Why a request does not fit in the ledger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Full {
+    /// It names new resources beyond the most the server keeps (the limit).
+    Resources(usize),
+    /// Its new leases would file demands beyond the ledger's bound (the limit).
+    Leases(usize),
 }
 
 impl Ledger {
     /// An empty root ledger that starts serving — and learning — at `now`.
     pub fn new(repository: Arc<Repository>, now: UnixSeconds) -> Ledger {
-        Ledger { repository, resources: HashMap::new(), serving_since: now, parent: None, seed: None }
+        Ledger {
+            repository,
+            resources: HashMap::new(),
+            serving_since: now,
+            parent: None,
+            seed: None,
+            leases: 0,
+            max_leases: MAX_LEASES,
+        }
+    }
+
+    /// Bounds the leases this ledger holds (see [`Ledger::room`]).
+    pub fn with_max_leases(self, max_leases: usize) -> Ledger {
+        Ledger { max_leases, ..self }
     }
 
     /// Makes this an intermediate server's ledger: capacity comes from the parent, asked for
@@ -86,20 +112,69 @@ impl Ledger {
                 None => Resource::with_supply(template, Supply::Template, seed),
             }
         });
+        let before = resource.leases().demands();
         resource.expire(now, EXPIRY_PER_CLAIM);
         let learning = learning(self.serving_since, resource, now);
         let grant = resource.claim(client, claim, now, learning);
+        self.leases = self.leases - before + resource.leases().demands();
         if let Some(parent) = parent {
             parent.changed(resource, now);
         }
         grant
     }
 
+    /// Whether `client`'s claims fit: the new resources among them within `max_resources`, and
+    /// the demands they add to its leases within the ledger's bound. A lease that files no more
+    /// demands than it did always fits, so clients holding leases renew them at the bound; a
+    /// new lease, or one that grows, must find room.
+    pub fn room(
+        &self,
+        now: UnixSeconds,
+        client: &str,
+        claims: &[(&str, Claim)],
+        max_resources: usize,
+    ) -> Result<(), Full> {
+        // Each costs a lookup or two; only needed near a limit. A claim files at most one
+        // demand per entry.
+        if self.resources.len() + claims.len() > max_resources {
+            let new = claims.iter().filter(|(id, _)| !self.resources.contains_key(*id)).count();
+            if self.resources.len() + new > max_resources {
+                return Err(Full::Resources(max_resources));
+            }
+        }
+        let most: usize = claims.iter().map(|(_, claim)| claim.wants.len()).sum();
+        if self.leases.saturating_add(most) > self.max_leases {
+            let grows = claims.iter().fold(0isize, |grows, (id, claim)| {
+                let (filed, held) = match self.resources.get(*id) {
+                    Some(r) => (r.demands(claim, now), r.leases().demands_of(client).unwrap_or(0)),
+                    None => (resource::demands(&self.repository.find(id).algorithm, claim), 0),
+                };
+                grows + filed as isize - held as isize
+            });
+            if grows > 0 && self.leases.saturating_add(grows as usize) > self.max_leases {
+                return Err(Full::Leases(self.max_leases));
+            }
+        }
+        Ok(())
+    }
+
+    /// The demands filed over every resource's leases: one per end client's lease, one per
+    /// band or profile group of a child server's. What `--max-leases` bounds.
+    pub fn leases(&self) -> usize {
+        self.leases
+    }
+
+    pub fn max_leases(&self) -> usize {
+        self.max_leases
+    }
+
     /// Forgets a client's lease on a resource; false if it held none. At an intermediate server
     /// the report to the parent may come early, as after a claim.
     pub fn release(&mut self, now: UnixSeconds, client: &str, resource_id: &str) -> bool {
         let Some(resource) = self.resources.get_mut(resource_id) else { return false };
+        let before = resource.leases().demands();
         let released = resource.release(client);
+        self.leases = self.leases - before + resource.leases().demands();
         if let Some(parent) = self.parent.as_mut() {
             parent.changed(resource, now);
         }
@@ -110,13 +185,15 @@ impl Ledger {
     /// intermediate server, once they no longer remember their parent's lease); returns how many
     /// leases.
     pub fn expire(&mut self, now: UnixSeconds, budget: usize) -> usize {
-        let mut done = 0;
+        let (mut done, mut leases) = (0, 0);
         self.resources.retain(|_, resource| {
             if done < budget {
                 done += resource.expire(now, budget - done);
             }
+            leases += resource.leases().demands();
             !resource.leases().is_empty() || resource.remembers_parent(now)
         });
+        self.leases = leases;
         done
     }
 
@@ -189,10 +266,11 @@ fn learning(serving_since: UnixSeconds, resource: &Resource, now: UnixSeconds) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{Algorithm, Kind, Template};
 
-    #[test]
-    fn a_claim_forgets_a_bounded_number_of_expired_leases() {
+    use crate::core::{Algorithm, Holds, Kind, Template, Wants};
+
+    /// A ledger of one catch-all FAIR_SHARE template (lease length 10, no learning) from 0.
+    fn ledger() -> Ledger {
         let template = Template {
             identifier_glob: "*".into(),
             capacity: 1e9,
@@ -206,7 +284,12 @@ mod tests {
                 learning_mode_duration: Some(0),
             },
         };
-        let mut ledger = Ledger::new(Arc::new(Repository::new(vec![template]).unwrap()), 0);
+        Ledger::new(Arc::new(Repository::new(vec![template]).unwrap()), 0)
+    }
+
+    #[test]
+    fn a_claim_forgets_a_bounded_number_of_expired_leases() {
+        let mut ledger = ledger();
         let claim = Claim::single(0, 1.0, None);
         let expired = EXPIRY_PER_CLAIM + 500;
         for i in 0..expired {
@@ -214,9 +297,51 @@ mod tests {
         }
         ledger.claim(10, "late", "r", &claim);
         assert_eq!(ledger.resource("r").unwrap().leases().len(), expired - EXPIRY_PER_CLAIM + 1);
+        assert_eq!(ledger.leases(), expired - EXPIRY_PER_CLAIM + 1);
         // The sweep takes the rest, and drops resources left without leases.
         assert_eq!(ledger.expire(10, usize::MAX), 500);
         assert_eq!(ledger.expire(20, usize::MAX), 1);
         assert!(ledger.is_empty());
+        assert_eq!(ledger.leases(), 0);
+    }
+
+    #[test]
+    fn a_full_ledger_refuses_new_leases_and_renews_those_it_holds() {
+        let mut ledger = ledger().with_max_leases(3);
+        let one = Claim::single(0, 1.0, None);
+        let on = |id, claim: &Claim| [(id, claim.clone())];
+        for client in ["a", "b", "c"] {
+            assert_eq!(ledger.room(0, client, &on("r", &one), 100), Ok(()));
+            ledger.claim(0, client, "r", &one);
+        }
+        assert_eq!(ledger.leases(), 3);
+        assert_eq!(ledger.room(0, "d", &on("r", &one), 100), Err(Full::Leases(3)), "a newcomer");
+        assert_eq!(ledger.room(0, "a", &on("s", &one), 100), Err(Full::Leases(3)), "a new lease of a holder");
+        assert_eq!(ledger.room(1, "a", &on("r", &one), 100), Ok(()), "a renewal");
+        let both = [("r", one.clone()), ("s", one.clone())];
+        assert_eq!(ledger.room(1, "a", &both, 100), Err(Full::Leases(3)), "a renewal with a new lease");
+        // A child server's lease counts once per band: renewed with as many it fits, with more not.
+        ledger.release(1, "b", "r");
+        ledger.release(1, "c", "r");
+        let bands = |n: i64| Claim {
+            wants: (0..n).map(|priority| Wants { priority, wants: 1.0, subclients: 1.0 }).collect(),
+            has: None,
+            holds: Holds::Unknown,
+        };
+        assert_eq!(ledger.room(1, "leaf", &on("r", &bands(2)), 100), Ok(()));
+        ledger.claim(1, "leaf", "r", &bands(2));
+        assert_eq!(ledger.leases(), 3);
+        assert_eq!(ledger.room(2, "leaf", &on("r", &bands(2)), 100), Ok(()));
+        assert_eq!(ledger.room(2, "leaf", &on("r", &bands(3)), 100), Err(Full::Leases(3)));
+        // Leases that run out make room; a child server's lapses into one demand for a while.
+        assert_eq!(ledger.expire(20, usize::MAX), 2);
+        assert_eq!(ledger.leases(), 1);
+        assert_eq!(ledger.expire(100, usize::MAX), 1);
+        assert_eq!(ledger.leases(), 0);
+        assert_eq!(ledger.room(100, "d", &on("r", &one), 100), Ok(()));
+        // And the resource bound: a new resource beyond it, not a known one.
+        ledger.claim(100, "d", "r", &one);
+        assert_eq!(ledger.room(100, "e", &on("s", &one), 1), Err(Full::Resources(1)));
+        assert_eq!(ledger.room(100, "e", &on("r", &one), 1), Ok(()));
     }
 }

@@ -23,7 +23,7 @@ pub mod template;
 
 pub use algorithm::{Algorithm, Choice, Kind, Parameter};
 pub use band::{Band, Demand, Sums};
-pub use ledger::Ledger;
+pub use ledger::{Full, Ledger};
 pub use parent::Parent;
 pub use priority::{Bands, PriorityMode, SubtreeWants, Wants};
 pub use resource::{Claim, Grant, ParentLease, Resource, Supply};

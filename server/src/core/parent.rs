@@ -16,7 +16,7 @@ use super::{
     store::UnixSeconds,
 };
 use crate::defaults::{
-    MAX_AMOUNT, MAX_PROFILE_GROUPS, MAX_SUBCLIENTS, MAX_TEMPLATE_SECONDS, REFRESH_DECAY, REPORT_CHANGE,
+    MAX_AMOUNT, MAX_BANDS, MAX_PROFILE_GROUPS, MAX_SUBCLIENTS, MAX_TEMPLATE_SECONDS, REFRESH_DECAY, REPORT_CHANGE,
 };
 
 #[derive(Debug)]
@@ -157,8 +157,24 @@ impl Parent {
 /// profile under `subtree_wants: profile` when it has more than one group
 /// ([`Band::groups`](super::Band::groups)) — within what a parent accepts (`validate`) however
 /// many clients add up here: the bands' total wants at most [`MAX_AMOUNT`] (scaled down
-/// together, keeping their proportions).
+/// together, keeping their proportions), and at most [`MAX_BANDS`] bands, the least important
+/// folded into one at the highest of their priorities, without a profile.
 fn aggregates(r: &Resource) -> Vec<PriorityBandAggregate> {
+    let mut bands = band_aggregates(r);
+    if bands.len() > MAX_BANDS {
+        let folded = bands.split_off(MAX_BANDS - 1);
+        bands.push(PriorityBandAggregate {
+            priority: folded[0].priority,
+            num_clients: folded.iter().map(|b| b.num_clients).fold(0, i64::saturating_add).min(MAX_SUBCLIENTS),
+            wants: folded.iter().map(|b| b.wants).sum::<f64>().min(MAX_AMOUNT),
+            profile: None,
+        });
+    }
+    bands
+}
+
+/// One aggregate per band of `r`, most important first.
+fn band_aggregates(r: &Resource) -> Vec<PriorityBandAggregate> {
     let total = r.bands().sums().wants;
     let scale = if total > MAX_AMOUNT { MAX_AMOUNT / total } else { 1.0 };
     let groups = if SubtreeWants::of(r.algorithm()) == SubtreeWants::Profile { MAX_PROFILE_GROUPS } else { 1 };

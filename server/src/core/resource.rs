@@ -223,6 +223,7 @@ impl Resource {
             return self.claim_safe(client, claim, now, learning.then_some(reported));
         };
         let filed = priority::file(mode, subtree, &claim.wants);
+        debug_assert_eq!(filed.len(), self.demands(claim, now));
         let mut due = 0.0;
         let capacity = self.leases.claim(client, &filed, claim.holds, now, expiry, |bands, mine, others, before| {
             let wants: f64 = mine.iter().map(|(_, d)| d.wants).sum();
@@ -241,6 +242,13 @@ impl Resource {
         let refresh_interval = if in_transit(capacity, due, held) { MIN_REFRESH_INTERVAL } else { refresh_interval };
         // After the claim, so that a new client counts among the subclients.
         Grant { capacity, expiry, refresh_interval, safe_capacity: self.safe_capacity(now) }
+    }
+
+    /// How many demands `claim` would file here at `now` (see [`priority::file`]): what its
+    /// lease counts against the ledger's bound.
+    pub fn demands(&self, claim: &Claim, now: UnixSeconds) -> usize {
+        let algorithm = if self.terms(now).is_some() { self.algorithm() } else { &self.template.algorithm };
+        demands(algorithm, claim)
     }
 
     /// Without a lease of its own, a server grants each client at most the safe capacity per
@@ -296,6 +304,11 @@ impl Resource {
         let subclients = self.leases.bands().sums().subclients;
         if subclients > 0.0 { capacity / subclients } else { capacity }
     }
+}
+
+/// How many demands `claim` files under `algorithm`'s priority settings.
+pub fn demands(algorithm: &Algorithm, claim: &Claim) -> usize {
+    priority::file(PriorityMode::of(algorithm), SubtreeWants::of(algorithm), &claim.wants).len()
 }
 
 /// The most a claim on a shared capacity may be granted: what the other leases leave free — but

@@ -98,6 +98,8 @@ pub struct LeaseStore {
     expiries: BTreeMap<UnixSeconds, Slot>,
     bands: Bands,
     len: usize,
+    /// Demands filed in the bands over all leases: what the ledger's lease bound counts.
+    demands: usize,
 }
 
 impl LeaseStore {
@@ -112,6 +114,17 @@ impl LeaseStore {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// How many demands the leases file in all: one per end client, one per band or profile
+    /// group per child server.
+    pub fn demands(&self) -> usize {
+        self.demands
+    }
+
+    /// How many demands `client`'s lease files; `None` without a lease.
+    pub fn demands_of(&self, client: &str) -> Option<usize> {
+        self.find(client).map(|slot| self.entries[slot as usize].places.len())
     }
 
     /// The demands of every lease holder, by priority.
@@ -193,12 +206,14 @@ impl LeaseStore {
     /// Takes a lease's demands out of their bands; returns what it held.
     fn forget_places(&mut self, slot: Slot) -> f64 {
         let places = std::mem::take(&mut self.entries[slot as usize].places);
+        self.demands -= places.len();
         places.into_iter().map(|(priority, node)| self.bands.remove(priority, node).has).sum()
     }
 
     /// Files a lease's demands in their bands.
     fn insert(&mut self, slot: Slot, mine: &[(i64, Demand)]) -> &Bands {
-        let places = mine.iter().map(|&(p, demand)| (p, self.bands.band_mut(p).insert(demand))).collect();
+        let places: SmallVec<_> = mine.iter().map(|&(p, demand)| (p, self.bands.band_mut(p).insert(demand))).collect();
+        self.demands += places.len();
         self.entries[slot as usize].places = places;
         &self.bands
     }
