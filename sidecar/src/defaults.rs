@@ -176,7 +176,7 @@ pub const WEBHOOK_ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
 /// Connections the webhook holds at once, handshakes included; beyond it it stops accepting
 /// until one closes. The API servers keep one or a few each, the kubelet's probes one at a time.
-/// Each costs at most about 100 KiB (docs/kubernetes.md, "Memory budget: the webhook").
+/// Each holds at most about 330 KiB (docs/kubernetes.md, "Memory budget: the webhook").
 pub const WEBHOOK_MAX_CONNECTIONS: usize = 64;
 
 /// AdmissionReviews read or answered at once, each holding its body (up to

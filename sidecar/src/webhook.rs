@@ -188,13 +188,16 @@ async fn handle(request: Request<Incoming>, shared: &Shared) -> Response<Full<By
         (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n".into()),
         (&Method::POST, "/mutate") => {
             let read = timeout(WEBHOOK_BODY_TIMEOUT, async {
-                let slot = shared.reviews.acquire().await.map_err(|_| (StatusCode::SERVICE_UNAVAILABLE, "stopping".into()))?;
+                let slot =
+                    shared.reviews.acquire().await.map_err(|_| (StatusCode::SERVICE_UNAVAILABLE, "stopping".into()))?;
                 Ok((slot, read_body(request.into_body()).await?))
             });
             let (_slot, body) = match read.await {
                 Ok(Ok(read)) => read,
                 Ok(Err((code, why))) => return refused(code, &why),
-                Err(_) => return refused(StatusCode::REQUEST_TIMEOUT, &format!("not read within {WEBHOOK_BODY_TIMEOUT:?}")),
+                Err(_) => {
+                    return refused(StatusCode::REQUEST_TIMEOUT, &format!("not read within {WEBHOOK_BODY_TIMEOUT:?}"));
+                }
             };
             let args = &shared.args;
             match answer(&body, &args.settings, args.config_map.as_deref()) {
@@ -225,7 +228,8 @@ fn refused(code: StatusCode, why: &str) -> Response<Full<Bytes>> {
 /// says so, else as soon as it passes it. Read into one buffer of its declared length, so that
 /// nothing is copied or grown.
 async fn read_body(mut body: Incoming) -> Result<Vec<u8>, (StatusCode, String)> {
-    let too_large = || (StatusCode::PAYLOAD_TOO_LARGE, format!("an AdmissionReview takes at most {MAX_REVIEW_BYTES} bytes"));
+    let too_large =
+        || (StatusCode::PAYLOAD_TOO_LARGE, format!("an AdmissionReview takes at most {MAX_REVIEW_BYTES} bytes"));
     let declared = body.size_hint().exact().map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     if declared.is_some_and(|n| n > MAX_REVIEW_BYTES) {
         return Err(too_large());

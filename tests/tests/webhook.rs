@@ -396,8 +396,10 @@ fn inject_refuses_deep_flow_nesting_at_once() {
     assert_eq!(stderr.trim(), "sluice-sidecar: inject: -: line 1: [ ] and { } nested more than 128 deep");
     assert!(took < Duration::from_secs(2), "took {took:?}");
     // As deep as the parser takes is still injected.
-    let nested = format!("{{kind: Pod, spec: {{containers: []}}, metadata: {}1{}}}\n", "{a: ".repeat(100), "}".repeat(100));
-    let out = run_with_input(Command::new(binary("sluice-sidecar")).args(["inject", "--config-map", "c", "-"]), &nested);
+    let nested =
+        format!("{{kind: Pod, spec: {{containers: []}}, metadata: {}1{}}}\n", "{a: ".repeat(100), "}".repeat(100));
+    let out =
+        run_with_input(Command::new(binary("sluice-sidecar")).args(["inject", "--config-map", "c", "-"]), &nested);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -492,7 +494,8 @@ async fn slow_http1(addr: SocketAddr, ca: String, review: Bytes, stop: Arc<Atomi
                 break;
             }
         }
-        let answer = if sent { until_closed(&mut tls, Duration::from_secs(3)).await.unwrap_or_default() } else { String::new() };
+        let answer =
+            if sent { until_closed(&mut tls, Duration::from_secs(3)).await.unwrap_or_default() } else { String::new() };
         Tally::add(if answer.starts_with("HTTP/1.1 200") { &tally.answered } else { &tally.refused });
     }
 }
@@ -557,7 +560,10 @@ async fn stalling(addr: SocketAddr, ca: String, head: bool, stop: Arc<AtomicBool
             }
         } else {
             let mut buf = [0u8; 64];
-            while !stop.load(Ordering::Relaxed) && matches!(timeout(Duration::from_secs(1), tls.read(&mut buf)).await, Err(_) | Ok(Ok(1..))) {}
+            while !stop.load(Ordering::Relaxed)
+                && matches!(timeout(Duration::from_secs(1), tls.read(&mut buf)).await, Err(_) | Ok(Ok(1..)))
+            {
+            }
         }
     }
 }
@@ -595,8 +601,11 @@ async fn under_the_worst_clients_can_send_the_webhook_stays_within_its_memory_bu
     for attacker in attackers {
         attacker.abort();
     }
-    let (connections, answered, refused) =
-        (tally.connections.load(Ordering::Relaxed), tally.answered.load(Ordering::Relaxed), tally.refused.load(Ordering::Relaxed));
+    let (connections, answered, refused) = (
+        tally.connections.load(Ordering::Relaxed),
+        tally.answered.load(Ordering::Relaxed),
+        tally.refused.load(Ordering::Relaxed),
+    );
     eprintln!(
         "RSS at rest {rest} bytes, at most {most} under attack (budget {budget}); {connections} connections, \
          {answered} reviews answered, {refused} not"

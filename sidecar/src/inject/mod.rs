@@ -284,7 +284,9 @@ pub fn edits(shape: &Shape, settings: &Settings, config_map: &str) -> Result<Vec
             map([("annotations", map([injected])), ("labels", map([label]))]),
         )),
         Slot::Mapping => {
-            for (key, slot, (name, value)) in [("annotations", shape.annotations, injected), ("labels", shape.labels, label)] {
+            for (key, slot, (name, value)) in
+                [("annotations", shape.annotations, injected), ("labels", shape.labels, label)]
+            {
                 edits.push(match slot {
                     Slot::Other => return Err(format!("{key} is not a mapping")),
                     Slot::Absent => Edit::Add(vec![Step::Key("metadata"), Step::Key(key)], map([(name, value)])),

@@ -15,11 +15,15 @@ enum Mode {
     /// Between tokens.
     Token,
     /// A plain scalar; `blank` after white space, where `#` starts a comment.
-    Plain { blank: bool },
+    Plain {
+        blank: bool,
+    },
     Single,
     Double,
     /// The character after `\` in a double-quoted scalar, or the second `'` of `''`.
-    Escaped { double: bool },
+    Escaped {
+        double: bool,
+    },
     /// A comment or a directive, to the end of the line.
     Comment,
     /// An anchor's or alias's name.
@@ -30,7 +34,9 @@ enum Mode {
     /// A block scalar's content.
     Block,
     /// The rest of a document marker (`---`, `...`).
-    Marker { left: u8 },
+    Marker {
+        left: u8,
+    },
 }
 
 impl Mode {
@@ -153,7 +159,9 @@ fn step(reading: Reading, c: char, at: &At, add: &mut impl FnMut(Reading)) {
                 add(to(Mode::Plain { blank: c == ' ' || c == '\t' }));
             }
         }
-        Mode::Single if c == '\'' => add(to(if at.next == Some('\'') { Mode::Escaped { double: false } } else { Mode::Token })),
+        Mode::Single if c == '\'' => {
+            add(to(if at.next == Some('\'') { Mode::Escaped { double: false } } else { Mode::Token }))
+        }
         Mode::Double if c == '\\' => add(to(Mode::Escaped { double: true })),
         Mode::Double if c == '"' => add(to(Mode::Token)),
         Mode::Single | Mode::Double => add(reading),

@@ -233,10 +233,9 @@ pub fn answer(body: &[u8], settings: &Settings, config_map: Option<&str>) -> Res
         Ok(None) => (Outcome::Skipped(skip_reason(metadata)), None),
         Err(why) => (Outcome::Unhandled(why), None),
     };
-    let api_version = match text(&review.api_version) {
-        Some(version @ "admission.k8s.io/v1beta1") => version,
-        _ => "admission.k8s.io/v1",
-    };
+    // Answered in the request's version (the chart asks for v1), never echoing an unknown one.
+    const V1BETA1: &str = "admission.k8s.io/v1beta1";
+    let api_version = if text(&review.api_version) == Some(V1BETA1) { V1BETA1 } else { "admission.k8s.io/v1" };
     let reply = Reply {
         api_version,
         kind: "AdmissionReview",
@@ -288,7 +287,8 @@ fn mutate(request: &Request, settings: &Settings, default_config_map: Option<&st
 
 /// Why a pod is left alone, or "" to inject it.
 fn skip_reason(metadata: Option<&Metadata>) -> String {
-    let (annotations, labels) = (metadata.and_then(|m| m.annotations.as_ref()), metadata.and_then(|m| m.labels.as_ref()));
+    let (annotations, labels) =
+        (metadata.and_then(|m| m.annotations.as_ref()), metadata.and_then(|m| m.labels.as_ref()));
     let disabled = |marks: Option<&Marks>| marks.and_then(|m| text(&m.inject)) == Some("disabled");
     if annotations.is_some_and(|a| a.injected.is_some()) {
         "already injected".into()

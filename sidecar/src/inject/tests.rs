@@ -298,7 +298,8 @@ fn webhook_patched(pod: &serde_json::Value, settings: &Settings) -> Result<serde
     }
     let answered: serde_json::Value = serde_json::from_str(&answered.review).unwrap();
     use base64::Engine;
-    let patch = base64::engine::general_purpose::STANDARD.decode(answered["response"]["patch"].as_str().unwrap()).unwrap();
+    let patch =
+        base64::engine::general_purpose::STANDARD.decode(answered["response"]["patch"].as_str().unwrap()).unwrap();
     let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
     let mut patched = pod.clone();
     json_patch::patch(&mut patched, &patch).unwrap();
