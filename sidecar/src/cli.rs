@@ -8,7 +8,10 @@ use clap::{Parser, Subcommand};
 use sluice_client::id;
 use sluice_runtime::cli::{LogFormat, host_port, poll_interval, positive_duration};
 
-use crate::{defaults, inject::Settings};
+use crate::{
+    defaults,
+    inject::{Settings, config_map_name},
+};
 
 /// Sluice sidecar: a reverse proxy that leases each resource's capacity from the Sluice (or
 /// Doorman) capacity servers and delays or rejects the requests above it.
@@ -41,7 +44,7 @@ pub struct Inject {
 
     /// ConfigMap (in the pod's namespace) whose `sidecar.yaml` key is the sidecar's
     /// configuration, mounted read-only.
-    #[arg(long)]
+    #[arg(long, value_parser = config_map_name)]
     pub config_map: String,
 
     #[command(flatten)]
@@ -64,7 +67,7 @@ pub struct Webhook {
 
     /// ConfigMap of pods without a `sluice.io/config` annotation; without it, such pods are
     /// admitted unchanged.
-    #[arg(long, env = "SLUICE_WEBHOOK_CONFIG_MAP")]
+    #[arg(long, env = "SLUICE_WEBHOOK_CONFIG_MAP", value_parser = config_map_name)]
     pub config_map: Option<String>,
 
     #[command(flatten)]

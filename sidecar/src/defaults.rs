@@ -205,7 +205,8 @@ pub const DURATION_BUCKETS: &[f64] =
     &[0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
 /// Largest AdmissionReview the webhook reads: the API server sends objects of up to about
-/// 1.5 MiB (etcd's limit), wrapped with the request's details.
+/// 1.5 MiB (etcd's limit), wrapped with the request's details. A larger body is refused (413)
+/// unread when its length is declared, else once it passes this.
 pub const MAX_REVIEW_BYTES: usize = 4 << 20;
 
 /// Time a connection to the webhook has to finish its TLS handshake.
@@ -214,3 +215,48 @@ pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A failed accept on the webhook's listener (out of file descriptors, typically) pauses it
 /// this long instead of spinning.
 pub const WEBHOOK_ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+
+/// Connections the webhook holds at once, handshakes included; beyond it it stops accepting
+/// until one closes. The API servers keep one or a few each, the kubelet's probes one at a time.
+/// Each holds at most about 330 KiB (docs/kubernetes.md, "Memory budget: the webhook").
+pub const WEBHOOK_MAX_CONNECTIONS: usize = 64;
+
+/// AdmissionReviews read or answered at once, each holding its body (up to
+/// [`MAX_REVIEW_BYTES`]); the others wait for a slot before a byte of their body is read.
+/// Answering takes milliseconds, so a few slots serve hundreds of pods a second.
+pub const WEBHOOK_MAX_REVIEWS: usize = 4;
+
+/// Requests one HTTP/2 connection may have open at once; the API server's client opens another
+/// connection past it.
+pub const WEBHOOK_MAX_STREAMS: u32 = 4;
+
+/// Largest request head (HTTP/1.1 read buffer, HTTP/2 header list; hyper allows no less for
+/// HTTP/1.1): the API server's heads take a few hundred bytes.
+pub const WEBHOOK_MAX_HEADER_BYTES: usize = 8 << 10;
+
+/// HTTP/2 flow-control window of each stream (the protocol's default): what a client may send
+/// ahead of what the webhook has read. A connection's is this times [`WEBHOOK_MAX_STREAMS`], so
+/// that streams waiting for a review slot, unread, do not stall the one being read.
+pub const WEBHOOK_HTTP2_WINDOW: u32 = 65_535;
+
+/// A connection with no request being answered for this long is closed: one silent after its
+/// handshake, one sending a head too slowly (a head counts once complete), one idle between
+/// requests, one not reading its answer. The API server opens a new one when it needs it.
+pub const WEBHOOK_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Time an AdmissionReview has, from its head, to get a slot and arrive whole (408 after);
+/// the API server itself gives up after the webhook's `timeoutSeconds` (at most 30).
+pub const WEBHOOK_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest `request.uid` answered: Kubernetes sends a UUID (36 bytes), and the answer echoes it,
+/// so it bounds what an answer costs until it is read.
+pub const MAX_REVIEW_UID_BYTES: usize = 128;
+
+/// Characters of a review's strings (the pod's name, its kind) that the webhook's log shows: a
+/// Kubernetes name's most.
+pub const REVIEW_SHOWN_CHARS: usize = 253;
+
+/// Deepest nesting of YAML flow collections (`[...]`, `{...}`) that `inject` hands to the YAML
+/// parser, whose time per token grows with that depth (a 500 KB `{a: {a: ...}}` took minutes);
+/// the parser refuses documents nested deeper than this anyway.
+pub const MAX_FLOW_DEPTH: usize = 128;

@@ -5,12 +5,22 @@
 //!
 //! Injecting again first takes out what an earlier injection added, so injecting twice gives
 //! what injecting once does, with the settings of the last run.
+//!
+//! What injection changes is worked out once, as [`Edit`]s, from the little it needs to know of
+//! a pod (its [`Shape`]); `inject` applies them to the YAML, the webhook sends them as a JSON
+//! Patch, so the webhook never holds more of a pod than that shape.
 
+mod nesting;
 pub mod review;
 
+use std::fmt;
+
 use clap::Args;
+use serde::{Serialize, ser::SerializeMap};
 use sluice_runtime::cli::host_port;
 use yaml_serde::{Mapping, Value};
+
+use crate::defaults::MAX_FLOW_DEPTH;
 
 /// The injected container's name, which an injection again replaces.
 pub const CONTAINER: &str = "sluice-sidecar";
@@ -115,6 +125,7 @@ pub fn config_map_name(text: &str) -> Result<String, String> {
 /// Every document of a multi-document YAML stream, each with the sidecar in its pod templates,
 /// as YAML again. Empty documents are left out.
 pub fn documents(text: &str, settings: &Settings, config_map: &str) -> Result<String, String> {
+    nesting::check(text, MAX_FLOW_DEPTH)?;
     let mut out = Vec::new();
     for (i, document) in yaml_serde::Deserializer::from_str(text).enumerate() {
         let mut value: Value =
@@ -158,25 +169,155 @@ pub fn object(object: &mut Value, settings: &Settings, config_map: &str) -> Resu
 }
 
 /// A pod or pod template (metadata and spec): the sidecar added, or put in place of the one an
-/// earlier injection added.
+/// earlier injection added. Nothing changes when it cannot be injected.
 pub fn pod(pod: &mut Value, settings: &Settings, config_map: &str) -> Result<(), String> {
-    let pod = pod.as_mapping_mut().ok_or("the pod is not a mapping")?;
-    let metadata = child(pod, "metadata")?;
-    child(metadata, "annotations")?
-        .insert(INJECTED.into(), concat!("sluice-sidecar ", env!("CARGO_PKG_VERSION")).into());
-    child(metadata, "labels")?.insert(SIDECAR_LABEL.into(), "injected".into());
-    let spec = pod.get_mut("spec").and_then(Value::as_mapping_mut).ok_or("no spec")?;
-    for list in ["initContainers", "containers"] {
-        remove_named(spec, list, CONTAINER)?;
+    for edit in edits(&Shape::of(pod)?, settings, config_map)? {
+        edit.apply(pod)?;
     }
-    remove_named(spec, "volumes", VOLUME)?;
-    if settings.classic {
-        sequence(spec, "containers")?.push(container(settings));
+    Ok(())
+}
+
+/// What a mapping of the pod is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Slot {
+    /// Absent or null.
+    Absent,
+    Mapping,
+    Other,
+}
+
+/// What a list of the pod's spec is, and where in it what an earlier injection added is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum List {
+    /// Absent or null.
+    Absent,
+    /// A list, with the index of its item of the injected name, if any.
+    Items(Option<usize>),
+    /// A list with more than one item of the injected name, which Kubernetes refuses.
+    Repeats,
+    Other,
+}
+
+impl List {
+    /// The list of `names`, the item of `ours` looked for.
+    fn of<'a>(names: impl IntoIterator<Item = Option<&'a str>>, ours: &str) -> List {
+        let mut found = None;
+        for (i, name) in names.into_iter().enumerate() {
+            if name == Some(ours) {
+                if found.is_some() {
+                    return List::Repeats;
+                }
+                found = Some(i);
+            }
+        }
+        List::Items(found)
+    }
+}
+
+/// All that injection needs to know of a pod.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Shape {
+    pub metadata: Slot,
+    pub annotations: Slot,
+    pub labels: Slot,
+    pub spec: Slot,
+    pub init_containers: List,
+    pub containers: List,
+    pub volumes: List,
+}
+
+impl Shape {
+    /// The shape of a YAML pod.
+    fn of(pod: &Value) -> Result<Shape, String> {
+        let pod = pod.as_mapping().ok_or("the pod is not a mapping")?;
+        let slot = |value: Option<&Value>| match value {
+            None | Some(Value::Null) => Slot::Absent,
+            Some(Value::Mapping(_)) => Slot::Mapping,
+            Some(_) => Slot::Other,
+        };
+        let metadata = pod.get("metadata");
+        let spec = pod.get("spec");
+        let list = |key: &str, ours: &str| match spec.and_then(|spec| spec.get(key)) {
+            None | Some(Value::Null) => List::Absent,
+            Some(Value::Sequence(items)) => List::of(items.iter().map(|i| i.get("name").and_then(Value::as_str)), ours),
+            Some(_) => List::Other,
+        };
+        Ok(Shape {
+            metadata: slot(metadata),
+            annotations: slot(metadata.and_then(|m| m.get("annotations"))),
+            labels: slot(metadata.and_then(|m| m.get("labels"))),
+            spec: slot(spec),
+            init_containers: list("initContainers", CONTAINER),
+            containers: list("containers", CONTAINER),
+            volumes: list("volumes", VOLUME),
+        })
+    }
+}
+
+/// One step of a path into the pod.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Step {
+    Key(&'static str),
+    Index(usize),
+    /// Past a list's last item.
+    End,
+}
+
+/// One change to a pod, as a JSON Patch (RFC 6902) operation: `add` sets a mapping's key or
+/// inserts into a list, `remove` takes a list's item out.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Edit {
+    Add(Vec<Step>, Value),
+    Remove(Vec<Step>),
+}
+
+/// The changes that inject the sidecar into a pod of `shape`; `Err` for a pod that cannot have
+/// it.
+pub fn edits(shape: &Shape, settings: &Settings, config_map: &str) -> Result<Vec<Edit>, String> {
+    let injected = (INJECTED, Value::from(concat!("sluice-sidecar ", env!("CARGO_PKG_VERSION"))));
+    let label = (SIDECAR_LABEL, Value::from("injected"));
+    let mut edits = Vec::new();
+    match shape.metadata {
+        Slot::Other => return Err("metadata is not a mapping".into()),
+        Slot::Absent => edits.push(Edit::Add(
+            vec![Step::Key("metadata")],
+            map([("annotations", map([injected])), ("labels", map([label]))]),
+        )),
+        Slot::Mapping => {
+            for (key, slot, (name, value)) in
+                [("annotations", shape.annotations, injected), ("labels", shape.labels, label)]
+            {
+                edits.push(match slot {
+                    Slot::Other => return Err(format!("{key} is not a mapping")),
+                    Slot::Absent => Edit::Add(vec![Step::Key("metadata"), Step::Key(key)], map([(name, value)])),
+                    Slot::Mapping => Edit::Add(vec![Step::Key("metadata"), Step::Key(key), Step::Key(name)], value),
+                });
+            }
+        }
+    }
+    if shape.spec != Slot::Mapping {
+        return Err("no spec".into());
+    }
+    let lists = [
+        ("initContainers", shape.init_containers, CONTAINER),
+        ("containers", shape.containers, CONTAINER),
+        ("volumes", shape.volumes, VOLUME),
+    ];
+    for (key, list, ours) in lists {
+        match list {
+            List::Other => return Err(format!("spec.{key} is not a list")),
+            List::Repeats => return Err(format!("spec.{key} has more than one {ours}")),
+            List::Items(Some(i)) => edits.push(Edit::Remove(vec![Step::Key("spec"), Step::Key(key), Step::Index(i)])),
+            List::Absent | List::Items(None) => {}
+        }
+    }
+    // First among the init containers, so that it serves the workload's own too.
+    let (key, list, at) = if settings.classic {
+        ("containers", shape.containers, Step::End)
     } else {
-        // First, so that it serves the workload's own init containers too.
-        sequence(spec, "initContainers")?.insert(0, container(settings));
-    }
-    sequence(spec, "volumes")?.push(map([
+        ("initContainers", shape.init_containers, Step::Index(0))
+    };
+    let volume = map([
         ("name", VOLUME.into()),
         (
             "configMap",
@@ -185,8 +326,81 @@ pub fn pod(pod: &mut Value, settings: &Settings, config_map: &str) -> Result<(),
                 ("items", Value::Sequence(vec![map([("key", CONFIG_KEY.into()), ("path", CONFIG_KEY.into())])])),
             ]),
         ),
-    ]));
-    Ok(())
+    ]);
+    for (key, list, at, item) in [(key, list, at, container(settings)), ("volumes", shape.volumes, Step::End, volume)] {
+        edits.push(match list {
+            List::Absent => Edit::Add(vec![Step::Key("spec"), Step::Key(key)], Value::Sequence(vec![item])),
+            _ => Edit::Add(vec![Step::Key("spec"), Step::Key(key), at], item),
+        });
+    }
+    Ok(edits)
+}
+
+impl Edit {
+    /// Applies it to a YAML pod whose shape it was made for.
+    fn apply(self, pod: &mut Value) -> Result<(), String> {
+        let (path, value) = match self {
+            Edit::Add(path, value) => (path, Some(value)),
+            Edit::Remove(path) => (path, None),
+        };
+        let unfit = || format!("the pod does not fit {}", Pointer(&path));
+        let Some((&last, parents)) = path.split_last() else { return Err(unfit()) };
+        let mut target = &mut *pod;
+        for step in parents {
+            target = match *step {
+                Step::Key(key) => target.get_mut(key),
+                Step::Index(i) => target.get_mut(i),
+                Step::End => None,
+            }
+            .ok_or_else(unfit)?;
+        }
+        match (value, last, target) {
+            (Some(value), Step::Key(key), Value::Mapping(mapping)) => {
+                mapping.insert(key.into(), value);
+            }
+            (Some(value), Step::Index(i), Value::Sequence(items)) if i <= items.len() => items.insert(i, value),
+            (Some(value), Step::End, Value::Sequence(items)) => items.push(value),
+            (None, Step::Index(i), Value::Sequence(items)) if i < items.len() => {
+                items.remove(i);
+            }
+            _ => return Err(unfit()),
+        }
+        Ok(())
+    }
+}
+
+/// A path as a JSON Pointer (RFC 6901).
+struct Pointer<'a>(&'a [Step]);
+
+impl fmt::Display for Pointer<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for step in self.0 {
+            match step {
+                Step::Key(key) => write!(f, "/{}", key.replace('~', "~0").replace('/', "~1"))?,
+                Step::Index(i) => write!(f, "/{i}")?,
+                Step::End => f.write_str("/-")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for Edit {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut op = serializer.serialize_map(None)?;
+        match self {
+            Edit::Add(path, value) => {
+                op.serialize_entry("op", "add")?;
+                op.serialize_entry("path", &Pointer(path).to_string())?;
+                op.serialize_entry("value", value)?;
+            }
+            Edit::Remove(path) => {
+                op.serialize_entry("op", "remove")?;
+                op.serialize_entry("path", &Pointer(path).to_string())?;
+            }
+        }
+        op.end()
+    }
 }
 
 /// The sidecar container.
@@ -279,37 +493,6 @@ fn container(settings: &Settings) -> Value {
 
 fn map<const N: usize>(entries: [(&str, Value); N]) -> Value {
     Value::Mapping(entries.into_iter().map(|(key, value)| (Value::from(key), value)).collect())
-}
-
-/// The mapping under `key`, added if absent.
-fn child<'a>(parent: &'a mut Mapping, key: &str) -> Result<&'a mut Mapping, String> {
-    let value = parent.entry(key.into()).or_insert(Value::Mapping(Mapping::new()));
-    if value.is_null() {
-        *value = Value::Mapping(Mapping::new());
-    }
-    value.as_mapping_mut().ok_or_else(|| format!("{key} is not a mapping"))
-}
-
-/// The sequence under `key`, added if absent.
-fn sequence<'a>(parent: &'a mut Mapping, key: &str) -> Result<&'a mut Vec<Value>, String> {
-    let value = parent.entry(key.into()).or_insert(Value::Sequence(Vec::new()));
-    if value.is_null() {
-        *value = Value::Sequence(Vec::new());
-    }
-    value.as_sequence_mut().ok_or_else(|| format!("spec.{key} is not a list"))
-}
-
-/// Takes the item named `name` out of the list under `key`. The list stays where it is, even
-/// if empty, so that injecting again puts everything back in the same place.
-fn remove_named(spec: &mut Mapping, key: &str, name: &str) -> Result<(), String> {
-    match spec.get_mut(key) {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Sequence(items)) => {
-            items.retain(|item| item.get("name").and_then(Value::as_str) != Some(name));
-            Ok(())
-        }
-        Some(_) => Err(format!("spec.{key} is not a list")),
-    }
 }
 
 #[cfg(test)]

@@ -1,12 +1,21 @@
-//! The webhook's answer to an `AdmissionReview` (admission.k8s.io/v1): the pod with the sidecar
-//! injected by [`super::pod`], as a JSON Patch. It never refuses a pod: one it does not inject
-//! (already injected, opted out) or cannot (not a pod, no ConfigMap named) is allowed unchanged,
-//! with the reason for the log.
+//! The webhook's answer to an `AdmissionReview` (admission.k8s.io/v1): the pod's [`super::edits`]
+//! as a JSON Patch. It never refuses a pod: one it does not inject (already injected, opted out)
+//! or cannot (not a pod, no ConfigMap named) is allowed unchanged, with the reason for the log.
+//!
+//! The review is read into types that keep only what the answer needs, borrowing the body's
+//! strings: the rest of the pod is skipped as it is parsed, so answering costs little beyond the
+//! body itself (a JSON tree of the same pod took some 60 times its size).
+
+use std::{borrow::Cow, fmt, marker::PhantomData};
 
 use base64::{Engine, engine::general_purpose::STANDARD};
-use serde_json::{Value, json};
+use serde::{
+    Deserialize, Deserializer, Serialize,
+    de::{IgnoredAny, SeqAccess, Visitor},
+};
 
-use super::{CONFIG_ANNOTATION, INJECT, INJECTED, Settings, config_map_name, pod};
+use super::{CONFIG_ANNOTATION, CONTAINER, INJECT, List, Settings, Shape, Slot, VOLUME, config_map_name, edits};
+use crate::defaults::{MAX_REVIEW_UID_BYTES, REVIEW_SHOWN_CHARS};
 
 /// What the webhook did with one request.
 #[derive(Debug, PartialEq)]
@@ -22,110 +31,283 @@ pub enum Outcome {
 /// The answer to one request.
 #[derive(Debug)]
 pub struct Answer {
-    /// The `AdmissionReview` to send back.
-    pub review: Value,
+    /// The `AdmissionReview` to send back, as JSON.
+    pub review: String,
     pub outcome: Outcome,
-    /// The request's uid and pod (namespace/name), for the log.
+    /// The request's uid and pod (namespace/name, shortened), for the log.
     pub uid: String,
     pub pod: String,
 }
 
-/// The `AdmissionReview` answering `body`, and what was done; `Err` when the body is not an
-/// `AdmissionReview` request at all (no uid to answer).
-pub fn answer(body: &[u8], settings: &Settings, config_map: Option<&str>) -> Result<Answer, String> {
-    let review: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
-    let request = &review["request"];
-    let Some(uid) = request["uid"].as_str() else { return Err("no request.uid".into()) };
-    let metadata = &request["object"]["metadata"];
-    let name = metadata["name"].as_str().or(metadata["generateName"].as_str()).unwrap_or_default();
-    let pod = format!("{}/{name}", request["namespace"].as_str().unwrap_or_default());
-    let mut response = json!({"uid": uid, "allowed": true});
-    let outcome = match mutate(request, settings, config_map) {
-        Ok(Some(patch)) => {
-            let patch = serde_json::to_vec(&patch).expect("a patch serialises");
-            response["patchType"] = "JSONPatch".into();
-            response["patch"] = STANDARD.encode(patch).into();
-            Outcome::Injected
+/// A string from the body: borrowed unless it has escapes.
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Of<'a>(PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for Of<'a> {
+            type Value = Text<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Borrowed(text)))
+            }
+            fn visit_str<E>(self, text: &str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Owned(text.to_owned())))
+            }
         }
-        Ok(None) => Outcome::Skipped(skip_reason(request)),
-        Err(why) => Outcome::Unhandled(why),
+        deserializer.deserialize_str(Of(PhantomData))
+    }
+}
+
+fn text<'a>(text: &'a Option<Text>) -> Option<&'a str> {
+    text.as_ref().map(|t| &*t.0)
+}
+
+#[derive(Deserialize)]
+struct Review<'a> {
+    #[serde(borrow, rename = "apiVersion")]
+    api_version: Option<Text<'a>>,
+    #[serde(borrow)]
+    request: Option<Request<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Request<'a> {
+    #[serde(borrow)]
+    uid: Option<Text<'a>>,
+    #[serde(borrow)]
+    kind: Option<Kind<'a>>,
+    #[serde(borrow)]
+    resource: Option<Resource<'a>>,
+    #[serde(borrow)]
+    sub_resource: Option<Text<'a>>,
+    #[serde(borrow)]
+    operation: Option<Text<'a>>,
+    #[serde(borrow)]
+    namespace: Option<Text<'a>>,
+    #[serde(borrow)]
+    object: Option<Pod<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Kind<'a> {
+    #[serde(borrow)]
+    kind: Option<Text<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Resource<'a> {
+    #[serde(borrow)]
+    resource: Option<Text<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Pod<'a> {
+    #[serde(borrow)]
+    metadata: Option<Metadata<'a>>,
+    spec: Option<Spec>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Metadata<'a> {
+    #[serde(borrow)]
+    name: Option<Text<'a>>,
+    #[serde(borrow)]
+    generate_name: Option<Text<'a>>,
+    #[serde(borrow)]
+    annotations: Option<Marks<'a>>,
+    #[serde(borrow)]
+    labels: Option<Marks<'a>>,
+}
+
+/// The annotations or labels the webhook reads (`super::INJECTED`, `super::INJECT`,
+/// `CONFIG_ANNOTATION`); the others are skipped.
+#[derive(Deserialize)]
+struct Marks<'a> {
+    #[serde(rename = "sluice.io/injected")]
+    injected: Option<IgnoredAny>,
+    #[serde(borrow, rename = "sluice.io/inject")]
+    inject: Option<Text<'a>>,
+    #[serde(borrow, rename = "sluice.io/config")]
+    config: Option<Text<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Spec {
+    #[serde(default, deserialize_with = "containers")]
+    init_containers: Option<List>,
+    #[serde(default, deserialize_with = "containers")]
+    containers: Option<List>,
+    #[serde(default, deserialize_with = "volumes")]
+    volumes: Option<List>,
+}
+
+fn containers<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<List>, D::Error> {
+    deserializer.deserialize_option(Items(CONTAINER, PhantomData))
+}
+
+fn volumes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<List>, D::Error> {
+    deserializer.deserialize_option(Items(VOLUME, PhantomData))
+}
+
+/// Reads a list of named items (containers, volumes) keeping only where the one named `.0` is.
+struct Items<'de>(&'static str, PhantomData<&'de ()>);
+
+#[derive(Deserialize)]
+struct Named<'a> {
+    #[serde(borrow)]
+    name: Option<Text<'a>>,
+}
+
+impl<'de> Visitor<'de> for Items<'de> {
+    type Value = Option<List>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list")
+    }
+
+    fn visit_none<E>(self) -> Result<Option<List>, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E>(self) -> Result<Option<List>, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Option<List>, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Option<List>, A::Error> {
+        let (mut found, mut repeats, mut index) = (None, false, 0usize);
+        while let Some(item) = items.next_element::<Named>()? {
+            if text(&item.name) == Some(self.0) {
+                repeats |= found.is_some();
+                found = Some(index);
+            }
+            index = index.saturating_add(1);
+        }
+        Ok(Some(if repeats { List::Repeats } else { List::Items(found) }))
+    }
+}
+
+/// What is sent back.
+#[derive(Serialize)]
+struct Reply<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: &'a str,
+    kind: &'static str,
+    response: Response<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Response<'a> {
+    uid: &'a str,
+    allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<String>,
+}
+
+/// The `AdmissionReview` answering `body`, and what was done; `Err` when the body is not an
+/// `AdmissionReview` request (nothing to answer it with).
+pub fn answer(body: &[u8], settings: &Settings, config_map: Option<&str>) -> Result<Answer, String> {
+    let review: Review = serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
+    let request = review.request.ok_or("no request")?;
+    let uid = text(&request.uid).ok_or("no request.uid")?;
+    if uid.len() > MAX_REVIEW_UID_BYTES {
+        return Err(format!("request.uid is longer than {MAX_REVIEW_UID_BYTES} bytes"));
+    }
+    let metadata = request.object.as_ref().and_then(|pod| pod.metadata.as_ref());
+    let name = metadata.and_then(|m| text(&m.name).or(text(&m.generate_name))).unwrap_or_default();
+    let pod = shortened(&format!("{}/{name}", text(&request.namespace).unwrap_or_default()));
+    let (outcome, patch) = match mutate(&request, settings, config_map) {
+        Ok(Some(patch)) => (Outcome::Injected, Some(patch)),
+        Ok(None) => (Outcome::Skipped(skip_reason(metadata)), None),
+        Err(why) => (Outcome::Unhandled(why), None),
     };
-    let api_version = review["apiVersion"].as_str().unwrap_or("admission.k8s.io/v1");
-    let review = json!({"apiVersion": api_version, "kind": "AdmissionReview", "response": response});
+    // Answered in the request's version (the chart asks for v1), never echoing an unknown one.
+    const V1BETA1: &str = "admission.k8s.io/v1beta1";
+    let api_version = if text(&review.api_version) == Some(V1BETA1) { V1BETA1 } else { "admission.k8s.io/v1" };
+    let reply = Reply {
+        api_version,
+        kind: "AdmissionReview",
+        response: Response { uid, allowed: true, patch_type: patch.is_some().then_some("JSONPatch"), patch },
+    };
+    let review = serde_json::to_string(&reply).map_err(|e| format!("the answer: {e}"))?;
     Ok(Answer { review, outcome, uid: uid.to_owned(), pod })
 }
 
-/// The patch injecting the sidecar into the request's pod; `None` for a pod to leave alone.
-fn mutate(
-    request: &Value,
-    settings: &Settings,
-    default_config_map: Option<&str>,
-) -> Result<Option<Vec<Value>>, String> {
-    if request["kind"]["kind"] != "Pod" || request["resource"]["resource"] != "pods" {
-        return Err(format!("not a pod: {} {}", request["kind"]["kind"], request["resource"]["resource"]));
+/// The JSON Patch injecting the sidecar into the request's pod, base64-encoded; `None` for a pod
+/// to leave alone.
+fn mutate(request: &Request, settings: &Settings, default_config_map: Option<&str>) -> Result<Option<String>, String> {
+    let kind = request.kind.as_ref().and_then(|k| text(&k.kind));
+    let resource = request.resource.as_ref().and_then(|r| text(&r.resource));
+    if kind != Some("Pod") || resource != Some("pods") {
+        return Err(format!("not a pod: {} {}", shown(kind), shown(resource)));
     }
-    if request["operation"] != "CREATE" || !request["subResource"].is_null() {
-        return Err(format!("not a pod's creation: {} {}", request["operation"], request["subResource"]));
+    let operation = text(&request.operation);
+    if operation != Some("CREATE") || request.sub_resource.is_some() {
+        return Err(format!("not a pod's creation: {} {}", shown(operation), shown(text(&request.sub_resource))));
     }
-    let original = &request["object"];
-    if !original.is_object() {
-        return Err("no request.object".into());
-    }
-    let annotations = &original["metadata"]["annotations"];
-    if !skip_reason(request).is_empty() {
+    let pod = request.object.as_ref().ok_or("no request.object")?;
+    let metadata = pod.metadata.as_ref();
+    if !skip_reason(metadata).is_empty() {
         return Ok(None);
     }
-    let config_map = match annotations[CONFIG_ANNOTATION].as_str().or(default_config_map) {
-        Some(name) => config_map_name(name).map_err(|e| format!("{CONFIG_ANNOTATION}: {e}"))?,
-        None => return Err(format!("no {CONFIG_ANNOTATION} annotation, and the webhook has no --config-map")),
+    let annotations = metadata.and_then(|m| m.annotations.as_ref());
+    let config_map = match annotations.and_then(|a| text(&a.config)).or(default_config_map) {
+        Some(name) => config_map_name(name).map_err(|e| format!("{}: {e}", CONFIG_ANNOTATION))?,
+        None => {
+            return Err(format!("no {} annotation, and the webhook has no --config-map", CONFIG_ANNOTATION));
+        }
     };
-    let mut injected: yaml_serde::Value =
-        serde_json::from_value(original.clone()).map_err(|e| format!("request.object: {e}"))?;
-    pod(&mut injected, settings, &config_map)?;
-    let injected = serde_json::to_value(&injected).map_err(|e| format!("the injected pod: {e}"))?;
-    Ok(Some(patch(original, &injected)))
+    let slot = |present: bool| if present { Slot::Mapping } else { Slot::Absent };
+    let spec = pod.spec.as_ref();
+    let list = |list: Option<&Option<List>>| list.copied().flatten().unwrap_or(List::Absent);
+    let shape = Shape {
+        metadata: slot(metadata.is_some()),
+        annotations: slot(annotations.is_some()),
+        labels: slot(metadata.is_some_and(|m| m.labels.is_some())),
+        spec: slot(spec.is_some()),
+        init_containers: list(spec.map(|s| &s.init_containers)),
+        containers: list(spec.map(|s| &s.containers)),
+        volumes: list(spec.map(|s| &s.volumes)),
+    };
+    let patch = serde_json::to_vec(&edits(&shape, settings, &config_map)?).map_err(|e| format!("the patch: {e}"))?;
+    Ok(Some(STANDARD.encode(patch)))
 }
 
 /// Why a pod is left alone, or "" to inject it.
-fn skip_reason(request: &Value) -> String {
-    let metadata = &request["object"]["metadata"];
-    if !metadata["annotations"][INJECTED].is_null() {
+fn skip_reason(metadata: Option<&Metadata>) -> String {
+    let (annotations, labels) =
+        (metadata.and_then(|m| m.annotations.as_ref()), metadata.and_then(|m| m.labels.as_ref()));
+    let disabled = |marks: Option<&Marks>| marks.and_then(|m| text(&m.inject)) == Some("disabled");
+    if annotations.is_some_and(|a| a.injected.is_some()) {
         "already injected".into()
-    } else if metadata["labels"][INJECT] == "disabled" || metadata["annotations"][INJECT] == "disabled" {
+    } else if disabled(labels) || disabled(annotations) {
         format!("{INJECT}: disabled")
     } else {
         String::new()
     }
 }
 
-/// The JSON Patch (RFC 6902) that turns `old` into `new`, one operation per changed field of
-/// the pod's metadata and spec.
-pub fn patch(old: &Value, new: &Value) -> Vec<Value> {
-    let mut ops = Vec::new();
-    for section in ["metadata", "spec"] {
-        let (before, after) = (&old[section], &new[section]);
-        let (Some(before), Some(after)) = (before.as_object(), after.as_object()) else {
-            if before != after {
-                ops.push(json!({"op": "add", "path": format!("/{section}"), "value": after}));
-            }
-            continue;
-        };
-        for (key, value) in after {
-            let path = format!("/{section}/{}", escape(key));
-            match before.get(key) {
-                None => ops.push(json!({"op": "add", "path": path, "value": value})),
-                Some(was) if was != value => ops.push(json!({"op": "replace", "path": path, "value": value})),
-                Some(_) => {}
-            }
-        }
-        for key in before.keys().filter(|key| !after.contains_key(*key)) {
-            ops.push(json!({"op": "remove", "path": format!("/{section}/{}", escape(key))}));
-        }
+/// At most [`REVIEW_SHOWN_CHARS`] characters of a request's string, for the log.
+fn shortened(text: &str) -> String {
+    match text.char_indices().nth(REVIEW_SHOWN_CHARS) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
     }
-    ops
 }
 
-/// A key as a JSON Pointer reference token (RFC 6901).
-fn escape(key: &str) -> String {
-    key.replace('~', "~0").replace('/', "~1")
+/// A request's field in a reason: quoted and shortened, or `null`.
+fn shown(value: Option<&str>) -> String {
+    value.map_or_else(|| "null".into(), |v| format!("{:?}", shortened(v)))
 }

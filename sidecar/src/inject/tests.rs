@@ -226,7 +226,8 @@ fn the_webhook_patch_makes_the_pod_that_inject_makes() {
     let answered = answer(&review(pod.clone()), &settings(), Some("default-sidecar")).unwrap();
     assert_eq!(answered.outcome, review::Outcome::Injected);
     assert_eq!(answered.pod, "shop/orders-5d8f7c-");
-    let response = &answered.review["response"];
+    let answered_review: serde_json::Value = serde_json::from_str(&answered.review).unwrap();
+    let response = &answered_review["response"];
     assert_eq!(response["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
     assert_eq!(response["allowed"], true);
     assert_eq!(response["patchType"], "JSONPatch");
@@ -245,8 +246,9 @@ fn the_webhook_patch_makes_the_pod_that_inject_makes() {
 fn the_webhook_allows_what_it_does_not_inject_unchanged() {
     let unchanged = |body: Vec<u8>, config_map: Option<&str>| {
         let answered = answer(&body, &settings(), config_map).unwrap();
-        assert_eq!(answered.review["response"]["allowed"], true);
-        assert!(answered.review["response"].get("patch").is_none());
+        let review: serde_json::Value = serde_json::from_str(&answered.review).unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert!(review["response"].get("patch").is_none());
         answered.outcome
     };
     let mut injected = orders_pod();
@@ -279,6 +281,99 @@ fn the_webhook_allows_what_it_does_not_inject_unchanged() {
     assert_eq!(answered.outcome, review::Outcome::Injected);
 
     // No uid to answer: the API server's failure policy decides.
-    assert!(answer(b"{}", &settings(), None).unwrap_err().contains("uid"));
-    assert!(answer(b"not json", &settings(), None).unwrap_err().contains("not JSON"));
+    assert!(answer(b"{}", &settings(), None).unwrap_err().contains("no request"));
+    assert!(answer(b"{\"request\": {}}", &settings(), None).unwrap_err().contains("uid"));
+    assert!(answer(b"not json", &settings(), None).unwrap_err().contains("not an AdmissionReview"));
+    let mut long_uid: serde_json::Value = serde_json::from_slice(&review(orders_pod())).unwrap();
+    long_uid["request"]["uid"] = "u".repeat(129).into();
+    let refused = answer(&serde_json::to_vec(&long_uid).unwrap(), &settings(), None).unwrap_err();
+    assert!(refused.contains("longer than 128"), "{refused}");
+}
+
+/// Patches `pod` with the webhook's answer for it.
+fn webhook_patched(pod: &serde_json::Value, settings: &Settings) -> Result<serde_json::Value, review::Outcome> {
+    let answered = answer(&review(pod.clone()), settings, None).unwrap();
+    if answered.outcome != review::Outcome::Injected {
+        return Err(answered.outcome);
+    }
+    let answered: serde_json::Value = serde_json::from_str(&answered.review).unwrap();
+    use base64::Engine;
+    let patch =
+        base64::engine::general_purpose::STANDARD.decode(answered["response"]["patch"].as_str().unwrap()).unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+    let mut patched = pod.clone();
+    json_patch::patch(&mut patched, &patch).unwrap();
+    Ok(patched)
+}
+
+#[test]
+fn the_patch_holds_only_what_changes_whatever_the_pods_size() {
+    // A large pod: the patch neither copies its lists nor grows with them.
+    let mut pod = orders_pod();
+    let env: Vec<_> = (0..20_000).map(|i| serde_json::json!({"name": format!("V{i}"), "value": "x"})).collect();
+    pod["spec"]["initContainers"][0]["env"] = env.into();
+    let small = answer(&review(orders_pod()), &settings(), None).unwrap().review.len();
+    let large = answer(&review(pod.clone()), &settings(), None).unwrap().review.len();
+    assert_eq!(small, large);
+    // An earlier sidecar anywhere in the lists is taken out, in both modes, as `inject` does.
+    let mut earlier = orders_pod();
+    let stale = serde_json::json!({"name": CONTAINER, "image": "old"});
+    earlier["spec"]["containers"].as_array_mut().unwrap().insert(0, stale.clone());
+    earlier["spec"]["initContainers"].as_array_mut().unwrap().push(stale);
+    earlier["spec"]["volumes"].as_array_mut().unwrap().insert(0, serde_json::json!({"name": VOLUME, "emptyDir": {}}));
+    earlier["metadata"].as_object_mut().unwrap().remove("labels");
+    for classic in [false, true] {
+        let settings = Settings { classic, ..settings() };
+        let mut injected: Value = serde_json::from_value(earlier.clone()).unwrap();
+        super::pod(&mut injected, &settings, "orders-sidecar").unwrap();
+        let patched = webhook_patched(&earlier, &settings).unwrap();
+        assert_eq!(patched, serde_json::to_value(&injected).unwrap(), "classic: {classic}");
+    }
+    // Two of them: Kubernetes refuses the pod, so it is left to that.
+    let mut twice = orders_pod();
+    let sidecar = serde_json::json!({"name": CONTAINER});
+    twice["spec"]["containers"] = serde_json::json!([sidecar, sidecar]);
+    let outcome = webhook_patched(&twice, &settings()).unwrap_err();
+    assert!(matches!(&outcome, review::Outcome::Unhandled(why) if why.contains("more than one")), "{outcome:?}");
+}
+
+#[test]
+fn deep_flow_nesting_is_refused_before_parsing() {
+    let deep = |open: &str, close: &str, n: usize| format!("kind: Pod\nspec: {}1{}\n", open.repeat(n), close.repeat(n));
+    for (open, close) in [("{a: ", "}"), ("[", "]"), ("{\"a\":", "}"), ("[{a: [", "]}]")] {
+        let ok = deep(open, close, 40);
+        assert!(nesting::check(&ok, MAX_FLOW_DEPTH).is_ok(), "{ok}");
+        let error = documents(&deep(open, close, 50_000), &settings(), "c").unwrap_err();
+        assert_eq!(error, "line 2: [ ] and { } nested more than 128 deep", "{open}");
+    }
+    // Brackets the parser reads as text do not count (but at the start of a block scalar's line,
+    // where only the parser's indentation tells text from a token, they do)...
+    let texts = [
+        "a: '{{{{'\n",
+        "a: \"[[[[\\\"[[\"\n",
+        "a: b {{{{\n",
+        "a: b # {{{{\n",
+        "a: |\n  x {{{{\n  y [[[[\nb: 1\n",
+        "a: !<x[[[[> y\n",
+        "a: 'it''s [[[['\n",
+        "[a, 'b[[[[', \"c{{{{\"]\n",
+    ];
+    for text in texts {
+        assert!(nesting::check(text, 3).is_ok(), "{text:?}");
+        assert!(yaml_serde::from_str::<Value>(text).is_ok(), "the parser takes {text:?}");
+    }
+    // ...but those it may read as flow collections do, whatever hides them from a simpler scan:
+    // a quote in a block scalar or a plain scalar's next line, a comment ended by another line
+    // break, an anchor, a document marker.
+    let hidden = [
+        "a: |\n  'x\nb: {{{{x}}}}\nc: 'y'\n",
+        "a: b\n  'c\nd: {{{{x}}}}\ne: 'f'\n",
+        "a: 1 # \u{85}{{{{x}}}}\n",
+        "a: &x{{{{x}}}}\n",
+        "a: b\n--- {{{{x}}}}\n",
+        "[a\n'b, {{{{x}}}}]\n",
+    ];
+    for text in hidden {
+        assert!(nesting::check(text, 3).is_err(), "{text:?}");
+    }
 }
