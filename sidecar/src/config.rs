@@ -811,11 +811,15 @@ impl Config {
     /// everything else, a listener's upstream and timeouts included.
     pub fn restart_needed(&self, next: &Config) -> Option<String> {
         let binds = |c: &Config| {
-            c.listeners.iter().map(|l| (l.name.clone(), l.address, l.max_connections, l.max_requests)).collect::<Vec<_>>()
+            c.listeners
+                .iter()
+                .map(|l| (l.name.clone(), l.address, l.max_connections, l.max_requests))
+                .collect::<Vec<_>>()
         };
         if binds(self) != binds(next) {
             return Some(
-                "listener names, addresses, max_connections or max_requests changed; they take effect at restart".into(),
+                "listener names, addresses, max_connections or max_requests changed; they take effect at restart"
+                    .into(),
             );
         }
         if self.server != next.server {

@@ -68,7 +68,12 @@ const RESOURCE_FAMILIES: [Family; 9] = [
         unit: None,
         help: "Requests charged to a resource, by decision (allowed, delayed, rejected, shadow_rejected).",
     },
-    Family { name: WAIT, kind: "histogram", unit: Some(Unit::Seconds), help: "Time delayed requests waited for capacity." },
+    Family {
+        name: WAIT,
+        kind: "histogram",
+        unit: Some(Unit::Seconds),
+        help: "Time delayed requests waited for capacity.",
+    },
     Family {
         name: COST,
         kind: "counter",

@@ -61,10 +61,7 @@ async fn unfinished_heads(sidecar: SocketAddr, stop: Arc<AtomicBool>) {
 /// HTTP/1.1 requests with the largest head and an endless body, to an upstream that answers
 /// in 3 s without reading it.
 async fn endless_uploads(sidecar: SocketAddr, stop: Arc<AtomicBool>) {
-    let head = format!(
-        "POST /slow?ms=3000 HTTP/1.1\r\nHost: app\r\nContent-Length: 1000000000\r\n{}\r\n",
-        padding()
-    );
+    let head = format!("POST /slow?ms=3000 HTTP/1.1\r\nHost: app\r\nContent-Length: 1000000000\r\n{}\r\n", padding());
     let chunk = vec![b'b'; 64 * 1024];
     while !stop.load(Ordering::Relaxed) {
         let Ok(stream) = TcpStream::connect(sidecar).await else { continue };

@@ -87,8 +87,9 @@ pub struct Settings {
     #[arg(long, value_parser = quantity)]
     pub cpu_limit: Option<String>,
 
-    /// Memory limit.
-    #[arg(long, default_value = "128Mi", value_parser = quantity)]
+    /// Memory limit: what the sidecar's listeners may hold at their defaults (docs/sidecar.md,
+    /// Memory budget, about 190 MiB) with room for keyed resources.
+    #[arg(long, default_value = "256Mi", value_parser = quantity)]
     pub memory_limit: String,
 }
 
