@@ -94,7 +94,7 @@ pub struct Args {
     /// Request bytes handled at once, over every gRPC connection and call: a call counts 24 KiB,
     /// its header and its body from its first byte until its answer is sent, and one that finds
     /// no room is refused RESOURCE_EXHAUSTED at once. Bounds the memory requests in flight take
-    /// (about four times this); a request larger than it is never served.
+    /// (at most about 16 times this); a request larger than it is never served.
     #[arg(long, env = "SLUICE_MAX_REQUEST_BYTES_IN_FLIGHT", default_value_t = defaults::MAX_REQUEST_BYTES_IN_FLIGHT,
           value_parser = request_bytes_in_flight, allow_hyphen_values = true)]
     pub max_request_bytes_in_flight: usize,

@@ -142,7 +142,8 @@ impl Flood {
         }
     }
 
-    fn get_server_capacity(&self, n: u64) -> GetServerCapacityRequest {
+    /// The `n`th GetServerCapacity: a new child server's, with [`Flood::bands`] on each resource.
+    pub fn get_server_capacity(&self, n: u64) -> GetServerCapacityRequest {
         let groups = self.groups.max(1) as i64;
         let band = |priority: usize| PriorityBandAggregate {
             priority: priority as i64,

@@ -15,6 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use prost::Message;
 use sluice_proto::{GetCapacityRequest, ResourceRequest};
 use sluice_runtime::defaults::{ADMIN_ANSWERS_AT_ONCE, ADMIN_MAX_CONNECTIONS};
 use sluice_tests::{
@@ -35,6 +36,10 @@ const MB: u64 = 1 << 20;
 const LEASE_BYTES: u64 = 1_600;
 const RESOURCE_BYTES: u64 = 6_000;
 const IN_FLIGHT_FACTOR: u64 = 4;
+
+/// What a request of the most structures for its bytes takes per byte counted (10,000
+/// resources of one-byte ids: 11 to 12 times measured), the factor of docs/server.md's budget.
+const IN_FLIGHT_WORST: u64 = 16;
 const CONNECTION_BYTES: u64 = 100_000;
 
 /// What the server counts for every call besides its bytes (`CALL_BYTES` in
@@ -141,8 +146,9 @@ async fn the_grpc_listener_keeps_to_its_memory_budget_under_a_flood_of_the_large
     assert_eq!(n(&answers.other), 0, "{}", answers.summary());
     assert_eq!(server.metric("sluice_server_requests_shed_total"), Some((n(&answers.shed) + honest.shed) as f64));
     assert_eq!(honest.failed, 0, "the honest client is always answered");
-    // Its small call finds room but for a moment now and then (docs/server.md).
-    assert!(honest.shed * 100 <= latency.len(), "{} of {} refused", honest.shed, latency.len());
+    // Its small call finds room but for a moment now and then: about 1 call in 100 measured,
+    // 1 in 20 allowed (docs/server.md).
+    assert!(honest.shed * 20 <= latency.len(), "{} of {} refused", honest.shed, latency.len());
     // Its call never waits behind a whole request of the flood for long: the debug build on
     // two shared cores decodes the flood's requests at about a second each, so this bound is
     // loose (before requests were applied in parts, a request of 10,000 resources × 100 bands
@@ -269,4 +275,51 @@ async fn the_admin_listener_keeps_to_its_memory_budget_under_many_connections_an
     assert_eq!(code, 200);
     assert!(probe < Duration::from_secs(2), "{probe:?}");
     assert!(scraped.load(Ordering::Relaxed) > 0, "scrapes are answered under the attack");
+}
+
+/// Peak resident memory from /proc/PID/status (VmHWM).
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the server's status");
+    let kb = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).expect("VmHWM");
+    kb.trim().trim_end_matches("kB").trim().parse::<u64>().expect("kB") * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_in_flight_takes_a_bounded_multiple_of_the_bytes_it_counts() {
+    let shape = |bands, groups, resource_id_bytes| Flood {
+        callers: 1,
+        connections: 1,
+        resources: 10_000,
+        resource_pool: 10_000,
+        bands,
+        groups,
+        id_bytes: 1_024,
+        resource_id_bytes,
+    };
+    // The flood's GetServerCapacity (about 12 MB), a GetCapacity with ids of 1 KiB (10 MB), and
+    // one of one-byte ids (200 KB: the most structures for its bytes); how many times what the
+    // server counts for it each takes at most.
+    for (flood, most) in [
+        (shape(16, 4, 64), IN_FLIGHT_FACTOR),
+        (shape(0, 1, 1_024), IN_FLIGHT_FACTOR),
+        (shape(0, 1, 1), IN_FLIGHT_WORST),
+    ] {
+        // Refused whole once decoded and checked: what stays is only what it took in flight.
+        let server = Server::builder().config(CONFIG).args(["--log", "warn", "--max-resources", "1"]).start();
+        let mut client = server.client().await.max_encoding_message_size(16 << 20);
+        let idle = rss_bytes(server.pid()).unwrap();
+        let (bytes, refused) = if flood.bands > 0 {
+            let request = flood.get_server_capacity(0);
+            (request.encoded_len(), client.get_server_capacity(request).await.map(drop))
+        } else {
+            let request = flood.get_capacity(0);
+            (request.encoded_len(), client.get_capacity(request).await.map(drop))
+        };
+        assert_eq!(refused.expect_err("too many resources").code(), tonic::Code::ResourceExhausted);
+        let counted = (bytes + CALL_BYTES as usize) as u64;
+        let took = peak_rss(server.pid()).saturating_sub(idle);
+        let factor = took as f64 / counted as f64;
+        eprintln!("{} B counted, {} MB taken: {factor:.1} times", counted, took / MB);
+        assert!(took <= counted * most, "{factor:.1} times its {counted} B");
+    }
 }
