@@ -30,10 +30,11 @@ use crate::{
     cli::Args,
     config,
     defaults::{
-        EMBEDDED_CONFIG, HEALTH_CHECK_INTERVAL, HISTORY_RESOURCES, MAX_REQUEST_BYTES, SHUTDOWN_GRACE, SWEEP_BATCH,
-        SWEEP_INTERVAL,
+        EMBEDDED_CONFIG, HEALTH_CHECK_INTERVAL, HISTORY_RESOURCES, HTTP2_WINDOW, MAX_CONCURRENT_STREAMS,
+        MAX_HEADER_LIST_BYTES, MAX_REQUEST_BYTES, SHUTDOWN_GRACE, SWEEP_BATCH, SWEEP_INTERVAL,
     },
     election::Election,
+    inflight::InFlight,
     metrics, parent,
     service::CapacityService,
     state::{self, ParentLink, State},
@@ -127,6 +128,11 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let reflection_v1 = reflection().build_v1().map_err(reflection_error)?;
     let reflection_v1alpha = reflection().build_v1alpha().map_err(reflection_error)?;
     let router = Server::builder()
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .initial_stream_window_size(HTTP2_WINDOW)
+        .initial_connection_window_size(HTTP2_WINDOW)
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+        .layer(InFlight::new(args.max_request_bytes_in_flight))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -135,6 +141,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
         );
 
+    let max_connections = args.max_connections;
     let (stop, stopped) = oneshot::channel::<()>();
     let stopped = async {
         let _ = stopped.await;
@@ -142,11 +149,11 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let mut serve: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>>>> = match tls {
         Some(config) => {
             let handshake = move |stream, peer| tls::handshake(config.load_full(), stream, peer);
-            Box::pin(router.serve_with_incoming_shutdown(accept::incoming(grpc, handshake), stopped))
+            Box::pin(router.serve_with_incoming_shutdown(accept::incoming(grpc, max_connections, handshake), stopped))
         }
         None => {
             let plain = |stream, _| std::future::ready(Some(stream));
-            Box::pin(router.serve_with_incoming_shutdown(accept::incoming(grpc, plain), stopped))
+            Box::pin(router.serve_with_incoming_shutdown(accept::incoming(grpc, max_connections, plain), stopped))
         }
     };
     // Told before `/readyz` turns 200, so that a probe that saw one agrees with the other.

@@ -91,6 +91,20 @@ pub struct Args {
           value_parser = at_least_one, allow_hyphen_values = true)]
     pub max_leases: usize,
 
+    /// Request bytes handled at once, over every gRPC connection and call: a call counts 24 KiB,
+    /// its header and its body from its first byte until its answer is sent, and one that finds
+    /// no room is refused RESOURCE_EXHAUSTED at once. Bounds the memory requests in flight take
+    /// (at most about 16 times this); a request larger than it is never served.
+    #[arg(long, env = "SLUICE_MAX_REQUEST_BYTES_IN_FLIGHT", default_value_t = defaults::MAX_REQUEST_BYTES_IN_FLIGHT,
+          value_parser = request_bytes_in_flight, allow_hyphen_values = true)]
+    pub max_request_bytes_in_flight: usize,
+
+    /// gRPC connections served at once; beyond it the listener accepts no more until one
+    /// closes, and new clients wait in the kernel's backlog.
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = defaults::MAX_CONNECTIONS,
+          value_parser = max_connections, allow_hyphen_values = true)]
+    pub max_connections: usize,
+
     /// How often the status pages' charts take a sample (they show the last 120); tests
     /// shorten it.
     #[arg(long, env = "SLUICE_HISTORY_INTERVAL", value_parser = positive_duration, allow_hyphen_values = true,
@@ -156,6 +170,22 @@ fn at_least_one(text: &str) -> Result<usize, String> {
         Ok(n) if n >= 1 => Ok(n),
         _ => Err("must be a whole number ≥ 1".into()),
     }
+}
+
+/// A whole number within `range`.
+fn within(text: &str, range: std::ops::RangeInclusive<usize>) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if range.contains(&n) => Ok(n),
+        _ => Err(format!("must be a whole number from {} to {}", range.start(), range.end())),
+    }
+}
+
+fn request_bytes_in_flight(text: &str) -> Result<usize, String> {
+    within(text, defaults::MIN_REQUEST_BYTES_IN_FLIGHT..=defaults::MAX_REQUEST_BYTES_IN_FLIGHT_LIMIT)
+}
+
+fn max_connections(text: &str) -> Result<usize, String> {
+    within(text, 1..=defaults::MAX_CONNECTIONS_LIMIT)
 }
 
 /// An etcd endpoint URL. Plain HTTP only: this build has no TLS client for etcd.

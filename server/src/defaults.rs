@@ -30,7 +30,7 @@ pub const MAX_RESOURCES: usize = 100_000;
 /// lease is one, a child server's one per priority band or profile group it claims. A request
 /// that would add more gets RESOURCE_EXHAUSTED; leases already held renew as before. Sized from
 /// the memory a lease costs (docs/server.md, Memory budget: the gRPC listener): 1,000,000 are
-/// about 230 MB with short client ids, at most about 1.4 GB with ids of 1 KiB.
+/// about 210 MB with short client ids, at most about 1.4 GB with ids of 1 KiB.
 pub const MAX_LEASES: usize = 1_000_000;
 
 /// Most priority bands one resource of a GetServerCapacity may claim: Doorman's servers send one
@@ -45,6 +45,48 @@ pub const DEMANDS_PER_LOCK: usize = 1_000;
 
 /// Largest request the gRPC listener decodes: room for 10,000 resources with 1 KiB ids.
 pub const MAX_REQUEST_BYTES: usize = 16 << 20;
+
+/// Request bytes the gRPC listener handles at once, over every connection and call
+/// (`--max-request-bytes-in-flight`): a call holds its share from its first byte until its
+/// answer is sent, and one that finds no room is refused RESOURCE_EXHAUSTED at once, never
+/// queued. Room for two of the largest requests. A request takes at most about 16 times the
+/// bytes it counts while decoded, checked and answered, 2 to 4 times when it is large
+/// (docs/server.md, Memory budget: the gRPC listener), so requests in flight cost at most about
+/// 512 MB, about 130 MB when they are large.
+pub const MAX_REQUEST_BYTES_IN_FLIGHT: usize = 2 * MAX_REQUEST_BYTES;
+
+/// Bounds of `--max-request-bytes-in-flight`: room for a call's own cost and a small request at
+/// least; at most what a semaphore counts, far beyond any machine's memory.
+pub const MIN_REQUEST_BYTES_IN_FLIGHT: usize = 64 << 10;
+pub const MAX_REQUEST_BYTES_IN_FLIGHT_LIMIT: usize = 1 << 40;
+
+/// What every call counts against the bytes in flight besides its header and body: the state
+/// a stream and its handler hold while the body arrives (tonic's 8 KiB decode buffer among
+/// it; about 19 KB measured on the debug build), so that calls whose bodies never come are
+/// bounded by the same budget.
+pub const CALL_BYTES: usize = 24 << 10;
+
+/// gRPC connections served at once (`--max-connections`); beyond it the listener stops
+/// accepting until one closes, so the kernel's backlog pushes back on new clients. A server's
+/// clients hold one connection each (a sidecar, a Doorman client, a child server's replica);
+/// an idle connection costs about 17 KB and a busy one at most about 100 KB beside its calls.
+pub const MAX_CONNECTIONS: usize = 10_000;
+
+/// Most `--max-connections` may be.
+pub const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
+
+/// HTTP/2 streams (calls) one gRPC connection may have open at once: RFC 9113's recommended
+/// least. tonic sets no limit of its own; clients queue calls beyond it.
+pub const MAX_CONCURRENT_STREAMS: u32 = 100;
+
+/// HTTP/2 flow-control windows of a gRPC connection and each of its streams: request data a
+/// client may send ahead of what the server has read. RFC 9113's initial window (hyper's 1 MiB
+/// would let each connection park a megabyte unread); on loopback a 16 MiB request still
+/// arrives in tens of milliseconds.
+pub const HTTP2_WINDOW: u32 = 65_535;
+
+/// Largest header list of a gRPC call (hyper's default, made explicit): gRPC metadata is small.
+pub const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
 
 /// Longest lease length, refresh interval or learning period a template may set: the longest
 /// a client takes from an answer.

@@ -2,7 +2,10 @@
 //! Per-resource gauges are set from the ledger when /metrics is scraped, so the request path
 //! pays only for the request counter and histogram.
 
-use std::time::Duration;
+use std::{
+    sync::atomic::{AtomicUsize, Ordering},
+    time::Duration,
+};
 
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -33,6 +36,12 @@ const RELOAD_OK: &str = "sluice_server_config_last_reload_successful";
 const PARENT_EXPIRY: &str = "sluice_server_parent_lease_expiry_timestamp_seconds";
 const LEASES: &str = "sluice_server_leases";
 const LEASE_LIMIT: &str = "sluice_server_lease_limit";
+const SHED: &str = "sluice_server_requests_shed_total";
+const CONNECTIONS: &str = "sluice_server_grpc_connections";
+
+/// Open gRPC connections, kept here and published when scraped: a gauge left unchanged would
+/// go stale and disappear.
+static OPEN_CONNECTIONS: AtomicUsize = AtomicUsize::new(0);
 
 /// Installs the process-wide recorder.
 pub fn install() -> Result<PrometheusHandle, String> {
@@ -85,12 +94,32 @@ pub fn install() -> Result<PrometheusHandle, String> {
         LEASE_LIMIT,
         "Most leases the server holds (--max-leases); new ones beyond get RESOURCE_EXHAUSTED."
     );
+    describe_counter!(
+        SHED,
+        "gRPC calls refused RESOURCE_EXHAUSTED at once because the request bytes in flight were at --max-request-bytes-in-flight."
+    );
+    counter!(SHED).absolute(0);
+    describe_gauge!(CONNECTIONS, "Open gRPC connections; at --max-connections the listener accepts no more.");
     Ok(handle)
 }
 
 pub fn record_request(method: &'static str, code: Code, elapsed: Duration) {
     counter!(REQUESTS, "method" => method, "code" => code_name(code)).increment(1);
     histogram!(DURATION, "method" => method).record(elapsed.as_secs_f64());
+}
+
+/// Counts a call refused for want of room in the request bytes in flight.
+pub fn record_refused_in_flight() {
+    counter!(SHED).increment(1);
+}
+
+/// A gRPC connection opened (`true`) or closed.
+pub fn record_connection(opened: bool) {
+    if opened {
+        OPEN_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
+    } else {
+        OPEN_CONNECTIONS.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 pub fn record_parent_rpc(method: &'static str, ok: bool) {
@@ -114,6 +143,7 @@ pub fn publish(status: &ServerStatus) {
     gauge!(RELOAD_OK).set(f64::from(u8::from(status.config.rejected.is_none())));
     gauge!(LEASES).set(status.leases as f64);
     gauge!(LEASE_LIMIT).set(status.max_leases as f64);
+    gauge!(CONNECTIONS).set(OPEN_CONNECTIONS.load(Ordering::Relaxed) as f64);
     let intermediate = status.parent.is_some();
     for r in &status.resources {
         let id = r.id.clone();

@@ -4,6 +4,7 @@
 //! groups), and a probe that times a small GetCapacity of an honest client meanwhile.
 
 use std::{
+    convert::Infallible,
     net::SocketAddr,
     sync::{
         Arc,
@@ -12,11 +13,17 @@ use std::{
     time::{Duration, Instant},
 };
 
+use bytes::Bytes;
 use hdrhistogram::Histogram;
+use http_body_util::StreamBody;
+use hyper::{body::Frame, client::conn::http2::SendRequest};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use sluice_proto::{
     ClientGroup, GetCapacityRequest, GetServerCapacityRequest, PriorityBandAggregate, ResourceRequest,
     ServerCapacityResourceRequest, WantsProfile, capacity_client::CapacityClient,
 };
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{
     Code,
     transport::{Channel, Endpoint},
@@ -34,7 +41,8 @@ pub struct Flood {
     pub connections: usize,
     /// Resources named per request.
     pub resources: usize,
-    /// Distinct resource ids the requests cycle through.
+    /// Distinct resource ids the requests cycle through (each caller names the same ones in all
+    /// its requests).
     pub resource_pool: usize,
     /// Bands per resource of the GetServerCapacity requests (every other request); 0: only
     /// GetCapacity.
@@ -47,27 +55,36 @@ pub struct Flood {
     pub resource_id_bytes: usize,
 }
 
+/// What a server's refusal for want of room in its request bytes in flight names.
+pub const IN_FLIGHT_FLAG: &str = "--max-request-bytes-in-flight";
+
 /// How the flood's requests were answered.
 #[derive(Debug, Default)]
 pub struct Answers {
     pub ok: AtomicU64,
+    /// RESOURCE_EXHAUSTED for the server's bounds on what it holds (leases, resources).
     pub exhausted: AtomicU64,
+    /// RESOURCE_EXHAUSTED for want of room in the request bytes in flight.
+    pub shed: AtomicU64,
     pub invalid: AtomicU64,
     pub other: AtomicU64,
-    /// The first refusal's message.
-    pub refusal: std::sync::OnceLock<String>,
+    /// The first failure that is none of the above.
+    pub failure: std::sync::OnceLock<String>,
 }
 
 impl Answers {
     fn count(&self, result: Result<(), tonic::Status>) {
-        if let Err(status) = &result {
-            let _ = self.refusal.set(format!("{:?}: {}", status.code(), status.message()));
-        }
-        let counter = match result.as_ref().map_err(tonic::Status::code) {
+        let counter = match &result {
             Ok(()) => &self.ok,
-            Err(Code::ResourceExhausted) => &self.exhausted,
-            Err(Code::InvalidArgument) => &self.invalid,
-            Err(_) => &self.other,
+            Err(status) => match status.code() {
+                Code::ResourceExhausted if status.message().contains(IN_FLIGHT_FLAG) => &self.shed,
+                Code::ResourceExhausted => &self.exhausted,
+                Code::InvalidArgument => &self.invalid,
+                _ => {
+                    let _ = self.failure.set(format!("{:?}: {}", status.code(), status.message()));
+                    &self.other
+                }
+            },
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -75,12 +92,14 @@ impl Answers {
     pub fn summary(&self) -> String {
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
-            "{} OK, {} RESOURCE_EXHAUSTED, {} INVALID_ARGUMENT, {} other (first refusal: {})",
+            "{} OK, {} RESOURCE_EXHAUSTED for what the server holds, {} for the bytes in flight, {} INVALID_ARGUMENT, \
+             {} other (first: {})",
             n(&self.ok),
             n(&self.exhausted),
+            n(&self.shed),
             n(&self.invalid),
             n(&self.other),
-            self.refusal.get().map_or("none", String::as_str)
+            self.failure.get().map_or("none", String::as_str)
         )
     }
 }
@@ -123,7 +142,8 @@ impl Flood {
         }
     }
 
-    fn get_server_capacity(&self, n: u64) -> GetServerCapacityRequest {
+    /// The `n`th GetServerCapacity: a new child server's, with [`Flood::bands`] on each resource.
+    pub fn get_server_capacity(&self, n: u64) -> GetServerCapacityRequest {
         let groups = self.groups.max(1) as i64;
         let band = |priority: usize| PriorityBandAggregate {
             priority: priority as i64,
@@ -160,12 +180,23 @@ impl Flood {
                 let (flood, next, stop, answers) = (flood.clone(), next.clone(), stop.clone(), answers.clone());
                 let mut client = client(channels[k % channels.len()].clone());
                 tokio::spawn(async move {
+                    // Built once: each call is a copy under a new client id, so that making
+                    // requests takes the flood's machine little of what the server needs.
+                    let (capacity, server) = (flood.get_capacity(k as u64), flood.get_server_capacity(k as u64));
                     while !stop.load(Ordering::Relaxed) {
                         let n = next.fetch_add(1, Ordering::Relaxed);
                         let result = if flood.bands > 0 && n % 2 == 1 {
-                            client.get_server_capacity(flood.get_server_capacity(n)).await.map(drop)
+                            let request = GetServerCapacityRequest {
+                                server_id: id(format!("hostile-server-{n}"), flood.id_bytes),
+                                ..server.clone()
+                            };
+                            client.get_server_capacity(request).await.map(drop)
                         } else {
-                            client.get_capacity(flood.get_capacity(n)).await.map(drop)
+                            let request = GetCapacityRequest {
+                                client_id: id(format!("hostile-{n}"), flood.id_bytes),
+                                ..capacity.clone()
+                            };
+                            client.get_capacity(request).await.map(drop)
                         };
                         answers.count(result);
                     }
@@ -179,23 +210,46 @@ impl Flood {
     }
 }
 
-/// Latencies of one honest client's small GetCapacity (one resource), one call after another on
-/// a connection of its own, until `stop` is set; failed calls count too.
-pub async fn probe(addr: SocketAddr, stop: Arc<AtomicBool>) -> (Histogram<u64>, u64) {
+/// What one honest client saw of the server under the flood.
+#[derive(Debug)]
+pub struct Probe {
+    /// Every call's latency in microseconds, refused and failed ones too.
+    pub latency_us: Histogram<u64>,
+    /// Calls refused RESOURCE_EXHAUSTED for want of room in the request bytes in flight.
+    pub shed: u64,
+    /// Calls that failed otherwise.
+    pub failed: u64,
+}
+
+/// One honest client's small GetCapacity (one resource), one call after another on a
+/// connection of its own, until `stop` is set.
+pub async fn probe(addr: SocketAddr, stop: Arc<AtomicBool>) -> Probe {
     let mut client = client(channel(addr).await);
-    let mut latency_us = Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds");
-    let mut failed = 0;
+    let mut probe = Probe {
+        latency_us: Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds"),
+        shed: 0,
+        failed: 0,
+    };
     while !stop.load(Ordering::Relaxed) {
         let request = GetCapacityRequest {
             client_id: "honest".into(),
             resource: vec![ResourceRequest { resource_id: "honest".into(), priority: 0, has: None, wants: 1.0 }],
         };
         let sent = Instant::now();
-        failed += u64::from(client.get_capacity(request).await.is_err());
-        latency_us.saturating_record(sent.elapsed().as_micros() as u64);
+        match client.get_capacity(request).await {
+            Ok(_) => {}
+            Err(status) if status.code() == Code::ResourceExhausted && status.message().contains(IN_FLIGHT_FLAG) => {
+                probe.shed += 1;
+            }
+            Err(status) => {
+                eprintln!("the honest client's call failed: {status}");
+                probe.failed += 1;
+            }
+        }
+        probe.latency_us.saturating_record(sent.elapsed().as_micros() as u64);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    (latency_us, failed)
+    probe
 }
 
 /// p50, p99 and max of a latency histogram in microseconds, as milliseconds.
@@ -208,4 +262,39 @@ pub fn latency_summary(h: &Histogram<u64>) -> String {
         ms(h.value_at_quantile(0.99)),
         ms(h.max())
     )
+}
+
+/// A request body sent frame by frame, for as long as its sender is kept.
+pub type Trickle = StreamBody<ReceiverStream<Result<Frame<Bytes>, Infallible>>>;
+
+/// A plain HTTP/2 connection to a gRPC server, for calls that tonic would not send.
+pub async fn connect(grpc: SocketAddr) -> SendRequest<Trickle> {
+    let stream = tokio::net::TcpStream::connect(grpc).await.expect("connect");
+    let (sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.expect("HTTP/2");
+    tokio::spawn(connection);
+    sender
+}
+
+/// Starts a GetCapacity on `connection` that sends the first `sent` bytes of a message it says
+/// is `declared` bytes long, then nothing more until the returned sender is dropped.
+pub async fn stall(
+    connection: &SendRequest<Trickle>,
+    grpc: SocketAddr,
+    declared: u32,
+    sent: usize,
+) -> mpsc::Sender<Result<Frame<Bytes>, Infallible>> {
+    let (body, frames) = mpsc::channel(1);
+    let request = hyper::Request::post(format!("http://{grpc}/doorman.Capacity/GetCapacity"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(StreamBody::new(ReceiverStream::new(frames)))
+        .expect("a request");
+    // Uncompressed, then the length, then part of the message.
+    let mut start = vec![0];
+    start.extend(declared.to_be_bytes());
+    start.resize(5 + sent, 0);
+    body.send(Ok(Frame::data(Bytes::from(start)))).await.expect("the body");
+    tokio::spawn(connection.clone().send_request(request));
+    body
 }

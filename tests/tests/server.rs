@@ -14,7 +14,10 @@ use sluice_proto::{
     capacity_client::CapacityClient,
 };
 use sluice_runtime::defaults::{ADMIN_HEADER_TIMEOUT, ADMIN_MAX_CONNECTIONS};
-use sluice_tests::harness::{self, Server};
+use sluice_tests::{
+    harness::{self, Server},
+    hostile::{IN_FLIGHT_FLAG, connect, stall},
+};
 use tonic::{Code, transport::Channel};
 
 fn fair_share(capacity: f64, lease_length: i64, learning: i64) -> String {
@@ -310,6 +313,76 @@ async fn past_the_lease_bound_newcomers_are_refused_while_holders_renew() {
     assert_eq!(ask(&mut client, "d", "db", 10.0).await, 10.0, "a released lease makes room");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_beyond_the_request_bytes_in_flight_are_refused_at_once_and_small_ones_pass() {
+    // 64 KiB: a small call counts about 24.5 KiB (docs/server.md).
+    let server =
+        Server::builder().config(&fair_share(100.0, 30, 0)).args(["--max-request-bytes-in-flight", "65536"]).start();
+    let mut client = server.client().await;
+    // 100 resources with ids of 1 KiB: about 100 KB, more than the whole budget.
+    let large = GetCapacityRequest {
+        client_id: "a".into(),
+        resource: (0..100)
+            .map(|k| ResourceRequest { resource_id: format!("r{k:0>1023}"), priority: 0, has: None, wants: 1.0 })
+            .collect(),
+    };
+    let refused = client.get_capacity(large).await.expect_err("larger than the budget");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(refused.message().contains(IN_FLIGHT_FLAG) && refused.message().contains("never"), "{}", refused.message());
+    assert_eq!(ask(&mut client, "a", "db", 10.0).await, 10.0, "a small call passes");
+    assert_eq!(status_json(&server, "")["leases"], 1, "the large request changed nothing");
+
+    // A call whose body stops half-way holds what it sent: the next small one does not fit
+    // beside it and is refused at once, not kept waiting.
+    let connection = connect(server.grpc).await;
+    let stalled = stall(&connection, server.grpc, 50_000, 30_000).await;
+    let mut refused = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while refused.is_none() && Instant::now() < deadline {
+        let asked = Instant::now();
+        match client.get_capacity(request("a", "db", 10.0, None)).await {
+            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(status) => refused = Some((status, asked.elapsed())),
+        }
+    }
+    let (status, took) = refused.expect("a small call refused while the stalled one holds the budget");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(status.message().contains(IN_FLIGHT_FLAG) && status.message().contains("retry"), "{}", status.message());
+    assert!(took < Duration::from_secs(1), "refused after {took:?}");
+    // Once the stalled call ends, its bytes are free again.
+    drop(stalled);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.get_capacity(request("a", "db", 10.0, None)).await.is_err() {
+        assert!(Instant::now() < deadline, "the stalled call's bytes were never given back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let shed = server.metric("sluice_server_requests_shed_total").expect("the counter");
+    assert!(shed >= 2.0, "{shed}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_listener_serves_at_most_max_connections_and_takes_the_next_when_one_closes() {
+    let server = Server::builder().config(&fair_share(100.0, 30, 0)).args(["--max-connections", "2"]).start();
+    let mut first = server.client().await;
+    let mut second = server.client().await;
+    ask(&mut first, "a", "db", 1.0).await;
+    ask(&mut second, "b", "db", 1.0).await;
+    // A third connection waits in the kernel's backlog: its call is not answered.
+    let mut third = tokio::time::timeout(Duration::from_secs(5), server.client()).await.expect("connected");
+    let waiting = tokio::spawn(async move { (ask(&mut third, "c", "db", 1.0).await, third) });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!waiting.is_finished(), "a third connection was served");
+    assert_eq!(server.metric("sluice_server_grpc_connections"), Some(2.0));
+    assert!(server.logs().contains("holds its most connections"), "the cap is logged:\n{}", server.logs());
+    // One closes: the waiting one takes its place.
+    drop(first);
+    let (got, _third) =
+        tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("served once one closed").unwrap();
+    assert_eq!(got, 1.0);
+    assert_eq!(ask(&mut second, "b", "db", 1.0).await, 1.0, "the others are still served");
+    assert_eq!(server.metric("sluice_server_grpc_connections"), Some(2.0));
+}
+
 #[tokio::test]
 async fn a_lower_level_server_gets_capacity_for_its_bands() {
     let server = Server::builder().config(&fair_share(100.0, 30, 0)).start();
@@ -445,7 +518,7 @@ fn bad_flags_and_configs_exit_64_with_one_line() {
     let broken = dir.path().join("broken.yaml");
     std::fs::write(&broken, fair_share(-5.0, 30, 0)).unwrap();
     let broken = broken.to_str().unwrap();
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 15] = [
         (&["--grpc-addr", "nowhere"], "invalid value 'nowhere' for '--grpc-addr"),
         (&["--no-such-flag"], "unexpected argument '--no-such-flag'"),
         (&["--config-poll-interval", "0s"], "must be greater than 0"),
@@ -455,6 +528,9 @@ fn bad_flags_and_configs_exit_64_with_one_line() {
         (&["--parent", "127.0.0.1:1,nowhere"], "\"nowhere\" is not host:port"),
         (&["--advertise-address", ""], "\"\" is not host:port"),
         (&["--max-resources", "many"], "invalid value 'many' for '--max-resources"),
+        (&["--max-request-bytes-in-flight", "1000"], "must be a whole number from 65536 to 1099511627776"),
+        (&["--max-request-bytes-in-flight", "-1"], "must be a whole number from 65536"),
+        (&["--max-connections", "0"], "must be a whole number from 1 to 1000000"),
         (&["--config", broken], "capacity: must be finite and ≥ 0, got -5"),
         (&["--config", "/nonexistent/sluice.yaml"], "--config /nonexistent/sluice.yaml"),
         (&["--tls-cert", broken, "--tls-key", broken, "--grpc-addr", "127.0.0.1:0"], "is not PEM"),
