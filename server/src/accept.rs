@@ -25,7 +25,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 
 use crate::{
-    defaults::{ACCEPT_ERROR_PAUSE, ACCEPT_WARNING_INTERVAL},
+    defaults::{ACCEPT_ERROR_PAUSE, ACCEPT_WARNING_INTERVAL, FIRST_BYTE_TIMEOUT},
     metrics,
 };
 
@@ -140,5 +140,15 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// `stream` once its client has sent something, within [`FIRST_BYTE_TIMEOUT`]; `None` (dropped)
+/// if it did not.
+pub async fn speaking(stream: TcpStream) -> Option<TcpStream> {
+    let mut first = [0; 1];
+    match tokio::time::timeout(FIRST_BYTE_TIMEOUT, stream.peek(&mut first)).await {
+        Ok(Ok(1..)) => Some(stream),
+        _ => None,
     }
 }

@@ -26,7 +26,7 @@ pub fn spawn(
     history: Arc<Mutex<ResourceHistory>>,
     handle: PrometheusHandle,
 ) -> std::io::Result<()> {
-    serve(listener, move |req| route(req, &state, &history, &handle))
+    serve(listener, &["/healthz", "/readyz"], move |req| route(req, &state, &history, &handle))
 }
 
 fn route(

@@ -152,7 +152,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
             Box::pin(router.serve_with_incoming_shutdown(accept::incoming(grpc, max_connections, handshake), stopped))
         }
         None => {
-            let plain = |stream, _| std::future::ready(Some(stream));
+            let plain = |stream, _| accept::speaking(stream);
             Box::pin(router.serve_with_incoming_shutdown(accept::incoming(grpc, max_connections, plain), stopped))
         }
     };

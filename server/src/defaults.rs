@@ -134,6 +134,10 @@ pub const HISTORY_RESOURCES: usize = 50;
 /// connection that stops half-way does not hold a socket for ever.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Time a cleartext client has to send its first byte: a connection that never speaks does not
+/// hold one of the listener's `--max-connections` places for ever (the TLS handshake's bound).
+pub const FIRST_BYTE_TIMEOUT: Duration = TLS_HANDSHAKE_TIMEOUT;
+
 /// After a failed accept on the gRPC listener (out of file descriptors, say), the pause before
 /// the next, so that the loop does not spin; a warning is logged at most once per
 /// [`ACCEPT_WARNING_INTERVAL`].

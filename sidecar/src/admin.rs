@@ -68,7 +68,7 @@ impl Admin {
 }
 
 pub fn spawn(listener: std::net::TcpListener, admin: Arc<Admin>) -> std::io::Result<()> {
-    serve(listener, move |req| route(req, &admin))
+    serve(listener, &["/live", "/ready"], move |req| route(req, &admin))
 }
 
 fn route(req: &Request<Incoming>, admin: &Admin) -> Response<Full<Bytes>> {

@@ -383,6 +383,25 @@ async fn the_grpc_listener_serves_at_most_max_connections_and_takes_the_next_whe
     assert_eq!(server.metric("sluice_server_grpc_connections"), Some(2.0));
 }
 
+/// A connection that never sends a byte gives its place back after the first byte's timeout
+/// (10 s), as a TLS handshake that stops half-way does.
+#[tokio::test]
+async fn a_connection_that_never_speaks_is_let_go() {
+    let server = Server::builder().config(&fair_share(100.0, 30, 0)).args(["--max-connections", "1"]).start();
+    let mut silent = std::net::TcpStream::connect(server.grpc).unwrap();
+    silent.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let started = std::time::Instant::now();
+    let served = tokio::spawn(async move {
+        let mut client = server.client().await;
+        (ask(&mut client, "a", "db", 1.0).await, server)
+    });
+    let closed = tokio::task::spawn_blocking(move || std::io::Read::read(&mut silent, &mut [0; 1]));
+    assert!(matches!(closed.await.unwrap(), Ok(0) | Err(_)), "the silent connection is closed");
+    let (got, _server) = tokio::time::timeout(Duration::from_secs(20), served).await.expect("served").unwrap();
+    assert_eq!(got, 1.0);
+    assert!(started.elapsed() >= Duration::from_secs(5), "served only once the silent one went");
+}
+
 #[tokio::test]
 async fn a_lower_level_server_gets_capacity_for_its_bands() {
     let server = Server::builder().config(&fair_share(100.0, 30, 0)).start();

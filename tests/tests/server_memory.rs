@@ -17,7 +17,9 @@ use std::{
 
 use prost::Message;
 use sluice_proto::{GetCapacityRequest, ResourceRequest};
-use sluice_runtime::defaults::{ADMIN_ANSWERS_AT_ONCE, ADMIN_MAX_CONNECTIONS};
+use sluice_runtime::defaults::{
+    ADMIN_ANSWER_TIMEOUT, ADMIN_ANSWERS_AT_ONCE, ADMIN_MAX_CONNECTIONS, ADMIN_WRITE_TIMEOUT,
+};
 use sluice_tests::{
     connections::rss_bytes,
     harness::Server,
@@ -26,6 +28,10 @@ use sluice_tests::{
 
 /// How long each listener is attacked.
 const ATTACK: Duration = Duration::from_secs(30);
+
+/// The tests take turns: each measures its own server's memory and times its answers, which a
+/// flood running beside it on two cores would distort.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const MB: u64 = 1 << 20;
 
@@ -68,6 +74,7 @@ fn watch(pid: u32, budget: u64, stop: &AtomicBool) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_grpc_listener_keeps_to_its_memory_budget_under_a_flood_of_the_largest_requests() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let (max_leases, max_resources) = (200_000u64, 20_000u64);
     let server = Server::builder()
         .config(CONFIG)
@@ -158,6 +165,7 @@ async fn the_grpc_listener_keeps_to_its_memory_budget_under_a_flood_of_the_large
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_and_a_call_whose_body_never_comes_cost_what_the_budget_counts() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let server = Server::builder().config(CONFIG).args(["--log", "warn"]).start();
     let settle = || tokio::time::sleep(Duration::from_secs(1));
     let rss = || rss_bytes(server.pid()).unwrap();
@@ -198,7 +206,7 @@ async fn a_connection_and_a_call_whose_body_never_comes_cost_what_the_budget_cou
 /// holding the connection for a second; how many bytes came.
 fn scrape(admin: std::net::SocketAddr, path: &str, read: bool) -> usize {
     let Ok(mut stream) = TcpStream::connect(admin) else { return 0 };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(15)));
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
     if write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").is_err() {
         return 0;
     }
@@ -213,6 +221,7 @@ fn scrape(admin: std::net::SocketAddr, path: &str, read: bool) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_listener_keeps_to_its_memory_budget_under_many_connections_and_scrapes() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let server = Server::builder().config(CONFIG).args(["--log", "warn"]).start();
     // Large pages: 3,000 resources with ids of 1 KiB, five series each on /metrics.
     let resource =
@@ -256,13 +265,23 @@ async fn the_admin_listener_keeps_to_its_memory_budget_under_many_connections_an
     tokio::time::sleep(ATTACK).await;
     stop.store(true, Ordering::Relaxed);
     let peak = watching.join();
+    // Once the attack is over the listener answers again, at the latest when the answers it was
+    // still sending to clients that never read them have run out of time.
+    let probe = Instant::now();
+    let code = loop {
+        match sluice_tests::harness::http_get(server.admin, "/healthz") {
+            Ok((200, _)) => break 200,
+            // Refused while its connections are all taken.
+            _ if probe.elapsed() < ADMIN_WRITE_TIMEOUT + ADMIN_ANSWER_TIMEOUT => {
+                thread::sleep(Duration::from_millis(200))
+            }
+            answer => panic!("/healthz not answered after the attack: {answer:?}"),
+        }
+    };
+    let probe = probe.elapsed();
     for scraper in scrapers {
         scraper.join().unwrap();
     }
-    // Once the attack is over, the listener answers at once again.
-    let probe = Instant::now();
-    let (code, _) = server.get("/healthz");
-    let probe = probe.elapsed();
     eprintln!(
         "{} answers read whole ({} MB) in {:?}; RSS peak {} MB of {} MB; /healthz after it answered in {probe:?}",
         scraped.load(Ordering::Relaxed),
@@ -273,7 +292,6 @@ async fn the_admin_listener_keeps_to_its_memory_budget_under_many_connections_an
     );
     peak.expect("RSS within the budget throughout");
     assert_eq!(code, 200);
-    assert!(probe < Duration::from_secs(2), "{probe:?}");
     assert!(scraped.load(Ordering::Relaxed) > 0, "scrapes are answered under the attack");
 }
 
@@ -286,6 +304,7 @@ fn peak_rss(pid: u32) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_in_flight_takes_a_bounded_multiple_of_the_bytes_it_counts() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let shape = |bands, groups, resource_id_bytes| Flood {
         callers: 1,
         connections: 1,

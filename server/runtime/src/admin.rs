@@ -30,7 +30,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::TcpListener,
-    sync::{OwnedSemaphorePermit, Semaphore},
+    sync::{OwnedSemaphorePermit, Semaphore, oneshot},
     time::Sleep,
 };
 
@@ -39,14 +39,25 @@ use crate::defaults::{
     ADMIN_HEADER_TIMEOUT, ADMIN_MAX_CONNECTIONS, ADMIN_WRITE_TIMEOUT,
 };
 
-/// Answers every GET on `listener` with `route` until the process exits.
-pub fn serve<F>(listener: std::net::TcpListener, route: F) -> std::io::Result<()>
+/// Answers every GET on `listener` with `route` until the process exits. The `probes` (paths
+/// whose answers are a few bytes: liveness and readiness) are answered at once; every other
+/// page is rendered on a thread of its own, one at a time, once one of the
+/// [`ADMIN_ANSWERS_AT_ONCE`] turns is free, so that probes and accepting go on while a large
+/// page renders and a kubelet's probe is never queued behind large pages.
+pub fn serve<F>(listener: std::net::TcpListener, probes: &'static [&'static str], route: F) -> std::io::Result<()>
 where
     F: Fn(&Request<Incoming>) -> Response<Full<Bytes>> + Send + Sync + 'static,
 {
     let route = Arc::new(route);
+    let (renderer, to_render) = std::sync::mpsc::channel::<(Request<Incoming>, Rendered)>();
+    let rendering = route.clone();
+    thread::Builder::new().name("sluice-admin-pages".into()).spawn(move || {
+        for (req, rendered) in to_render {
+            let _ = rendered.send(rendering(&req));
+        }
+    })?;
+    let pages = Arc::new(Pages { route, probes, turns: Arc::new(Semaphore::new(ADMIN_ANSWERS_AT_ONCE)), renderer });
     let connections = Arc::new(Semaphore::new(ADMIN_MAX_CONNECTIONS));
-    let answers = Arc::new(Semaphore::new(ADMIN_ANSWERS_AT_ONCE));
     listener.set_nonblocking(true)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     thread::Builder::new().name("sluice-admin".into()).spawn(move || {
@@ -68,9 +79,9 @@ where
                     tracing::debug!(%peer, "admin connection refused: {ADMIN_MAX_CONNECTIONS} open");
                     continue;
                 };
-                let (route, answers) = (route.clone(), answers.clone());
+                let pages = pages.clone();
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| answer(req, route.clone(), answers.clone()));
+                    let service = service_fn(move |req| pages.clone().answer(req));
                     let mut http = http1::Builder::new();
                     // A client that stops half-way through its request head, or sends none, is
                     // let go.
@@ -89,31 +100,46 @@ where
     Ok(())
 }
 
-/// Renders `req`'s answer once one of the `answers` turns is free; the answer keeps the turn
-/// while it is handed over.
-async fn answer<F>(
-    req: Request<Incoming>,
+/// Where a page rendered on the pages' thread is sent back.
+type Rendered = oneshot::Sender<Response<Full<Bytes>>>;
+
+/// What the listener answers with, and what bounds it.
+struct Pages<F> {
     route: Arc<F>,
-    answers: Arc<Semaphore>,
-) -> Result<Response<Answer>, Infallible>
+    probes: &'static [&'static str],
+    turns: Arc<Semaphore>,
+    renderer: std::sync::mpsc::Sender<(Request<Incoming>, Rendered)>,
+}
+
+impl<F> Pages<F>
 where
     F: Fn(&Request<Incoming>) -> Response<Full<Bytes>>,
 {
-    let turn = answers.acquire_owned().await.expect("the semaphore is never closed");
-    // hyper leaves out the body of an answer to HEAD.
-    let response = if req.method() == Method::GET || req.method() == Method::HEAD {
-        route(&req)
-    } else {
-        let mut refused = reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "only GET\n".into());
-        refused.headers_mut().insert(hyper::header::ALLOW, "GET, HEAD".parse().expect("a header value"));
-        refused
-    };
-    let (head, body) = response.into_parts();
-    let whole = match body.collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(never) => match never {},
-    };
-    Ok(Response::from_parts(head, Answer::new(whole, turn)))
+    /// `req`'s answer: a probe's at once, any other page's once a turn is free, which the
+    /// answer keeps while it is handed over.
+    async fn answer(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<Answer>, Infallible> {
+        let (response, turn) = if req.method() != Method::GET && req.method() != Method::HEAD {
+            let mut refused = reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "only GET\n".into());
+            refused.headers_mut().insert(hyper::header::ALLOW, "GET, HEAD".parse().expect("a header value"));
+            (refused, None)
+        } else if self.probes.contains(&req.uri().path()) {
+            ((self.route)(&req), None)
+        } else {
+            let turn = self.turns.clone().acquire_owned().await.expect("the semaphore is never closed");
+            let (rendered, answer) = oneshot::channel();
+            let _ = self.renderer.send((req, rendered));
+            let failed =
+                || reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", "the page failed to render\n".into());
+            (answer.await.unwrap_or_else(|_| failed()), Some(turn))
+        };
+        // hyper leaves out the body of an answer to HEAD.
+        let (head, body) = response.into_parts();
+        let whole = match body.collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(never) => match never {},
+        };
+        Ok(Response::from_parts(head, Answer::new(whole, turn)))
+    }
 }
 
 /// A rendered answer, handed to its connection [`ADMIN_CHUNK_BYTES`] at a time as it has room;
@@ -126,8 +152,8 @@ struct Answer {
 }
 
 impl Answer {
-    fn new(whole: Bytes, turn: OwnedSemaphorePermit) -> Answer {
-        Answer { whole, taken: 0, turn: Some(turn), deadline: Instant::now() + ADMIN_ANSWER_TIMEOUT }
+    fn new(whole: Bytes, turn: Option<OwnedSemaphorePermit>) -> Answer {
+        Answer { whole, taken: 0, turn, deadline: Instant::now() + ADMIN_ANSWER_TIMEOUT }
     }
 }
 
