@@ -21,16 +21,16 @@ test: build
 	@! $(CARGO) tree -p sluice-sidecar -e normal | grep -E 'sluice-server|etcd' \
 		|| { echo "sluice-sidecar must link neither the server nor an etcd client"; exit 1; }
 	$(CARGO) test --workspace
-	FUZZ_SECONDS=$(FUZZ_TEST_SECONDS) tests/fuzz/run.sh
+	FUZZ_SECONDS=$(FUZZ_TEST_SECONDS) fuzz/run.sh
 
 # Coverage-guided fuzzing (libFuzzer on the stable toolchain; docs/sidecar.md, Fuzzing): every target
 # for FUZZ_SECONDS, or FUZZ_TARGETS only. A crash fails the run and leaves its input under
-# tests/fuzz/target/artifacts/. `make test` runs each for FUZZ_TEST_SECONDS.
+# fuzz/target/artifacts/. `make test` runs each for FUZZ_TEST_SECONDS.
 FUZZ_SECONDS ?= 600
 FUZZ_TEST_SECONDS ?= 30
 FUZZ_TARGETS ?=
 fuzz:
-	FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_TARGETS)
+	FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh $(FUZZ_TARGETS)
 
 # A capacity server, a demo upstream and sidecars under load, with live output (Ctrl-C stops).
 demo: build
@@ -79,7 +79,7 @@ soak:
 # and sidecar cores (release build): a table on stdout, and under sim-results/ a summary CSV and,
 # per scenario, its time series, shifts and an SVG plot. All scenarios, the server trees (5, 7)
 # and the 10,000-client scale run (8) included; about half a minute in all.
-SIM_SCENARIOS ?= $(sort $(wildcard tests/sim/scenarios/*.yaml))
+SIM_SCENARIOS ?= $(sort $(wildcard sim/scenarios/*.yaml))
 sim:
 	$(CARGO) build --release -p sluice-sim
 	./target/release/sluice-sim --out sim-results $(SIM_SCENARIOS)
@@ -97,13 +97,13 @@ image:
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) fmt --manifest-path tests/fuzz/Cargo.toml -- --check
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) clippy --manifest-path tests/fuzz/Cargo.toml --locked -- -D warnings
+	$(CARGO) clippy --manifest-path fuzz/Cargo.toml --locked -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all
-	$(CARGO) fmt --manifest-path tests/fuzz/Cargo.toml
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml
 
 clean:
 	$(CARGO) clean

@@ -19,14 +19,14 @@ passed=0
 for name in "${targets[@]}"; do
   corpus=target/corpus/$name artifacts=target/artifacts/$name log=target/logs/$name.log
   mkdir -p "$corpus" "$artifacts" target/logs
-  echo "fuzz: $name for ${seconds}s (log: tests/fuzz/$log)"
+  echo "fuzz: $name for ${seconds}s (log: fuzz/$log)"
   status=0
   "target/$host/release/$name" "$corpus" "seeds/$name" -max_total_time="$seconds" -max_len=16384 \
     -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$artifacts/" >"$log" 2>&1 || status=$?
   grep -E '^stat::(number_of_executed_units|new_units_added|peak_rss_mb)' "$log" | sed "s/^/fuzz: $name: /"
   if [ "$status" -ne 0 ]; then
     grep -E -A3 'panicked|ERROR|Test unit written' "$log" >&2 || tail -20 "$log" >&2
-    echo "fuzz: $name failed (exit $status); the input is under tests/fuzz/$artifacts" >&2
+    echo "fuzz: $name failed (exit $status); the input is under fuzz/$artifacts" >&2
     echo "fuzz: $passed passed, 1 failed"
     exit 1
   fi
