@@ -19,6 +19,7 @@ pub mod classify;
 pub mod cli;
 pub mod config;
 pub mod core;
+pub mod embed;
 pub mod defaults;
 pub mod gate;
 pub mod h1;
