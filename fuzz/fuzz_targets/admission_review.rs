@@ -7,7 +7,7 @@
 use base64::{Engine, engine::general_purpose::STANDARD};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
-use sluice_sidecar::inject::{self, CONFIG_ANNOTATION, DEFAULT_IMAGE, Settings, review::answer};
+use sluice_sidecar::kube::inject::{self, CONFIG_ANNOTATION, DEFAULT_IMAGE, Settings, review::answer};
 
 fuzz_target!(|data: &[u8]| {
     let settings = Settings {

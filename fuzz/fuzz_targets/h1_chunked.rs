@@ -6,7 +6,7 @@
 
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
-use sluice_sidecar::h1::{Decoded, Framing, Malformed};
+use sluice_http::h1::{Decoded, Framing, Malformed};
 
 /// The decoded data, and how many bytes of `wire` the body took (all of them when it ended at
 /// the end of the input or failed).
@@ -52,7 +52,7 @@ fuzz_target!(|input: &[u8]| {
         // Re-chunked in pieces of up to 255 bytes, as the sidecar writes a body out.
         let mut out = BytesMut::new();
         for piece in data.chunks(255) {
-            sluice_sidecar::h1::write_number(&mut out, piece.len() as u64, 16);
+            sluice_http::h1::write_number(&mut out, piece.len() as u64, 16);
             out.extend_from_slice(b"\r\n");
             out.extend_from_slice(piece);
             out.extend_from_slice(b"\r\n");

@@ -8,7 +8,7 @@
 use bytes::BytesMut;
 use http::HeaderMap;
 use libfuzzer_sys::fuzz_target;
-use sluice_sidecar::h1;
+use sluice_http::h1;
 
 const MAX_HEAD: usize = 8 * 1024;
 

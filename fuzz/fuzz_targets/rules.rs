@@ -10,8 +10,8 @@ use http::{Method, Request, Uri};
 use libfuzzer_sys::fuzz_target;
 use sluice_sidecar::{
     canonical::{escapes_valid, path as normalized},
-    classify::Costed,
     config,
+    enforce::Costed,
     plan::Plan,
 };
 

@@ -12,8 +12,7 @@ use prost::Message;
 use sluice_sidecar::{
     config,
     core::{Cost, Fallback, Kind, LeaseClient, Limiter, Offer, ResourceSpec},
-    gate::Gate,
-    keyed::Keyed,
+    enforce::{Gate, Keyed},
 };
 
 /// Live keys in the keyed benchmarks.

@@ -10,6 +10,11 @@ use std::borrow::Cow;
 
 use http::{HeaderMap, HeaderName, Request, Version, header};
 
+/// Whether a request is gRPC: what gRPC rules match, and the form of the sidecar's own answers.
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
 /// An attribute upstreams read in more than one way; the request is refused (400).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ambiguous(pub String);

@@ -1,6 +1,6 @@
 //! Command-line flags; each of the sidecar's own can also come from a `SLUICE_SIDECAR_*`
 //! environment variable. Without a subcommand the binary is the sidecar; `inject` and
-//! `webhook` put it into Kubernetes pods (`crate::inject`).
+//! `webhook` put it into Kubernetes pods (`crate::kube`).
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -10,7 +10,10 @@ use sluice_runtime::cli::{LogFormat, host_port, poll_interval, positive_duration
 
 use crate::{
     defaults,
-    inject::{Settings, config_map_name},
+    kube::{
+        inject::{Settings, config_map_name},
+        webhook,
+    },
 };
 
 /// Sluice sidecar: a reverse proxy that leases each resource's capacity from the Sluice (or
@@ -33,7 +36,7 @@ pub enum Command {
     Inject(Inject),
     /// The same injection as a Kubernetes mutating admission webhook (AdmissionReview v1 over
     /// TLS), for pods labelled, or in a namespace labelled, `sluice.io/inject: enabled`.
-    Webhook(Webhook),
+    Webhook(webhook::Args),
 }
 
 #[derive(Debug, clap::Args)]
@@ -49,42 +52,6 @@ pub struct Inject {
 
     #[command(flatten)]
     pub settings: Settings,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct Webhook {
-    /// HTTPS listen address of the webhook.
-    #[arg(long, env = "SLUICE_WEBHOOK_ADDR", default_value = defaults::WEBHOOK_ADDR)]
-    pub listen_addr: SocketAddr,
-
-    /// PEM certificate chain of the webhook's TLS listener; re-read when it changes.
-    #[arg(long, env = "SLUICE_WEBHOOK_TLS_CERT")]
-    pub tls_cert: PathBuf,
-
-    /// PEM private key for --tls-cert.
-    #[arg(long, env = "SLUICE_WEBHOOK_TLS_KEY")]
-    pub tls_key: PathBuf,
-
-    /// ConfigMap of pods without a `sluice.io/config` annotation; without it, such pods are
-    /// admitted unchanged.
-    #[arg(long, env = "SLUICE_WEBHOOK_CONFIG_MAP", value_parser = config_map_name)]
-    pub config_map: Option<String>,
-
-    #[command(flatten)]
-    pub settings: Settings,
-
-    /// How often to check the TLS files for changes.
-    #[arg(long, env = "SLUICE_WEBHOOK_POLL_INTERVAL", value_parser = poll_interval, allow_hyphen_values = true,
-          default_value = defaults::CONFIG_POLL_INTERVAL)]
-    pub poll_interval: Duration,
-
-    /// Log format.
-    #[arg(long, env = "SLUICE_WEBHOOK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-
-    /// Log filter, in tracing's EnvFilter syntax.
-    #[arg(long, env = "SLUICE_WEBHOOK_LOG", default_value = "info")]
-    pub log: String,
 }
 
 /// The sidecar's own flags.

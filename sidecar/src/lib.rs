@@ -2,41 +2,28 @@
 //! request into resources, leases their capacity from the capacity servers (the Doorman client
 //! half) and delays or rejects what exceeds the lease.
 //!
-//! [`core`] holds the admission and lease logic and knows nothing of clocks, locks or I/O. The
-//! data path is the tower stack in [`stack`]: [`rescue`] → [`route`] → [`classify`] →
-//! [`admission`] → [`metrics`] → [`proxy`]. [`h1`] speaks HTTP/1.1 to the application and the
-//! upstreams, and [`pool`] dials upstreams and pools their connections. [`leasing`] drives the
-//! lease client against the capacity servers.
+//! Its floors, from the bottom: [`core`] holds the admission and lease logic and knows nothing of
+//! clocks, locks or I/O; [`canonical`] reads a request's attributes one way; [`config`] is the
+//! configuration file, read and checked; [`metrics`] names every series; [`enforce`] holds the
+//! resources on the data path and the rules; [`plan`] makes a configuration ready for the data
+//! path, its upstream clients ([`upstream`]) included; [`stack`] is the data path as tower layers,
+//! served by [`listener`] over Sluice's HTTP (`sluice-http`); [`control`] is the rest of the
+//! process (leasing, admin, reload) and [`kube`] puts the sidecar into Kubernetes pods.
 #![forbid(unsafe_code)]
 
-pub mod admin;
-pub mod admission;
-pub mod app;
-pub mod body;
-pub mod ca_rotation;
+mod body;
 pub mod canonical;
-pub mod classify;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod core;
-pub mod embed;
 pub mod defaults;
-pub mod gate;
-pub mod h1;
-pub mod inject;
-pub mod keyed;
-pub mod leasing;
-pub mod listener;
-pub mod metered;
-pub mod metrics;
+pub mod embed;
+pub mod enforce;
+pub mod kube;
+mod listener;
+mod metrics;
 pub mod plan;
-pub mod pool;
-pub mod proxy;
-pub mod rescue;
-pub mod respond;
-pub mod route;
-pub mod stack;
-pub mod status;
-pub mod sync;
-pub mod time;
-pub mod webhook;
+mod refusal;
+mod stack;
+mod upstream;

@@ -6,9 +6,9 @@ use std::{io::Read, process::ExitCode};
 
 use sluice_runtime::{errln, outln};
 use sluice_sidecar::{
-    app,
     cli::{self, Command},
-    inject, webhook,
+    control::app,
+    kube::{inject, webhook},
 };
 
 fn main() -> ExitCode {

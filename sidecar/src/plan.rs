@@ -12,12 +12,10 @@ use std::{collections::HashMap, sync::Arc};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::{
-    classify::{Charge, Rules},
     config::Config,
-    gate::Gate,
-    keyed::Keyed,
+    enforce::{Charge, Gate, Keyed, Rules},
     metrics::UpstreamTiming,
-    proxy::UpstreamClient,
+    upstream::UpstreamClient,
 };
 
 pub struct Plan {

@@ -187,7 +187,7 @@ impl Client {
     pub fn on_reply(&mut self, now: Time, attempt: u64, reply: Reply, server: &Server) -> Option<Outgoing> {
         match (self.link.settle(attempt)?, reply) {
             (Settled::Discovering { asked, request }, Reply::Discovery(found)) => {
-                let outgoing = self.link.follow(asked, request, found, server);
+                let outgoing = self.link.follow(asked, request, found, |a| server.replica_at(a));
                 if outgoing.is_none() {
                     self.fail(now);
                 }
@@ -196,7 +196,7 @@ impl Client {
             (Settled::Answered, Reply::GetCapacity(Ok(response))) => {
                 self.link.answered();
                 if let Answer::Redirect(master) = self.lease.on_response(now, response) {
-                    self.link.redirect(master, server);
+                    self.link.redirect(master, |a| server.replica_at(a));
                 }
                 self.apply(now);
             }

@@ -8,7 +8,7 @@
 use sluice_client::Round;
 use sluice_proto::DiscoveryResponse;
 
-use crate::{protocol::Request, server::Server};
+use crate::protocol::Request;
 
 pub struct Link<R> {
     replicas: usize,
@@ -72,8 +72,15 @@ impl<R: Into<Request>> Link<R> {
 
     /// Discovery at `asked` answered: sends the held request to the master it names; `None`
     /// if it names none (the caller fails the attempt).
-    pub fn follow(&mut self, asked: usize, request: R, found: DiscoveryResponse, server: &Server) -> Option<Outgoing> {
-        let master = match found.mastership.master_address.and_then(|address| server.replica_at(&address)) {
+    /// `replica_at` finds a replica by its address.
+    pub fn follow(
+        &mut self,
+        asked: usize,
+        request: R,
+        found: DiscoveryResponse,
+        replica_at: impl Fn(&str) -> Option<usize>,
+    ) -> Option<Outgoing> {
+        let master = match found.mastership.master_address.and_then(|address| replica_at(&address)) {
             _ if found.is_master => asked,
             Some(master) if master != asked => master,
             _ => return None,
@@ -88,8 +95,8 @@ impl<R: Into<Request>> Link<R> {
     }
 
     /// Follows a master redirect; an unknown master means asking Discovery again.
-    pub fn redirect(&mut self, master: Option<String>, server: &Server) {
-        self.master = master.and_then(|address| server.replica_at(&address));
+    pub fn redirect(&mut self, master: Option<String>, replica_at: impl Fn(&str) -> Option<usize>) {
+        self.master = master.and_then(|address| replica_at(&address));
     }
 
     /// After an error: forget the master and try the next address. Returns whether it is

@@ -156,7 +156,7 @@ impl Server {
         let ledger = self.ledger.as_mut().expect("a link with an answer awaited has a master");
         match (settled, reply) {
             (Settled::Discovering { asked, request }, Reply::Discovery(found)) => {
-                let outgoing = self.uplink.follow(asked, request, found, parent);
+                let outgoing = self.uplink.follow(asked, request, found, |a| parent.replica_at(a));
                 if outgoing.is_none() {
                     ledger.on_parent_error(now, self.uplink.move_on());
                 }
@@ -165,7 +165,7 @@ impl Server {
             (Settled::Answered, Reply::GetServerCapacity(Ok(response))) => {
                 self.uplink.answered();
                 if let Answer::Redirect(master) = ledger.on_parent_response(now, response) {
-                    self.uplink.redirect(master, parent);
+                    self.uplink.redirect(master, |a| parent.replica_at(a));
                 }
             }
             // An error status, or an answer of the wrong kind.

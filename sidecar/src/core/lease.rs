@@ -8,6 +8,7 @@ pub use sluice_client::Answer;
 use sluice_client::{Granted, Schedule, defaults::MAX_AMOUNT, safe_capacity};
 use sluice_proto::{GetCapacityRequest, GetCapacityResponse, Lease, ResourceRequest};
 
+use super::Capacity;
 use crate::defaults::{DEMAND_CHANGE, EARLY_REFRESH, FIRST_ASK_AFTER};
 
 /// What a resource enforces while it holds no valid lease (`when_unreachable`).
@@ -51,6 +52,16 @@ pub enum Mode {
     Leased,
     /// Asked for, and no valid lease came or the last one expired: the fallback applies.
     Fallback,
+}
+
+/// The lease a resource currently enforces, for status and metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Applied {
+    pub capacity: Capacity,
+    /// e.g. "leased", "standalone", "fallback_safe".
+    pub mode: &'static str,
+    /// Unix seconds, when leased.
+    pub expiry: Option<i64>,
 }
 
 /// The capacity a resource should enforce now.

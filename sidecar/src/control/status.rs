@@ -1,0 +1,336 @@
+//! What `/debug/status` shows: the sidecar's listeners, resources, leases and demand, as JSON or
+//! as a small HTML page.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+use sluice_runtime::{
+    chart::{CAPACITY_COLOR, CHART_STYLE, Chart, Line, number},
+    defaults::STATUS_REFRESH_SECONDS,
+    history::{History, Ring, Sample},
+    html::escape,
+    reload::ConfigStatus,
+    when::{date, date_and_age, span},
+};
+
+use std::sync::Arc;
+
+use crate::{
+    config::KeyAttribute,
+    core::Kind,
+    defaults::STATUS_BUSIEST_KEYS,
+    enforce::{Gate, Keyed},
+    plan::{Plan, Target},
+};
+
+/// What is charted per resource, in this order: the capacity enforced (NaN: no limit), then the
+/// requests admitted at once, delayed and refused so far; the chart draws the counts' rates.
+pub type GateHistory = History<4>;
+
+/// A resource's figures for [`GateHistory`].
+pub fn figures(gate: &Gate) -> [f64; 4] {
+    let capacity = gate.applied().capacity;
+    let [admitted, delayed, refused] = gate.metrics.decisions();
+    [if capacity.is_limited() { capacity.get() } else { f64::NAN }, admitted as f64, delayed as f64, refused as f64]
+}
+
+#[derive(Serialize)]
+pub struct SidecarStatus {
+    /// Unix time the status was taken.
+    pub now: i64,
+    pub client_id: String,
+    /// The capacity servers; empty in standalone mode.
+    pub servers: Vec<String>,
+    pub config: ConfigStatus,
+    pub listeners: Vec<ListenerStatus>,
+    /// The fixed resources.
+    pub resources: Vec<ResourceStatus>,
+    pub keyed: Vec<KeyedStatus>,
+}
+
+/// A keyed resource: its keys in all, and the busiest of them.
+#[derive(Serialize)]
+pub struct KeyedStatus {
+    pub id: String,
+    pub kind: &'static str,
+    /// The attribute whose value names the key, e.g. `header x-tenant`.
+    pub per: String,
+    pub max_keys: usize,
+    /// Live keys, the shared ones (`!missing`, `!overflow`) included.
+    pub keys: usize,
+    /// Keys dropped after their idle timeout.
+    pub dropped: u64,
+    /// Requests over every key, dropped keys included.
+    pub admitted: u64,
+    pub delayed: u64,
+    pub refused: u64,
+    /// The busiest keys by recent demand (wants), busiest first.
+    pub busiest: Vec<ResourceStatus>,
+}
+
+#[derive(Serialize)]
+pub struct ListenerStatus {
+    pub name: String,
+    pub address: String,
+    /// The fixed upstream, or `host → upstream` routes.
+    pub routes: Vec<String>,
+    pub rules: usize,
+}
+
+#[derive(Serialize)]
+pub struct ResourceStatus {
+    pub id: String,
+    pub kind: &'static str,
+    pub mode: &'static str,
+    /// `null`: no limit.
+    pub capacity: Option<f64>,
+    pub lease_expiry: Option<i64>,
+    pub wants: f64,
+    pub in_flight: f64,
+    pub queued: usize,
+    pub used: bool,
+    /// Requests since the resource's gate was made (a reload keeps it unless the kind
+    /// changes): admitted at once, delayed, and refused (shadow refusals included).
+    pub admitted: u64,
+    pub delayed: u64,
+    pub refused: u64,
+}
+
+pub fn snapshot(plan: &Plan, client_id: &str, config_status: ConfigStatus, now: i64) -> SidecarStatus {
+    let config = &plan.config;
+    let listeners = config
+        .listeners
+        .iter()
+        .zip(&plan.listeners)
+        .map(|(l, p)| ListenerStatus {
+            name: l.name.clone(),
+            address: l.address.to_string(),
+            routes: match &p.target {
+                Target::Fixed(u) => vec![u.config().url.to_string()],
+                Target::ByHost(hosts) => {
+                    let mut routes: Vec<String> =
+                        hosts.iter().map(|(h, u)| format!("{h} → {}", u.config().url)).collect();
+                    routes.sort();
+                    routes
+                }
+            },
+            rules: config.rules.iter().filter(|r| r.matcher.listener.as_ref().is_none_or(|n| n == &l.name)).count(),
+        })
+        .collect();
+    let resources = plan.gates.iter().map(|g| resource(g)).collect();
+    let keyed = plan.keyed.iter().map(|k| keyed(k)).collect();
+    SidecarStatus {
+        now,
+        client_id: client_id.to_owned(),
+        servers: config.server.as_ref().map_or_else(Vec::new, |s| s.addresses.clone()),
+        config: config_status,
+        listeners,
+        resources,
+        keyed,
+    }
+}
+
+fn kind(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Rate => "rate",
+        Kind::Concurrency => "concurrency",
+    }
+}
+
+fn resource(g: &Gate) -> ResourceStatus {
+    let applied = g.applied();
+    let (in_flight, queued) = g.load();
+    let [admitted, delayed, refused] = g.metrics.decisions();
+    ResourceStatus {
+        id: g.id.to_string(),
+        kind: kind(g.kind),
+        mode: applied.mode,
+        capacity: applied.capacity.is_limited().then_some(applied.capacity.get()),
+        lease_expiry: applied.expiry,
+        wants: g.wants(),
+        in_flight,
+        queued,
+        used: g.used(),
+        admitted,
+        delayed,
+        refused,
+    }
+}
+
+fn keyed(k: &Keyed) -> KeyedStatus {
+    let mut by_demand: Vec<(f64, Arc<Gate>)> = k.gates().into_iter().map(|g| (g.wants(), g)).collect();
+    let busiest = STATUS_BUSIEST_KEYS.min(by_demand.len());
+    if busiest > 0 {
+        by_demand.select_nth_unstable_by(busiest - 1, |a, b| b.0.total_cmp(&a.0));
+    }
+    by_demand.truncate(busiest);
+    by_demand.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
+    let figures = k.figures();
+    let [admitted, delayed, refused] = figures.decisions;
+    let spec = k.settings.key.as_ref().expect("a keyed resource");
+    KeyedStatus {
+        id: k.id.to_string(),
+        kind: kind(k.settings.kind),
+        per: match &spec.per {
+            KeyAttribute::Header(name) => format!("header {name}"),
+            KeyAttribute::PathSegment(n) => format!("path_segment {n}"),
+            KeyAttribute::Query(name) => format!("query {name}"),
+            KeyAttribute::GrpcService => "grpc service".into(),
+            KeyAttribute::GrpcMethod => "grpc method".into(),
+            KeyAttribute::Method => "method".into(),
+            KeyAttribute::Host => "host".into(),
+        },
+        max_keys: spec.max_keys,
+        keys: figures.live,
+        dropped: figures.dropped,
+        admitted,
+        delayed,
+        refused,
+        busiest: by_demand.iter().map(|(_, g)| resource(g)).collect(),
+    }
+}
+
+/// `/debug/status`: the sidecar, charts of its resources' last minutes and tables. `history`
+/// was recorded on the clock of `end`, the page's time.
+pub fn html(status: &SidecarStatus, history: &GateHistory, end: f64) -> String {
+    let mut page = format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\">\
+         <meta http-equiv=\"refresh\" content=\"{STATUS_REFRESH_SECONDS}\"><title>sluice-sidecar</title>\
+         <style>body{{font-family:sans-serif}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px}}{CHART_STYLE}</style>\
+         </head><body><h1>sluice-sidecar</h1>"
+    );
+    let servers = if status.servers.is_empty() { "standalone".to_owned() } else { status.servers.join(", ") };
+    let _ = write!(
+        page,
+        "<p>client id <b>{}</b>; capacity servers: {} · page made {}</p>",
+        escape(&status.client_id),
+        escape(&servers),
+        date(status.now)
+    );
+    page.push_str(&status.config.html(status.now));
+    let _ = write!(page, "<h2>The last {}</h2><div class=\"charts\">", span(history.window() as u64));
+    for r in &status.resources {
+        if let Some(ring) = history.get(&r.id) {
+            let _ = write!(
+                page,
+                "<figure><figcaption><b>{}</b> · {} · {}{}</figcaption>{}</figure>",
+                escape(&r.id),
+                r.kind,
+                r.mode,
+                match (r.kind, r.capacity) {
+                    ("concurrency", Some(c)) => format!(" · limit {} at once (not drawn)", number(c)),
+                    _ => String::new(),
+                },
+                chart(&r.id, r.kind, ring, history.window(), end)
+            );
+        }
+    }
+    page.push_str("</div><h2>Listeners</h2><table><tr><th>name</th><th>address</th><th>routes</th><th>rules</th></tr>");
+    for l in &status.listeners {
+        let _ = write!(
+            page,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&l.name),
+            escape(&l.address),
+            escape(&l.routes.join(", ")),
+            l.rules
+        );
+    }
+    page.push_str("</table>");
+    resource_table(&mut page, "Resources", &status.resources, status.now);
+    for k in &status.keyed {
+        let _ = write!(
+            page,
+            "<h2>Keyed resource {}</h2><p>{} · per {} · {} keys live (max_keys {}), {} dropped · \
+             admitted {}, delayed {}, refused {}</p>",
+            escape(&k.id),
+            k.kind,
+            escape(&k.per),
+            k.keys,
+            k.max_keys,
+            k.dropped,
+            k.admitted,
+            k.delayed,
+            k.refused
+        );
+        resource_table(&mut page, "The busiest keys", &k.busiest, status.now);
+    }
+    page.push_str("<p><a href=\"/debug/status.json\">JSON</a> · <a href=\"/metrics\">metrics</a></p></body></html>");
+    page
+}
+
+/// A table of resources (or keys) under heading `title`.
+fn resource_table(page: &mut String, title: &str, resources: &[ResourceStatus], now: i64) {
+    let _ = write!(
+        page,
+        "<h2>{}</h2><table><tr><th>id</th><th>kind</th><th>mode</th><th>capacity</th>\
+         <th>lease expires</th><th>wants</th><th>in flight</th><th>queued</th><th>admitted</th><th>delayed</th>\
+         <th>refused</th></tr>",
+        escape(title)
+    );
+    for r in resources {
+        let capacity = r.capacity.map_or_else(|| "no limit".to_owned(), |c| format!("{c:.2}"));
+        let expiry = r.lease_expiry.map_or_else(String::new, |e| date_and_age(e, now));
+        let _ = write!(
+            page,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{capacity}</td><td>{expiry}</td><td>{:.2}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&r.id),
+            r.kind,
+            r.mode,
+            r.wants,
+            r.in_flight,
+            r.queued,
+            r.admitted,
+            r.delayed,
+            r.refused
+        );
+    }
+    page.push_str("</table>");
+}
+
+/// A resource's chart: requests per second admitted at once, delayed and refused, against the
+/// capacity for a rate (a concurrency limit is not a rate: it is left out).
+fn chart(id: &str, kind: &str, ring: &Ring<Sample<4>>, window: f64, end: f64) -> String {
+    let mut lines = Vec::new();
+    if kind == "rate" {
+        let points = ring.iter().map(|s| (s.at, s.values[0])).collect();
+        lines.push(Line { label: "capacity".into(), color: CAPACITY_COLOR, dashed: true, points });
+    }
+    for (k, label, color) in [(1, "admitted", "#1f77b4"), (2, "delayed", "#ff7f0e"), (3, "refused", "#d62728")] {
+        lines.push(Line { label: label.into(), color, dashed: false, points: rates(ring, k) });
+    }
+    let title =
+        format!("{id}: requests per second admitted, delayed and refused over the last {}", span(window as u64));
+    Chart { title: &title, unit: "/s", end, window, lines }.svg()
+}
+
+/// The rate of counter `k` between consecutive samples, at the later one's time; a gap where
+/// the counter went back (the gate was made anew) or the clock did not move.
+fn rates(ring: &Ring<Sample<4>>, k: usize) -> Vec<(f64, f64)> {
+    let samples: Vec<&Sample<4>> = ring.iter().collect();
+    samples
+        .windows(2)
+        .map(|pair| {
+            let (elapsed, counted) = (pair[1].at - pair[0].at, pair[1].values[k] - pair[0].values[k]);
+            let rate = if elapsed > 0.0 && counted >= 0.0 { counted / elapsed } else { f64::NAN };
+            (pair[1].at, rate)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_come_from_counter_differences_with_gaps_at_resets() {
+        let mut ring = Ring::new(5);
+        for (at, count) in [(0.0, 0.0), (5.0, 50.0), (10.0, 60.0), (15.0, 2.0), (15.0, 3.0)] {
+            ring.push(Sample { at, values: [1.0, count, 0.0, 0.0] });
+        }
+        let rates = rates(&ring, 1);
+        assert_eq!(rates[..2], [(5.0, 10.0), (10.0, 2.0)]);
+        assert!(rates[2].1.is_nan() && rates[3].1.is_nan(), "a reset, then no time: {rates:?}");
+    }
+}

@@ -1,0 +1,15 @@
+//! Enforcement, below the data path's layers: the resources on the data path ([`Gate`], one per
+//! key for a [`Keyed`] resource), the rules that say what a request is charged ([`Rules`]), one
+//! way through a charge's gates ([`pass`]), and bodies charged by their bytes ([`Metered`]).
+
+mod gate;
+mod keyed;
+mod metered;
+mod pass;
+mod rules;
+
+pub use gate::{Denied, Gate, Permits};
+pub use keyed::{Keyed, KeyedFigures};
+pub use metered::{CutOff, Metered, up_front};
+pub use pass::{Limited, pass};
+pub use rules::{Charge, Charged, Costed, Resolved, Rules, attribute};
