@@ -20,6 +20,7 @@ build:
 test: build
 	@! $(CARGO) tree -p sluice-sidecar -e normal | grep -E 'sluice-server|etcd' \
 		|| { echo "sluice-sidecar must link neither the server nor an etcd client"; exit 1; }
+	docs/layout.sh --check
 	$(CARGO) test --workspace
 	FUZZ_SECONDS=$(FUZZ_TEST_SECONDS) fuzz/run.sh
 

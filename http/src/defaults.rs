@@ -44,3 +44,8 @@ pub const STREAMS_PER_HTTP2_CONNECTION: usize = 100;
 
 /// Time to establish a TCP connection to an upstream.
 pub const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Spare connection buffers (8 KiB each) a worker thread keeps for its connections to take
+/// again (see `h1::spare`): enough for a busy thread's connections to take theirs without the
+/// allocator, few enough that thousands of idle connections still hold none (512 KiB a thread).
+pub const SPARE_BUFFERS: usize = 64;

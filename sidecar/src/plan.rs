@@ -155,6 +155,12 @@ impl Plan {
         Ok(Plan { config: Arc::new(config), listeners, gates, keyed, upstreams })
     }
 
+    /// The unit tests' plan, standalone: see [`crate::config::for_test`].
+    #[cfg(test)]
+    pub fn for_test(rest: &str) -> Plan {
+        Plan::build(crate::config::for_test(rest), None, None).expect("a plan")
+    }
+
     pub fn gate(&self, id: &str) -> Option<&Arc<Gate>> {
         self.gates.iter().find(|g| &*g.id == id)
     }
@@ -188,12 +194,8 @@ mod tests {
     use crate::{config, core::Cost};
 
     fn plan(resource: &str, previous: Option<&Plan>) -> Plan {
-        let yaml = format!(
-            "listeners:\n  - {{name: l, address: 127.0.0.1:1, upstream: u}}\n\
-             upstreams:\n  - {{name: u, url: http://127.0.0.1:2}}\nresources:\n  - {resource}\n\
-             rules:\n  - {{resource: r}}\n"
-        );
-        Plan::build(config::parse(&yaml).unwrap(), previous, None).unwrap()
+        let config = config::for_test(&format!("resources:\n  - {resource}\nrules:\n  - {{resource: r}}\n"));
+        Plan::build(config, previous, None).unwrap()
     }
 
     #[tokio::test]

@@ -113,7 +113,11 @@ impl UpstreamClient {
         } else {
             // HTTP/1.1 sends the target in origin form, the authority in Host.
             parts.version = Version::HTTP_11;
-            parts.headers.insert(HOST, self.host.clone());
+            // In place: an insert makes room for one more first, growing a map that is full.
+            match parts.headers.get_mut(HOST) {
+                Some(host) => *host = self.host.clone(),
+                None => drop(parts.headers.insert(HOST, self.host.clone())),
+            }
             parts.uri = Uri::from(path);
             let response = self.http1.send(Request::from_parts(parts, body)).await?;
             Ok(response.map(|body| IdleTimeout::new(Either::Left(body), self.config.body_idle_timeout)))

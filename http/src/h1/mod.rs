@@ -9,6 +9,7 @@ mod codec;
 mod inbound;
 mod outbound;
 mod server;
+mod spare;
 
 pub use client::{Http1Body, Http1Pool};
 pub use codec::{

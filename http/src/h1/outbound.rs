@@ -17,18 +17,15 @@ use tokio::{
     net::tcp::OwnedWriteHalf,
 };
 
-use super::codec::{self, Framing};
+use super::{
+    codec::{self, Framing},
+    spare,
+};
 use crate::{body::BoxError, time::Timer};
 
 /// Body data up to this size is copied behind the head (or the previous data) to go out in one
 /// write; larger pieces are written on their own.
 const COPY_LIMIT: usize = 16 * 1024;
-
-/// What a connection's read and write buffers start at. A connection waiting for its next request
-/// with nothing of it read gives both back, and takes them again when the application sends (as
-/// nginx frees its keep-alive connections' buffers): held, they would be most of what an idle
-/// connection costs.
-pub(super) const BUFFER: usize = 8 * 1024;
 
 /// What a response being written watches while its body waits for the upstream.
 pub(super) trait Watch {
@@ -127,7 +124,9 @@ where
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
     out.clear();
-    out.reserve(BUFFER);
+    if out.capacity() == 0 {
+        *out = spare::take();
+    }
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.extend_from_slice(b" ");

@@ -27,6 +27,7 @@ use super::{
     codec::{self, Framing, Malformed, RequestHead},
     inbound::{Inbound, Input, Reader},
     outbound::{Timed, Writer, write_response},
+    spare,
 };
 use crate::{
     Rejection,
@@ -105,6 +106,7 @@ where
                     if reader.input.capacity() == 0 {
                         // Given back while idle: taken again once there is something to read.
                         reader.read.readable().await?;
+                        reader.input = spare::take();
                     }
                     poll_fn(|cx| reader.poll_read_more(cx)).await
                 } => {
@@ -180,8 +182,8 @@ where
             }
         }
         if reader.input.is_empty() {
-            reader.input = BytesMut::new();
-            writer.out = BytesMut::new();
+            spare::give_back(std::mem::take(&mut reader.input));
+            spare::give_back(std::mem::take(&mut writer.out));
         }
         idle_since = Instant::now();
     }

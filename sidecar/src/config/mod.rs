@@ -190,6 +190,15 @@ pub enum OnLimit {
     Shadow,
 }
 
+/// The unit tests' configuration: one listener `l` in front of upstream `u`, then `rest`
+/// (YAML of `resources` and `rules`).
+#[cfg(test)]
+pub fn for_test(rest: &str) -> Config {
+    let listener = "listeners:\n  - {name: l, address: 127.0.0.1:1, upstream: u}\n";
+    let upstream = "upstreams:\n  - {name: u, url: http://127.0.0.1:2}\n";
+    parse(&format!("{listener}{upstream}{rest}")).unwrap_or_else(|e| panic!("{e}:\n{rest}"))
+}
+
 impl Config {
     /// The listeners are bound and the servers connected at start; a reload may change
     /// everything else, a listener's upstream and timeouts included.

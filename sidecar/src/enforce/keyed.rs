@@ -242,12 +242,10 @@ mod tests {
     use crate::{config, core::Cost};
 
     fn keyed(extra: &str) -> Keyed {
-        let yaml = format!(
-            "listeners:\n  - {{name: l, address: 127.0.0.1:1, upstream: u}}\n\
-             upstreams:\n  - {{name: u, url: http://127.0.0.1:2}}\n\
-             resources:\n  - {{id: t, capacity: 1, burst: 1, per: {{header: x-tenant}}, max_keys: 2{extra}}}\n"
+        let resource = format!(
+            "resources:\n  - {{id: t, capacity: 1, burst: 1, per: {{header: x-tenant}}, max_keys: 2{extra}}}\n"
         );
-        Keyed::new(config::parse(&yaml).unwrap().resources.remove(0), None)
+        Keyed::new(config::for_test(&resource).resources.remove(0), None)
     }
 
     #[tokio::test]

@@ -217,15 +217,14 @@ mod tests {
     use crate::{config, plan::Plan};
 
     fn rules() -> Plan {
-        let yaml = "listeners:\n  - name: l\n    address: 127.0.0.1:1\n    upstream: u\n\
-            upstreams:\n  - name: u\n    url: http://127.0.0.1:2\n\
-            resources:\n  - {id: writes, capacity: 1}\n  - {id: grpc, capacity: 1}\n  - {id: gold, capacity: 1}\n  - {id: rest, capacity: 1}\n\
+        Plan::for_test(
+            "resources:\n  - {id: writes, capacity: 1}\n  - {id: grpc, capacity: 1}\n  - {id: gold, capacity: 1}\n  - {id: rest, capacity: 1}\n\
             rules:\n\
               - {name: w, match: {methods: [post], path: {prefix: /v1/}}, resource: writes, cost: {header: x-cost, default: 2}}\n\
               - {name: g, match: {grpc: {service: pkg.Orders}}, resource: grpc}\n\
               - {name: h, match: {host: \"*.gold.test\", headers: [{name: x-tier, value: gold}]}, resource: gold, cost: 5}\n\
-              - {name: r, match: {path: {glob: \"/static/**\"}}, resource: rest}\n";
-        Plan::build(config::parse(yaml).unwrap(), None, None).unwrap()
+              - {name: r, match: {path: {glob: \"/static/**\"}}, resource: rest}\n",
+        )
     }
 
     fn classify(plan: &Plan, req: Request<()>) -> Option<(String, f64)> {
@@ -249,10 +248,9 @@ mod tests {
             Some(("r".into(), 1.0))
         );
         // A rule written unnormalized still matches.
-        let yaml = "listeners:\n  - {name: l, address: 127.0.0.1:1, upstream: u}\n\
-            upstreams:\n  - {name: u, url: http://127.0.0.1:2}\nresources:\n  - {id: r, capacity: 1}\n\
-            rules:\n  - {name: t, match: {path: {exact: /%7Euser}}, resource: r}\n";
-        let plan = Plan::build(config::parse(yaml).unwrap(), None, None).unwrap();
+        let plan = Plan::for_test(
+            "resources:\n  - {id: r, capacity: 1}\nrules:\n  - {name: t, match: {path: {exact: /%7Euser}}, resource: r}\n",
+        );
         assert_eq!(classify(&plan, Request::get("/~user").body(()).unwrap()), Some(("t".into(), 1.0)));
     }
 
@@ -281,12 +279,7 @@ mod tests {
     #[test]
     fn a_keyed_resource_takes_its_key_from_the_attribute_it_names() {
         let value = |per: &str, req: Request<()>| {
-            let yaml = format!(
-                "listeners:\n  - {{name: l, address: 127.0.0.1:1, upstream: u}}\n\
-                 upstreams:\n  - {{name: u, url: http://127.0.0.1:2}}\n\
-                 resources:\n  - {{id: k, capacity: 1, per: {per}}}\n"
-            );
-            let config = config::parse(&yaml).unwrap();
+            let config = config::for_test(&format!("resources:\n  - {{id: k, capacity: 1, per: {per}}}\n"));
             let per = &config.resources[0].key.as_ref().unwrap().per;
             let mut path = None;
             attribute(per, &req, &mut path).unwrap().map(|v| String::from_utf8(v.into_owned()).unwrap())

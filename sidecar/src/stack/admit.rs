@@ -5,13 +5,14 @@
 //! waited goes upstream with what is left of its deadline.
 
 use std::{
-    future::Future,
+    future::{Future, Ready, ready as resolved},
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll, ready},
     time::{Duration, Instant},
 };
 
-use futures_util::future::Either;
+use futures_util::{FutureExt, future::Either};
 use http::{HeaderMap, Response};
 use pin_project_lite::pin_project;
 use tokio::sync::OwnedSemaphorePermit;
@@ -24,7 +25,7 @@ use crate::{
     body::Admitted,
     config::{OnLimit, Side},
     core::Cost,
-    enforce::{Charged, Costed, Metered, Permits, Resolved, pass, up_front},
+    enforce::{Charge, Charged, Costed, Gate, Metered, Permits, Resolved, pass, up_front},
     refusal::Refusal,
 };
 
@@ -40,16 +41,27 @@ impl<S> Admit<S> {
 }
 
 pin_project! {
-    /// An unclassified request on its way: its answer holds only its place in flight, and is
-    /// not metered.
-    pub struct Unclassified<F> {
+    /// A request on its way upstream, its answer to hold what the request was granted — its
+    /// place in flight and its concurrency permits — until it ends, and, for a rule that charges
+    /// response bytes, to be metered.
+    pub struct Held<F> {
         #[pin]
         call: F,
-        slot: Option<OwnedSemaphorePermit>,
+        permits: Option<Permits>,
+        meter: Option<(Arc<Charge>, Gates)>,
     }
 }
 
-impl<F, B> Future for Unclassified<F>
+/// The gates a metered body charges.
+type Gates = Arc<[Arc<Gate>]>;
+
+impl<F> Held<F> {
+    fn new(call: F, permits: Permits, meter: Option<(Arc<Charge>, Gates)>) -> Held<F> {
+        Held { call, permits: Some(permits), meter }
+    }
+}
+
+impl<F, B> Future for Held<F>
 where
     F: Future<Output = Result<Response<B>, Refusal>>,
 {
@@ -58,8 +70,15 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let response = ready!(this.call.poll(cx))?;
-        let held = Permits::holding(this.slot.take());
-        Poll::Ready(Ok(response.map(|body| Metered::new(Guarded::new(body, held)))))
+        let permits = this.permits.take().unwrap_or_default();
+        let meter = this.meter.take();
+        Poll::Ready(Ok(response.map(|body| {
+            let mut body = Metered::new(Guarded::new(body, permits));
+            if let Some((charge, gates)) = meter {
+                body.charge_to(charge, gates, false);
+            }
+            body
+        })))
     }
 }
 
@@ -71,8 +90,12 @@ where
 {
     type Response = Response<Admitted<B>>;
     type Error = Refusal;
-    /// Unclassified requests go straight through.
-    type Future = Either<Unclassified<S::Future>, BoxFuture<Response<Admitted<B>>>>;
+    /// Requests that may not wait (unclassified, or under `reject` or `shadow`) are admitted or
+    /// refused at once and go on without a task of their own; those that may wait are boxed.
+    type Future = Either<
+        Held<S::Future>,
+        Either<Ready<Result<Response<Admitted<B>>, Refusal>>, BoxFuture<Response<Admitted<B>>>>,
+    >;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
         self.inner.poll_ready(cx)
@@ -81,31 +104,38 @@ where
     fn call(&mut self, mut exchange: Exchange) -> Self::Future {
         let slot = exchange.slot.take();
         let Some(mut charged) = exchange.charged.take() else {
-            return Either::Left(Unclassified { call: self.inner.call(exchange), slot });
+            return Either::Left(Held::new(self.inner.call(exchange), Permits::holding(slot), None));
         };
         let metered = up_front(&mut charged, exchange.request.body());
+        let paced = charged.charge.on_limit == OnLimit::Delay;
+        let meter = move |charged: &Charged, side| {
+            (metered == Some(side)).then(|| (charged.charge.clone(), Gates::from(charged.gates())))
+        };
+        if !paced {
+            // Without a deadline no gate waits: the first poll settles it.
+            let admitted = admit(&charged, exchange.request.headers(), slot).now_or_never();
+            let permits = match admitted.expect("no gate waits without a deadline") {
+                Ok((permits, _)) => permits,
+                Err(refusal) => return Either::Right(Either::Left(resolved(Err(refusal)))),
+            };
+            if let Some((charge, gates)) = meter(&charged, Side::Request) {
+                exchange.request.body_mut().charge_to(charge, gates, false);
+            }
+            return Either::Left(Held::new(self.inner.call(exchange), permits, meter(&charged, Side::Response)));
+        }
         // The clone is ready, not `self.inner` (tower's rule for services driven in a future).
         let inner = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, inner);
-        Either::Right(Box::pin(async move {
+        Either::Right(Either::Right(Box::pin(async move {
             let (permits, waited) = admit(&charged, exchange.request.headers(), slot).await?;
             if !waited.is_zero() {
                 shorten_grpc_timeout(exchange.request.headers_mut(), waited);
             }
-            let charge = &charged.charge;
-            if metered == Some(Side::Request) {
-                let paced = charge.on_limit == OnLimit::Delay;
-                exchange.request.body_mut().charge_to(charge.clone(), charged.gates().into(), paced);
+            if let Some((charge, gates)) = meter(&charged, Side::Request) {
+                exchange.request.body_mut().charge_to(charge, gates, true);
             }
-            let response = inner.call(exchange).await?;
-            Ok(response.map(|body| {
-                let mut body = Metered::new(Guarded::new(body, permits));
-                if metered == Some(Side::Response) {
-                    body.charge_to(charge.clone(), charged.gates().into(), false);
-                }
-                body
-            }))
-        }))
+            Held::new(inner.call(exchange), permits, meter(&charged, Side::Response)).await
+        })))
     }
 }
 
@@ -199,19 +229,18 @@ fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{config, plan::Plan};
+    use crate::plan::Plan;
 
     #[test]
     fn a_declared_cost_is_bounded_by_max_cost_or_what_each_resource_takes_at_once() {
-        let yaml = "listeners:\n  - {name: l, address: 127.0.0.1:1, upstream: u}\n\
-            upstreams:\n  - {name: u, url: http://127.0.0.1:2}\n\
-            resources:\n  - {id: rate, capacity: 10, burst: 2}\n  - {id: pool, kind: concurrency, capacity: 5}\n\
+        let plan = Plan::for_test(
+            "resources:\n  - {id: rate, capacity: 10, burst: 2}\n  - {id: pool, kind: concurrency, capacity: 5}\n\
             rules:\n\
               - {match: {path: {prefix: /a}}, resource: pool, also: [rate], cost: {header: x-cost}}\n\
               - {match: {path: {prefix: /b}}, resource: pool, cost: {header: x-cost}}\n\
               - {match: {path: {prefix: /c}}, resource: rate, cost: {header: x-cost}, max_cost: 100}\n\
-              - {resource: rate, cost: 7}\n";
-        let plan = Plan::build(config::parse(yaml).unwrap(), None, None).unwrap();
+              - {resource: rate, cost: 7}\n",
+        );
         let charged = |path: &str, cost: &str| {
             let request = http::Request::get(path).header("x-cost", cost).body(()).unwrap();
             let charged = plan.listeners[0].rules.classify(&request).unwrap().unwrap();

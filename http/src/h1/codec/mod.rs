@@ -16,6 +16,7 @@ use http::{
     HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version,
     header::{CONTENT_LENGTH, TRAILER, TRANSFER_ENCODING},
 };
+use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::Rejection;
@@ -73,8 +74,9 @@ pub struct ResponseHead {
 }
 
 /// Where each header's name and value lie in the head: the head's bytes are frozen once parsed,
-/// and the values then point into them instead of being copied.
-type Fields = [[usize; 4]; MAX_HEADERS];
+/// and the values then point into them instead of being copied. Most heads fit in place (an
+/// array of all [`MAX_HEADERS`] would be zeroed, 3 KiB, for every head).
+type Fields = SmallVec<[[usize; 4]; 24]>;
 
 /// Takes a whole request head off the front of `buf`; `None` until all of it is there, or for
 /// good if it does not end within `max` bytes (the caller sees `buf` is longer than `max`): a
@@ -92,12 +94,12 @@ pub fn parse_request(buf: &mut BytesMut, max: usize) -> Result<Option<RequestHea
         Method::from_bytes(request.method.unwrap_or_default().as_bytes()).map_err(|_| Malformed("invalid method"))?;
     let version = version(request.version)?;
     let target = span(buf, request.path.unwrap_or_default().as_bytes());
-    let mut fields = [[0; 4]; MAX_HEADERS];
-    let count = locate(buf, request.headers, &mut fields);
+    let mut fields = Fields::new();
+    locate(buf, request.headers, &mut fields);
     let head = buf.split_to(end).freeze();
     let uri =
         Uri::from_maybe_shared(head.slice(target[0]..target[1])).map_err(|_| Malformed("invalid request target"))?;
-    let headers = header_map(&head, &fields[..count])?;
+    let headers = header_map(&head, &fields)?;
     Ok(Some(RequestHead { method, uri, version, headers }))
 }
 
@@ -117,10 +119,10 @@ pub fn parse_response(buf: &mut BytesMut, max: usize) -> Result<Option<ResponseH
     };
     let status = StatusCode::from_u16(response.code.unwrap_or_default()).map_err(|_| Malformed("invalid status"))?;
     let version = version(response.version)?;
-    let mut fields = [[0; 4]; MAX_HEADERS];
-    let count = locate(buf, response.headers, &mut fields);
+    let mut fields = Fields::new();
+    locate(buf, response.headers, &mut fields);
     let head = buf.split_to(end).freeze();
-    let headers = header_map(&head, &fields[..count])?;
+    let headers = header_map(&head, &fields)?;
     Ok(Some(ResponseHead { status, version, headers }))
 }
 
@@ -138,13 +140,12 @@ fn span(buf: &[u8], part: &[u8]) -> [usize; 2] {
     [start, start + part.len()]
 }
 
-fn locate(buf: &[u8], headers: &[httparse::Header<'_>], fields: &mut Fields) -> usize {
-    for (field, header) in fields.iter_mut().zip(headers) {
+fn locate(buf: &[u8], headers: &[httparse::Header<'_>], fields: &mut Fields) {
+    for header in headers {
         let [name, name_end] = span(buf, header.name.as_bytes());
         let [value, value_end] = span(buf, header.value);
-        *field = [name, name_end, value, value_end];
+        fields.push([name, name_end, value, value_end]);
     }
-    headers.len()
 }
 
 fn header_map(head: &Bytes, fields: &[[usize; 4]]) -> Result<HeaderMap, Malformed> {
