@@ -26,7 +26,10 @@ use sluice_runtime::errln;
 use tempfile::TempDir;
 
 use crate::{
-    harness::{Server, binary, cpu_seconds, free_port, http_get},
+    config::{
+        Algorithm, ConfigFile, Kind, Listener, OnLimit, Resource, Rule, ServerConfig, SidecarConfig, Template, Upstream,
+    },
+    harness::{ServerLaunch, binary, cpu_seconds, free_port, http_get},
     upstream::UpstreamProcess,
 };
 
@@ -39,11 +42,9 @@ const WARM_UP_PASS_SECS: u64 = 2;
 const WARM_UP_PASSES: u32 = 15;
 
 /// A lease far above any load wrk can offer, granted at once.
-const SERVER_CONFIG: &str = r#"resources:
-  - identifier_glob: "*"
-    capacity: 1000000000
-    algorithm: {kind: FAIR_SHARE, lease_length: 60, refresh_interval: 5, learning_mode_duration: 0}
-"#;
+fn server_config() -> ServerConfig {
+    ServerConfig::new().template(Template::catch_all(1e9, Algorithm::fair_share(60, 5).learning(0)))
+}
 
 /// Sidecar benchmark: wrk direct, through nginx and through the sidecar.
 #[derive(Debug, Parser)]
@@ -175,8 +176,8 @@ pub fn run(args: Args) -> Result<(), String> {
     };
     // Both sidecars lease from one server, each as a client of its own (their ports differ).
     let server = targets.iter().any(|t| t.is_sidecar()).then(|| {
-        Server::builder_for(args.server.clone().unwrap_or_else(|| binary("sluice-server")))
-            .config(SERVER_CONFIG)
+        ServerLaunch::of(args.server.clone().unwrap_or_else(|| binary("sluice-server")))
+            .config(&server_config())
             .start()
     });
     let mut _sidecars = Vec::new();
@@ -585,29 +586,17 @@ impl Sidecar {
         let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
         let listener = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let config = format!(
-            r#"server:
-  addresses: ["{server}"]
-listeners:
-  - name: bench
-    address: {listener}
-    upstream: backend
-upstreams:
-  - name: backend
-    url: http://{upstream}
-resources:
-  - id: bench
-    kind: rate
-    # The lease follows the measured load with 10% headroom; a deep bucket absorbs the swings of
-    # a closed-loop load between refreshes, so that the rule admits every request yet charges it.
-    burst: 1000000000
-rules:
-  - resource: bench
-    on_limit: reject
-"#
-        );
+        // The lease follows the measured load with 10% headroom; a deep bucket absorbs the swings of
+        // a closed-loop load between refreshes, so that the rule admits every request yet charges it.
+        let config = SidecarConfig::proxy(
+            Listener::new("bench", listener),
+            Upstream::new("backend", format!("http://{upstream}")),
+        )
+        .leasing_from([server])
+        .resource(Resource::new("bench").kind(Kind::Rate).burst(1e9))
+        .rule(Rule::charging("bench").on_limit(OnLimit::Reject));
         let config_path = dir.path().join("sidecar.yaml");
-        fs::write(&config_path, config).map_err(|e| format!("{}: {e}", config_path.display()))?;
+        fs::write(&config_path, config.yaml()).map_err(|e| format!("{}: {e}", config_path.display()))?;
         let mut command = Command::new(binary);
         command.arg("--config").arg(&config_path).args(["--admin-addr", &admin.to_string(), "--worker-threads", "1"]);
         let mut process = Process::spawn("sluice-sidecar", &mut command, dir.path().join("sidecar.log"))?;

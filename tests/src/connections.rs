@@ -21,7 +21,8 @@ use sluice_runtime::outln;
 use tokio::{net::TcpStream, sync::Semaphore};
 
 use crate::{
-    harness::{Sidecar, free_port},
+    config::{Listener, Resource, Rule, SidecarConfig, Upstream},
+    harness::Sidecar,
     upstream::UpstreamProcess,
 };
 
@@ -169,15 +170,12 @@ async fn open(addr: SocketAddr, protocol: Protocol) -> Result<Open, String> {
     Ok(open)
 }
 
-fn config(listen: SocketAddr, upstream: SocketAddr, connections: u64) -> String {
+fn config(upstream: SocketAddr, connections: u64) -> SidecarConfig {
     // Room above the connections under test; an idle timeout the hold cannot reach.
-    format!(
-        "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n    max_connections: {}\n    idle_timeout: 1h\n\
-         upstreams:\n  - name: app\n    url: http://{upstream}\n\
-         resources:\n  - id: everything\n    capacity: 1000000000\n\
-         rules:\n  - resource: everything\n",
-        connections + 100
-    )
+    let listener = Listener::app().max_connections(connections as usize + 100).idle_timeout(Duration::from_secs(3600));
+    SidecarConfig::proxy(listener, Upstream::app(upstream))
+        .resource(Resource::new("everything").capacity(1e9))
+        .rule(Rule::charging("everything"))
 }
 
 /// Starts the upstream and sidecar, opens and holds the connections, and measures.
@@ -193,14 +191,10 @@ pub async fn measure(args: &Args) -> Result<Report, String> {
         ));
     }
     let upstream = UpstreamProcess::launch(&crate::harness::binary("sluice-upstream"), &[] as &[&str])?;
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let sidecar = tokio::task::block_in_place(|| {
-        Sidecar::builder()
-            .config(&config(listen, upstream.addr(), args.connections))
-            .arg("--log")
-            .arg("warn")
-            .start_sidecar()
+        Sidecar::launch(&config(upstream.addr(), args.connections)).args(["--log", "warn"]).start()
     });
+    let listen = sidecar.listen();
     // One request first, so that what starts with the first request (the pool, the limiter's
     // state) is in the baseline; then its connection is gone.
     drop(open(listen, args.protocol).await?);

@@ -18,7 +18,8 @@ use sluice_runtime::outln;
 use tokio::net::TcpListener;
 
 use crate::{
-    harness::{self, Server, Sidecar, free_port},
+    config::{Algorithm, Kind, Listener, OnLimit, Resource, Rule, ServerConfig, SidecarConfig, Template, Upstream},
+    harness::{Server, ServerLaunch, Sidecar, SidecarLaunch},
     http::{http1, send},
     upstream,
 };
@@ -45,24 +46,19 @@ const CAPACITY: f64 = 100.0;
 const RESOURCE: &str = "demo/api";
 
 /// The capacity server's configuration: `demo/api` shares 100 requests/s fairly.
-fn server_config() -> String {
-    format!(
-        "resources:\n  - identifier_glob: \"*\"\n    capacity: {CAPACITY}\n    \
-         description: the demo upstream's shared capacity\n    \
-         algorithm: {{kind: FAIR_SHARE, lease_length: 5, refresh_interval: 1, learning_mode_duration: 2}}\n"
-    )
+fn server_config() -> ServerConfig {
+    let algorithm = Algorithm::fair_share(5, 1).learning(2);
+    ServerConfig::new()
+        .template(Template::catch_all(CAPACITY, algorithm).description("the demo upstream's shared capacity"))
 }
 
 /// A sidecar in front of `upstream` whose one rule leases `demo/api` from `server` and rejects
 /// beyond the lease (also the soak's sidecars).
-pub fn sidecar_config(server: SocketAddr, listen: SocketAddr, upstream: SocketAddr) -> String {
-    format!(
-        "server:\n  addresses: [\"{server}\"]\n\
-         listeners:\n  - name: app\n    address: {listen}\n    upstream: demo\n\
-         upstreams:\n  - name: demo\n    url: http://{upstream}\n\
-         resources:\n  - id: {RESOURCE}\n    kind: rate\n\
-         rules:\n  - name: everything\n    resource: {RESOURCE}\n    on_limit: reject\n"
-    )
+pub fn sidecar_config(server: SocketAddr, upstream: SocketAddr) -> SidecarConfig {
+    SidecarConfig::proxy(Listener::app(), Upstream::new("demo", format!("http://{upstream}")))
+        .leasing_from([server])
+        .resource(Resource::new(RESOURCE).kind(Kind::Rate))
+        .rule(Rule::charging(RESOURCE).name("everything").on_limit(OnLimit::Reject))
 }
 
 /// One sidecar with its load and counters.
@@ -84,12 +80,13 @@ impl Pod {
         rate: u32,
         bin_dir: &Option<PathBuf>,
     ) -> Pod {
-        let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let config = sidecar_config(server, upstream);
         let launch = match bin_dir {
-            Some(dir) => Sidecar::builder_for(dir.join("sluice-sidecar")),
-            None => Sidecar::builder(),
+            Some(dir) => SidecarLaunch::of(dir.join("sluice-sidecar"), &config),
+            None => Sidecar::launch(&config),
         };
-        let sidecar = launch.config(&sidecar_config(server, listen, upstream)).arg("--log").arg("warn").start_sidecar();
+        let sidecar = launch.args(["--log", "warn"]).start();
+        let listen = sidecar.listen();
         let pod = Pod {
             name,
             sidecar,
@@ -150,10 +147,10 @@ impl Pod {
 
 pub async fn run(args: Args) -> Result<(), String> {
     let server_launch = match &args.bin_dir {
-        Some(dir) => Server::builder_for(dir.join("sluice-server")),
-        None => Server::builder_for(harness::binary("sluice-server")),
+        Some(dir) => ServerLaunch::of(dir.join("sluice-server")),
+        None => Server::launch(),
     };
-    let server = server_launch.config(&server_config()).arg("--log").arg("warn").start();
+    let server = server_launch.config(&server_config()).args(["--log", "warn"]).start();
     let upstream_listener = TcpListener::bind("127.0.0.1:0").await.map_err(|e| format!("demo upstream: {e}"))?;
     let upstream_addr = upstream_listener.local_addr().map_err(|e| e.to_string())?;
     tokio::spawn(upstream::serve(upstream_listener, None));

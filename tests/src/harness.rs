@@ -1,5 +1,6 @@
-//! Starts the real `sluice-server` and `sluice-sidecar` binaries on free loopback ports, each
-//! with its own temporary directory, and stops them when dropped.
+//! Starts the real `sluice-server` and `sluice-sidecar` binaries, each by its own launcher
+//! ([`ServerLaunch`], [`SidecarLaunch`]) with a configuration from [`crate::config`], on free
+//! loopback ports, each in its own temporary directory, and stops them when dropped.
 
 use std::{
     fs,
@@ -18,6 +19,8 @@ use std::{
 use sluice_proto::capacity_client::CapacityClient;
 use tempfile::TempDir;
 use tonic::transport::Channel;
+
+use crate::config::{ConfigFile, Listener, Resource, Rule, ServerConfig, SidecarConfig, Upstream};
 
 /// How long a binary may take to become ready.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -58,18 +61,17 @@ pub fn free_port() -> u16 {
     panic!("no free port in {low}..{high}");
 }
 
-/// A standalone sidecar with one listener (`listener`: more YAML keys of it) in front of
-/// `upstream`, and one resource (`resource`: its YAML keys) that one rule (`rule`: its YAML
-/// keys) charges every request to.
-pub fn standalone_sidecar(upstream: SocketAddr, listener: &str, resource: &str, rule: &str) -> (Sidecar, SocketAddr) {
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let config = format!(
-        "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n    {listener}\n\
-         upstreams:\n  - name: app\n    url: http://{upstream}\n\
-         resources:\n  - id: everything\n    {resource}\n\
-         rules:\n  - resource: everything\n    {rule}\n"
-    );
-    (Sidecar::builder().config(&config).start_sidecar(), listen)
+/// A standalone sidecar whose `listener` sends every request to `upstream`, charging it to
+/// `resource` by `rule`: the sidecar and where it listens.
+pub fn standalone_sidecar(
+    listener: Listener,
+    upstream: Upstream,
+    resource: Resource,
+    rule: Rule,
+) -> (Sidecar, SocketAddr) {
+    let sidecar = Sidecar::launch(&SidecarConfig::proxy(listener, upstream).resource(resource).rule(rule)).start();
+    let listen = sidecar.listen();
+    (sidecar, listen)
 }
 
 /// Spacing between the first ports of processes with consecutive ids: a prime, so that starts
@@ -112,22 +114,42 @@ pub fn run(name: &str, args: &[&str]) -> Output {
     child.wait_with_output().expect("output")
 }
 
-/// How to start one of the binaries.
-pub struct Launch {
+/// Starts `binary` with `--admin-addr` on a free port, `config` (YAML) as `--config` and `args`,
+/// and waits until `ready` on the admin listener answers 200.
+fn spawn(binary: &Path, config: Option<&str>, args: &[String], ready: &str) -> Process {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let config_path = dir.path().join("config.yaml");
+    let log_path = dir.path().join("process.log");
+    let mut command = Command::new(binary);
+    command.args(["--admin-addr", &admin.to_string()]);
+    if let Some(yaml) = config {
+        fs::write(&config_path, yaml).expect("write config");
+        command.arg("--config").arg(&config_path);
+    }
+    let log = fs::File::create(&log_path).expect("log file");
+    command.args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+    let child = command.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+    let mut process = Process { child, admin, config_path, log_path, _dir: dir };
+    process.wait_ready(ready);
+    process
+}
+
+/// How to start a capacity server: its configuration (else the embedded default) and flags.
+pub struct ServerLaunch {
     binary: PathBuf,
     config: Option<String>,
     args: Vec<String>,
 }
 
-impl Launch {
-    /// Writes `yaml` to a file and passes it as `--config`.
-    pub fn config(mut self, yaml: &str) -> Self {
-        self.config = Some(yaml.to_owned());
-        self
+impl ServerLaunch {
+    /// A launch of `binary` (another build, e.g. a release build for measurements).
+    pub fn of(binary: PathBuf) -> Self {
+        ServerLaunch { binary, config: None, args: Vec::new() }
     }
 
-    pub fn arg(mut self, arg: impl Into<String>) -> Self {
-        self.args.push(arg.into());
+    pub fn config(mut self, config: &ServerConfig) -> Self {
+        self.config = Some(config.yaml());
         self
     }
 
@@ -136,42 +158,42 @@ impl Launch {
         self
     }
 
-    /// Starts the process with `--admin-addr` on a free port plus `extra` flags, and waits until
-    /// `ready` on the admin listener answers 200.
-    fn spawn(self, extra: &[String], ready: &str) -> Process {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-        let config_path = dir.path().join("config.yaml");
-        let log_path = dir.path().join("process.log");
-        let mut command = Command::new(&self.binary);
-        command.args(["--admin-addr", &admin.to_string()]).args(extra);
-        if let Some(yaml) = &self.config {
-            fs::write(&config_path, yaml).expect("write config");
-            command.arg("--config").arg(&config_path);
-        }
-        let log = fs::File::create(&log_path).expect("log file");
-        command.args(&self.args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
-        let child = command.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", self.binary.display()));
-        let mut process = Process { child, admin, config_path, log_path, _dir: dir };
-        process.wait_ready(ready);
-        process
-    }
-
-    /// Starts a capacity server on free ports and waits until `/readyz` answers 200.
+    /// Starts the server with its gRPC listener on a free port; waits until `/readyz` answers 200.
     pub fn start(self) -> Server {
         self.start_at(([127, 0, 0, 1], free_port()).into())
     }
 
-    /// Starts a capacity server whose gRPC listener is `grpc` (e.g. to restart one in place).
-    pub fn start_at(self, grpc: SocketAddr) -> Server {
-        let process = self.spawn(&["--grpc-addr".into(), grpc.to_string()], "/readyz");
+    /// Starts the server with its gRPC listener on `grpc` (e.g. to restart one in place).
+    pub fn start_at(mut self, grpc: SocketAddr) -> Server {
+        self.args.extend(["--grpc-addr".into(), grpc.to_string()]);
+        let process = spawn(&self.binary, self.config.as_deref(), &self.args, "/readyz");
         Server { process, grpc }
     }
+}
 
-    /// Starts a sidecar (its listeners are in its configuration) and waits until `/ready`
-    /// answers 200.
-    pub fn start_sidecar(self) -> Sidecar {
-        Sidecar { process: self.spawn(&[], "/ready") }
+/// How to start a sidecar: its configuration, which says where it listens, and flags.
+pub struct SidecarLaunch {
+    binary: PathBuf,
+    config: String,
+    listeners: Vec<SocketAddr>,
+    args: Vec<String>,
+}
+
+impl SidecarLaunch {
+    /// A launch of `binary` (another build, e.g. a release build for measurements).
+    pub fn of(binary: PathBuf, config: &SidecarConfig) -> Self {
+        SidecarLaunch { binary, config: config.yaml(), listeners: config.addresses(), args: Vec::new() }
+    }
+
+    pub fn args(mut self, args: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Starts the sidecar and waits until `/ready` answers 200.
+    pub fn start(self) -> Sidecar {
+        let process = spawn(&self.binary, Some(&self.config), &self.args, "/ready");
+        Sidecar { process, listeners: self.listeners }
     }
 }
 
@@ -194,14 +216,15 @@ impl Process {
         fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
-    pub fn config_path(&self) -> &Path {
-        &self.config_path
+    /// Replaces the configuration file the way tools do: write aside, then rename over it.
+    pub fn write_config(&self, config: &dyn ConfigFile) {
+        self.write_raw_config(&config.yaml());
     }
 
-    /// Replaces the configuration file the way tools do: write aside, then rename over it.
-    pub fn write_config(&self, yaml: &str) {
+    /// [`Process::write_config`] with text as it is, for tests of files the binaries refuse to read.
+    pub fn write_raw_config(&self, text: &str) {
         let aside = self.config_path.with_extension("new");
-        fs::write(&aside, yaml).expect("write config");
+        fs::write(&aside, text).expect("write config");
         fs::rename(&aside, &self.config_path).expect("replace config");
     }
 
@@ -263,12 +286,8 @@ pub struct Server {
 }
 
 impl Server {
-    pub fn builder() -> Launch {
-        Self::builder_for(binary("sluice-server"))
-    }
-
-    pub fn builder_for(binary: PathBuf) -> Launch {
-        Launch { binary, config: None, args: Vec::new() }
+    pub fn launch() -> ServerLaunch {
+        ServerLaunch::of(binary("sluice-server"))
     }
 
     pub async fn client(&self) -> CapacityClient<Channel> {
@@ -279,15 +298,18 @@ impl Server {
 /// A running `sluice-sidecar`.
 pub struct Sidecar {
     process: Process,
+    /// Where its listeners listen, in the order of its configuration.
+    pub listeners: Vec<SocketAddr>,
 }
 
 impl Sidecar {
-    pub fn builder() -> Launch {
-        Self::builder_for(binary("sluice-sidecar"))
+    pub fn launch(config: &SidecarConfig) -> SidecarLaunch {
+        SidecarLaunch::of(binary("sluice-sidecar"), config)
     }
 
-    pub fn builder_for(binary: PathBuf) -> Launch {
-        Launch { binary, config: None, args: Vec::new() }
+    /// Where its first listener listens.
+    pub fn listen(&self) -> SocketAddr {
+        self.listeners[0]
     }
 }
 

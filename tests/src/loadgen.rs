@@ -22,7 +22,10 @@ use sluice_proto::{DiscoveryRequest, GetCapacityRequest, ResourceRequest, capaci
 use sluice_runtime::outln;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::harness::{Server, cpu_seconds};
+use crate::{
+    config::{Algorithm, ServerConfig, Template},
+    harness::{ServerLaunch, cpu_seconds},
+};
 
 /// Load generator for Doorman-protocol capacity servers.
 #[derive(Debug, Parser)]
@@ -101,12 +104,10 @@ fn wants(i: usize) -> f64 {
     (1 + ((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % 100) as f64
 }
 
-fn launched_config(clients: usize) -> String {
+fn launched_config(clients: usize) -> ServerConfig {
     // Mean demand is ~50 per client: capacity for half of it keeps FAIR_SHARE cutting.
-    format!(
-        "resources:\n  - identifier_glob: \"*\"\n    capacity: {}\n    algorithm: {{kind: FAIR_SHARE, lease_length: 7200, refresh_interval: 60, learning_mode_duration: 0}}\n",
-        clients * 25
-    )
+    let capacity = (clients * 25) as f64;
+    ServerConfig::new().template(Template::catch_all(capacity, Algorithm::fair_share(7200, 60).learning(0)))
 }
 
 fn rss_bytes(pid: u32) -> Option<f64> {
@@ -239,7 +240,7 @@ fn ms(h: &Histogram<u64>, q: f64) -> f64 {
 /// `--addr`, with the Discovery rate over the same connections and callers for comparison.
 pub async fn measure_size(args: &Args, clients: usize) -> Result<(Measurement, f64), String> {
     let server = args.launch.as_ref().map(|binary| {
-        Server::builder_for(binary.clone()).config(&launched_config(clients)).arg("--log").arg("warn").start()
+        ServerLaunch::of(binary.clone()).config(&launched_config(clients)).args(["--log", "warn"]).start()
     });
     let addr = server.as_ref().map_or_else(|| args.addr.clone(), |s| s.grpc.to_string());
     let pid = server.as_ref().map(|s| s.pid()).or(args.server_pid);

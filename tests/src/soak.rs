@@ -20,9 +20,10 @@ use sluice_runtime::outln;
 use tokio::{task::JoinHandle, time::MissedTickBehavior};
 
 use crate::{
+    config::{Algorithm, ServerConfig, Template},
     connections::Usage,
     demo,
-    harness::{Server, Sidecar, free_port},
+    harness::{Server, Sidecar},
     http::{http1, send},
     upstream::UpstreamProcess,
 };
@@ -66,11 +67,8 @@ pub const FD_GROWTH: (f64, u64) = (0.10, 8);
 /// At most this fraction of the requests offered in the steady part may go unanswered.
 pub const MAX_FAILED: f64 = 0.01;
 
-fn server_config(capacity: f64) -> String {
-    format!(
-        "resources:\n  - identifier_glob: \"*\"\n    capacity: {capacity}\n    \
-         algorithm: {{kind: FAIR_SHARE, lease_length: 10, refresh_interval: 2, learning_mode_duration: 0}}\n"
-    )
+fn server_config(capacity: f64) -> ServerConfig {
+    ServerConfig::new().template(Template::catch_all(capacity, Algorithm::fair_share(10, 2).learning(0)))
 }
 
 /// Requests through one sidecar since the last sample.
@@ -177,18 +175,19 @@ struct Topology {
 
 impl Topology {
     fn start(sidecars: u32) -> Result<Topology, String> {
-        let root = Server::builder().config(&server_config(CAPACITY)).arg("--log").arg("warn").start();
+        let root = Server::launch().config(&server_config(CAPACITY)).args(["--log", "warn"]).start();
         // The leaf's own template grants nothing: all it hands out comes from the root.
-        let leaf = Server::builder()
+        let leaf = Server::launch()
             .config(&server_config(0.0))
             .args(["--parent", &root.grpc.to_string(), "--log", "warn"])
             .start();
         let upstream = UpstreamProcess::launch(&crate::harness::binary("sluice-upstream"), &[] as &[&str])?;
         let sidecars = (0..sidecars)
             .map(|_| {
-                let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-                let config = demo::sidecar_config(leaf.grpc, listen, upstream.addr());
-                (Sidecar::builder().config(&config).arg("--log").arg("warn").start_sidecar(), listen)
+                let sidecar =
+                    Sidecar::launch(&demo::sidecar_config(leaf.grpc, upstream.addr())).args(["--log", "warn"]).start();
+                let listen = sidecar.listen();
+                (sidecar, listen)
             })
             .collect();
         Ok(Topology { root, leaf, upstream, sidecars })

@@ -3,7 +3,7 @@
 
 use std::{
     net::SocketAddr,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use serde_json::Value;
@@ -12,8 +12,10 @@ use sluice_proto::{
     ReleaseCapacityRequest, ResourceRequest, ServerCapacityResourceRequest,
 };
 use sluice_tests::{
+    config::{Algorithm, ServerConfig, Template},
     etcd::Etcd,
     harness::{self, Server, free_port},
+    wait::eventually,
 };
 use tonic::transport::Channel;
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
@@ -26,15 +28,17 @@ const TTL: u64 = 2;
 const SLACK: Duration = Duration::from_secs(3);
 
 /// Learning lasts far longer than any test, so every grant below is a learning-mode grant.
-const CONFIG: &str = "resources:\n  - identifier_glob: \"*\"\n    capacity: 100\n    algorithm: {kind: FAIR_SHARE, lease_length: 30, refresh_interval: 1, learning_mode_duration: 300}\n";
+fn config() -> ServerConfig {
+    ServerConfig::new().template(Template::catch_all(100.0, Algorithm::fair_share(30, 1).learning(300)))
+}
 
 /// A replica on a free port that advertises `localhost:<port>`, a name distinct from its listen
 /// address, so that the tests see the advertise address travel through etcd.
 fn replica(etcd: &Etcd, key: &str) -> (Server, String) {
     let grpc: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let advertised = format!("localhost:{}", grpc.port());
-    let server = Server::builder()
-        .config(CONFIG)
+    let server = Server::launch()
+        .config(&config())
         .args(["--etcd-endpoints", &etcd.endpoint(), "--election-key", key])
         .args(["--etcd-lease-ttl", &TTL.to_string(), "--advertise-address", &advertised])
         .start_at(grpc);
@@ -73,16 +77,6 @@ fn status(server: &Server) -> Value {
 
 fn unix_now() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
-}
-
-/// Polls `done` until it holds and returns how long that took; fails after `timeout`.
-async fn within(what: &str, timeout: Duration, mut done: impl AsyncFnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !done().await {
-        assert!(start.elapsed() < timeout, "{what}: not within {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    start.elapsed()
 }
 
 #[tokio::test]
@@ -149,11 +143,11 @@ async fn a_replica_takes_over_a_killed_master_within_a_ttl_and_starts_learning()
     a.signal("KILL");
     a.wait_exit(Duration::from_secs(5));
 
-    let took = within("the follower becomes master", Duration::from_secs(TTL) + SLACK, async || {
-        discovery(&b).await == (true, Some(b_address.clone()))
-    })
-    .await;
+    let took =
+        eventually("the follower becomes master", async || discovery(&b).await == (true, Some(b_address.clone())))
+            .await;
     println!("failover after SIGKILL took {took:?}");
+    assert!(took < Duration::from_secs(TTL) + SLACK, "{took:?}: not within a TTL and slack");
     let s = status(&b);
     assert_eq!(s["election"]["role"], "master");
     assert!(s["serving_since"].as_i64().unwrap() >= killed_at, "a fresh ledger from the win: {s}");
@@ -176,11 +170,11 @@ async fn sigterm_resigns_so_a_replica_takes_over_at_once() {
     let (b, b_address) = replica(&etcd, "/sluice/test/resign");
     a.signal("TERM");
     // Far less than the TTL: nobody waits for a lease to expire.
-    let took = within("the follower becomes master", Duration::from_millis(1500), async || {
-        discovery(&b).await == (true, Some(b_address.clone()))
-    })
-    .await;
+    let took =
+        eventually("the follower becomes master", async || discovery(&b).await == (true, Some(b_address.clone())))
+            .await;
     println!("takeover after SIGTERM took {took:?}");
+    assert!(took < Duration::from_millis(1500), "{took:?}: not at once");
     assert_eq!(a.wait_exit(Duration::from_secs(15)), Some(0), "log:\n{}", a.logs());
 }
 
@@ -191,32 +185,33 @@ async fn the_master_steps_down_when_etcd_stops_and_a_master_returns_with_it() {
     let (b, _) = replica(&etcd, "/sluice/test/outage");
     etcd.stop("KILL");
 
-    let took = within("the master steps down", Duration::from_secs(TTL) + Duration::from_secs(1), async || {
-        discovery(&a).await == (false, None)
-    })
-    .await;
+    let took = eventually("the master steps down", async || discovery(&a).await == (false, None)).await;
     println!("step-down after etcd died took {took:?}");
+    assert!(took < Duration::from_secs(TTL + 1), "{took:?}: not within a TTL");
     assert_eq!(a.metric("sluice_server_is_master"), Some(0.0));
     assert_eq!(a.metric("sluice_server_elections_total{result=\"lost\"}"), Some(1.0));
-    within("the follower forgets the master", Duration::from_secs(1), async || discovery(&b).await == (false, None))
-        .await;
+    let took = eventually("the follower forgets the master", async || discovery(&b).await == (false, None)).await;
+    assert!(took < Duration::from_secs(1), "the follower forgot the master after {took:?}");
     assert_eq!(a.get("/readyz").0, 503, "no master to serve or name");
-    within("gRPC health agrees", Duration::from_secs(1), async || health(&a).await == ServingStatus::NotServing).await;
+    let took = eventually("gRPC health agrees", async || health(&a).await == ServingStatus::NotServing).await;
+    assert!(took < Duration::from_secs(1), "gRPC health agreed after {took:?}");
     let answer = a.client().await.get_capacity(request("c", 10.0, Some(10.0))).await.unwrap().into_inner();
     assert!(answer.response.is_empty());
     assert_eq!(answer.mastership, Some(Mastership { master_address: None }), "master unknown: retry");
 
     etcd.restart();
-    let took = within("a master is elected again", Duration::from_secs(TTL) + 2 * SLACK, async || {
+    let took = eventually("a master is elected again", async || {
         let (a_master, a_names) = discovery(&a).await;
         let (b_master, b_names) = discovery(&b).await;
         a_master != b_master && a_names.is_some() && a_names == b_names
     })
     .await;
     println!("re-election after etcd restarted took {took:?}");
+    assert!(took < Duration::from_secs(TTL) + 2 * SLACK, "{took:?}: not within a TTL and slack");
     let (_, master) = discovery(&a).await;
     println!("master now {master:?} (was {a_address})");
-    within("serving again", Duration::from_secs(1), async || health(&a).await == ServingStatus::Serving).await;
+    let took = eventually("serving again", async || health(&a).await == ServingStatus::Serving).await;
+    assert!(took < Duration::from_secs(1), "serving again after {took:?}");
 }
 
 #[tokio::test]
@@ -225,15 +220,14 @@ async fn the_master_steps_down_within_a_ttl_when_etcd_stops_answering() {
     let (a, _) = replica(&etcd, "/sluice/test/frozen");
     // Frozen, etcd keeps its connections open: only the keep-alive deadline can tell.
     etcd.signal("STOP");
-    let took = within("the master steps down", Duration::from_secs(TTL) + Duration::from_secs(1), async || {
-        !discovery(&a).await.0
-    })
-    .await;
+    let took = eventually("the master steps down", async || !discovery(&a).await.0).await;
     println!("step-down after etcd froze took {took:?}");
+    assert!(took < Duration::from_secs(TTL + 1), "{took:?}: not within a TTL");
     assert_eq!(a.metric("sluice_server_is_master"), Some(0.0));
 
     etcd.signal("CONT");
-    within("the replica is master again", Duration::from_secs(TTL) + 2 * SLACK, async || discovery(&a).await.0).await;
+    let took = eventually("the replica is master again", async || discovery(&a).await.0).await;
+    assert!(took < Duration::from_secs(TTL) + 2 * SLACK, "master again after {took:?}");
 }
 
 #[test]

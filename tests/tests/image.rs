@@ -12,14 +12,18 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     process::Command,
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use sluice_tests::{
+    config::{
+        Algorithm, ConfigFile, Listener, OnLimit, Resource, Rule, ServerConfig, SidecarConfig, Template, Upstream,
+    },
     docker::{Engine, describe},
     harness::{binary, can_run, free_port, http_get, missing_tools},
     http::{get, http1},
     upstream::UpstreamProcess,
+    wait::{eventually, eventually_blocking, lazily},
 };
 
 const IMAGE: &str = "sluice-test:image";
@@ -29,9 +33,6 @@ const BASE: &str = "sluice-base:local";
 
 /// The non-root user the image runs as (distroless' `nonroot`).
 const USER: &str = "65532:65532";
-
-/// How long a container may take to become ready.
-const START_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The capacity the server grants in all: half a request a second, so that a quick series of
 /// requests through the sidecar soon exhausts its lease.
@@ -64,14 +65,11 @@ fn is_root() -> bool {
 /// Waits until `path` on a container's admin listener answers 200, printing the container's
 /// log if it does not.
 fn wait_ready(engine: &Engine, container: &str, admin: SocketAddr, path: &str) {
-    let deadline = Instant::now() + START_TIMEOUT;
-    while !matches!(http_get(admin, path), Ok((200, _))) {
-        if Instant::now() > deadline {
-            let logs = engine.command().args(["logs", container]).output().expect("docker logs");
-            panic!("{container} not ready after {START_TIMEOUT:?}: {}", describe(&logs));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let why = lazily(|| {
+        let logs = engine.command().args(["logs", container]).output().expect("docker logs");
+        format!("{container} not ready: {}", describe(&logs))
+    });
+    eventually_blocking(why, || matches!(http_get(admin, path), Ok((200, _))));
 }
 
 /// `docker run` of one of the binaries from the image: on the host's network, with its
@@ -144,27 +142,14 @@ async fn the_image_runs_the_server_and_the_sidecar_as_non_root() {
     let (grpc, server_admin) = (loopback(free_port()), loopback(free_port()));
     let (listen, sidecar_admin) = (loopback(free_port()), loopback(free_port()));
     let server_config = configs.path().join("server.yaml");
-    fs::write(
-        &server_config,
-        format!(
-            "resources:\n  - identifier_glob: \"*\"\n    capacity: {CAPACITY}\n    \
-             algorithm: {{kind: FAIR_SHARE, lease_length: 30, refresh_interval: 1, learning_mode_duration: 0}}\n"
-        ),
-    )
-    .unwrap();
+    let shared = Template::catch_all(CAPACITY, Algorithm::fair_share(30, 1).learning(0));
+    fs::write(&server_config, ServerConfig::new().template(shared).yaml()).unwrap();
     let sidecar_config = configs.path().join("sidecar.yaml");
-    fs::write(
-        &sidecar_config,
-        format!(
-            "server:\n  addresses: [\"{grpc}\"]\n\
-             listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
-             upstreams:\n  - name: app\n    url: http://{}\n\
-             resources:\n  - id: images\n    burst: 1\n\
-             rules:\n  - resource: images\n    on_limit: reject\n",
-            upstream.addr()
-        ),
-    )
-    .unwrap();
+    let sidecar = SidecarConfig::proxy(Listener::new("app", listen), Upstream::app(upstream.addr()))
+        .leasing_from([grpc])
+        .resource(Resource::new("images").burst(1.0))
+        .rule(Rule::charging("images").on_limit(OnLimit::Reject));
+    fs::write(&sidecar_config, sidecar.yaml()).unwrap();
     run(
         &engine,
         "sluice-server",
@@ -181,11 +166,8 @@ async fn the_image_runs_the_server_and_the_sidecar_as_non_root() {
 
     // Requests until one passes on a lease (the sidecar may refuse while it has none yet).
     let (http, url) = (http1(), format!("http://{listen}/echo"));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !(get(&http, &url).await.status == 200 && resource(sidecar_admin)["mode"] == "leased") {
-        assert!(Instant::now() < deadline, "no request passed on a lease: {}", resource(sidecar_admin));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let why = lazily(|| format!("no request passed on a lease: {}", resource(sidecar_admin)));
+    eventually(why, async || get(&http, &url).await.status == 200 && resource(sidecar_admin)["mode"] == "leased").await;
     let lease = resource(sidecar_admin)["capacity"].as_f64().expect("a leased capacity");
     assert!(lease > 0.0 && lease <= CAPACITY, "the lease comes from the server's {CAPACITY}/s: {lease}");
     // Ten at once: the bucket of 1 and half a token a second let one or two through.

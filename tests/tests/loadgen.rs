@@ -5,17 +5,16 @@ use std::time::Duration;
 
 use clap::Parser;
 use sluice_tests::{
+    config::{Algorithm, ServerConfig, Template},
     faults::{Fault, FaultProxy},
     harness::Server,
     loadgen::{self, Args},
 };
 
-const CONFIG: &str = "resources:\n  - identifier_glob: \"*\"\n    capacity: 1000\n    \
-                      algorithm: {kind: FAIR_SHARE, lease_length: 600, refresh_interval: 60, learning_mode_duration: 0}\n";
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latency_agrees_with_littles_law_against_a_slow_server() {
-    let server = Server::builder().config(CONFIG).start();
+    let config = ServerConfig::new().template(Template::catch_all(1000.0, Algorithm::fair_share(600, 60).learning(0)));
+    let server = Server::launch().config(&config).start();
     let proxy = FaultProxy::start(server.grpc);
     // Each way: a round trip takes at least 40 ms, far above anything the accounting could
     // mistake for it (it once recorded every call slower than 2 ms as 2 µs).

@@ -15,21 +15,21 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
 };
 
 use serde_json::Value;
 use sluice_tests::{
+    config::{Algorithm, ConfigFile, ServerConfig, Template},
     docker::{Engine, describe},
     etcd::Etcd,
     harness::{binary, can_run, free_port, http_get, missing_tools},
     kube::{Launch, chart, container, documents, find, pod_template, render, repo, tools_ready},
     upstream::UpstreamProcess,
+    wait::{eventually_blocking, lazily},
 };
 use tempfile::TempDir;
 
 const IMAGE: &str = "sluice-test:manifests";
-const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn loopback() -> SocketAddr {
     ([127, 0, 0, 1], free_port()).into()
@@ -155,15 +155,8 @@ impl Runner {
             let Some(path) = probe["path"].as_str() else { continue };
             let port = probe["port"].as_str().expect("a named port");
             let addr = ports[port];
-            let deadline = Instant::now() + START_TIMEOUT;
-            while !matches!(http_get(addr, path), Ok((200, _))) {
-                assert!(
-                    Instant::now() < deadline,
-                    "{kind} {path} on {port} ({addr}) not 200; logs:\n{}",
-                    self.logs(running)
-                );
-                std::thread::sleep(Duration::from_millis(100));
-            }
+            let why = lazily(|| format!("{kind} {path} on {port} ({addr}) not 200; logs:\n{}", self.logs(running)));
+            eventually_blocking(why, || matches!(http_get(addr, path), Ok((200, _))));
             asked.push(format!("{kind} {path} on {port}"));
         }
         asked
@@ -194,16 +187,18 @@ fn the_servers_and_the_sidecar_the_manifests_describe_run_and_answer_their_probe
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let values = dir.path().join("values.yaml");
-    fs::write(
-        &values,
-        format!(
-            "etcd:\n  endpoints: [\"{}\"]\n  leaseTTL: 2\n\
-             tiers:\n  - name: root\n    replicas: 2\n    config: |\n      resources:\n        - identifier_glob: \"*\"\n          capacity: 100\n          algorithm: {{kind: FAIR_SHARE, lease_length: 10, refresh_interval: 2, learning_mode_duration: 0}}\n\
-             \x20 - name: leaf\n    parent: root\n    config: |\n      resources:\n        - identifier_glob: \"*\"\n          capacity: 0\n          algorithm: {{kind: FAIR_SHARE, lease_length: 10, refresh_interval: 2, learning_mode_duration: 0}}\n",
-            etcd.endpoint()
-        ),
-    )
-    .unwrap();
+    // Each tier's server configuration, in the chart's values.
+    let tier = |capacity: f64| {
+        ServerConfig::new().template(Template::catch_all(capacity, Algorithm::fair_share(10, 2).learning(0))).yaml()
+    };
+    let chart_values = serde_json::json!({
+        "etcd": {"endpoints": [etcd.endpoint()], "leaseTTL": 2},
+        "tiers": [
+            {"name": "root", "replicas": 2, "config": tier(100.0)},
+            {"name": "leaf", "parent": "root", "config": tier(0.0)},
+        ],
+    });
+    fs::write(&values, yaml_serde::to_string(&chart_values).unwrap()).unwrap();
     let objects = documents(&render(&chart(), &["--values", values.to_str().unwrap()]).expect("the chart renders"));
     let runner = Runner::new();
     let mut running = Vec::new();
@@ -298,22 +293,12 @@ fn the_servers_and_the_sidecar_the_manifests_describe_run_and_answer_their_probe
     let status: Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["client_id"], "orders-client-7d9c5-x2x4z:9000".replace("9000", &listen.port().to_string()));
     // The application's call, through the sidecar, to the service it calls.
-    let deadline = Instant::now() + START_TIMEOUT;
-    while !matches!(http_get(listen, "/echo"), Ok((200, _))) {
-        assert!(Instant::now() < deadline, "no request passed the sidecar; logs:\n{}", runner.logs(&process));
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let why = lazily(|| format!("no request passed the sidecar; logs:\n{}", runner.logs(&process)));
+    eventually_blocking(why, || matches!(http_get(listen, "/echo"), Ok((200, _))));
     // And its lease comes down the tree: root master → leaf → sidecar.
-    let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        let (_, status) = http_get(admin, "/debug/status.json").unwrap();
-        let status: Value = serde_json::from_str(&status).unwrap();
-        if status["resources"][0]["mode"] == "leased" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no lease through the tree: {status}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let status = || serde_json::from_str::<Value>(&http_get(admin, "/debug/status.json").unwrap().1).unwrap();
+    let why = lazily(|| format!("no lease through the tree: {}", status()));
+    eventually_blocking(why, || status()["resources"][0]["mode"] == "leased");
     running.push(process);
     drop(running);
     runner.stop();

@@ -17,17 +17,22 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use serde_json::Value;
 use sluice_proto::GetCapacityRequest;
 use sluice_tests::{
+    config::{
+        Algorithm, ConfigFile, Listener, Match, OnLimit, PathMatch, Resource, Rule, ServerConfig, SidecarConfig,
+        Template, Upstream,
+    },
     etcd::Etcd,
-    harness::{Process, Server, Sidecar, free_port},
+    harness::{Process, Server, Sidecar},
     http::{get, http1},
     prometheus::{Prometheus, promtool, tools_present},
     upstream::UpstreamProcess,
+    wait::{eventually, lazily},
 };
 use tonic::Code;
 
@@ -269,24 +274,24 @@ fn the_rules_pass_promtool_check_and_their_unit_tests() {
 }
 
 /// A sidecar in front of `upstream`, leasing from `server`: one resource per on_limit mode.
-fn sidecar_config(listen: SocketAddr, upstream: SocketAddr, server: SocketAddr) -> String {
-    format!(
-        "server:\n  addresses: [\"{server}\"]\n\
-         listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
-         upstreams:\n  - name: app\n    url: http://{upstream}\n\
-         resources:\n  - id: rejecting\n  - id: delaying\n  - id: shadowing\n\
-         rules:\n\
-         \x20 - {{match: {{path: {{prefix: /echo/reject}}}}, resource: rejecting, on_limit: reject}}\n\
-         \x20 - {{match: {{path: {{prefix: /echo/delay}}}}, resource: delaying, on_limit: delay, max_wait: 300ms}}\n\
-         \x20 - {{match: {{path: {{prefix: /echo/shadow}}}}, resource: shadowing, on_limit: shadow}}\n"
-    )
+fn sidecar_config(upstream: SocketAddr, server: SocketAddr) -> SidecarConfig {
+    let rule = |prefix: &str, resource: &str, on_limit: OnLimit| {
+        Rule::charging(resource).matching(Match::default().path(PathMatch::Prefix(prefix.into()))).on_limit(on_limit)
+    };
+    SidecarConfig::proxy(Listener::app(), Upstream::app(upstream))
+        .leasing_from([server])
+        .resource(Resource::new("rejecting"))
+        .resource(Resource::new("delaying"))
+        .resource(Resource::new("shadowing"))
+        .rule(rule("/echo/reject", "rejecting", OnLimit::Reject))
+        .rule(rule("/echo/delay", "delaying", OnLimit::Delay).max_wait(Duration::from_millis(300)))
+        .rule(rule("/echo/shadow", "shadowing", OnLimit::Shadow))
 }
 
-fn server_config(capacity: f64) -> String {
-    format!(
-        "resources:\n  - identifier_glob: \"*\"\n    capacity: {capacity}\n    \
-         algorithm: {{kind: FAIR_SHARE, lease_length: 10, refresh_interval: 2, learning_mode_duration: 0}}\n"
-    )
+/// A server sharing `capacity` of each resource, with leases of `lease` seconds refreshed every
+/// `refresh`, without learning mode.
+fn server_config(capacity: f64, lease: u64, refresh: u64) -> ServerConfig {
+    ServerConfig::new().template(Template::catch_all(capacity, Algorithm::fair_share(lease, refresh).learning(0)))
 }
 
 /// Offers each of the sidecar's resources about 60 requests a second until `stop`.
@@ -308,13 +313,10 @@ fn load(listen: SocketAddr, stop: &Arc<AtomicBool>) -> Vec<tokio::task::JoinHand
     tasks
 }
 
-/// Polls `query` until it returns a series, for up to `limit`.
-async fn wait_for(prometheus: &Prometheus, query: &str, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while !prometheus.query(query).is_ok_and(|s| !s.is_empty()) {
-        assert!(Instant::now() < deadline, "no series for {query} within {limit:?}; log:\n{}", prometheus.logs());
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+/// Waits until `query` returns a series.
+async fn series_of(prometheus: &Prometheus, query: &str) {
+    let why = lazily(|| format!("no series for {query}; log:\n{}", prometheus.logs()));
+    eventually(why, async || prometheus.query(query).is_ok_and(|s| !s.is_empty())).await;
 }
 
 /// The series of `query`, which must be at least one; printed with what asked for it.
@@ -343,33 +345,30 @@ fn by_label(series: &[Value], label: &str) -> BTreeMap<String, Vec<f64>> {
     values
 }
 
-/// Polls `process`'s `series` on /metrics until `check` holds for its value, for up to 10 s.
+/// Waits until `check` holds for the value of `process`'s `series` on /metrics, and returns it.
 async fn gauge_until(process: &Process, series: &str, what: &str, check: impl Fn(f64) -> bool) -> f64 {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match process.metric(series) {
-            Some(value) if check(value) => return value,
-            value => assert!(Instant::now() < deadline, "{series} is {value:?}, not {what}; log:\n{}", process.logs()),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let mut value = None;
+    let why = lazily(|| format!("{series} is {:?}, not {what}; log:\n{}", process.metric(series), process.logs()));
+    eventually(why, async || {
+        value = process.metric(series);
+        value.is_some_and(&check)
+    })
+    .await;
+    value.expect("checked")
 }
 
 /// The gauges the alerts added read: a tree's parent lease and its loss, the sidecar's time on
 /// its fallback once its server is gone, and both binaries' last reload.
 #[tokio::test]
 async fn the_alert_gauges_follow_leases_and_reloads() {
-    let lease = "{kind: FAIR_SHARE, lease_length: 3, refresh_interval: 1, learning_mode_duration: 0}";
-    let template = |capacity: f64| {
-        format!("resources:\n  - identifier_glob: \"*\"\n    capacity: {capacity}\n    algorithm: {lease}\n")
-    };
-    let root = Server::builder().config(&template(10.0)).start();
+    let template = |capacity: f64| server_config(capacity, 3, 1);
+    let root = Server::launch().config(&template(10.0)).start();
     let poll = ["--config-poll-interval", "100ms"];
-    let leaf = Server::builder().config(&template(0.0)).args(poll).arg("--parent").arg(root.grpc.to_string()).start();
+    let leaf = Server::launch().config(&template(0.0)).args(poll).args(["--parent", &root.grpc.to_string()]).start();
     let upstream = UpstreamProcess::start(None);
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let sidecar_yaml = sidecar_config(listen, upstream.addr(), leaf.grpc);
-    let sidecar = Sidecar::builder().config(&sidecar_yaml).args(poll).start_sidecar();
+    let sidecar_config = sidecar_config(upstream.addr(), leaf.grpc);
+    let sidecar = Sidecar::launch(&sidecar_config).args(poll).start();
+    let listen = sidecar.listen();
     assert_eq!(get(&http1(), &format!("http://{listen}/echo/reject")).await.status, 200);
 
     assert_eq!(root.metric("sluice_server_info{election=\"embedded\",election_key=\"\"}"), Some(1.0));
@@ -387,15 +386,17 @@ async fn the_alert_gauges_follow_leases_and_reloads() {
     assert_eq!(sidecar.metric("sluice_sidecar_refresh_interval_seconds{resource=\"shadowing\"}"), None, "never leased");
 
     // A rejected change, then a good one, on both binaries.
-    let binaries = [
-        (&*leaf, template(0.0), "sluice_server_config_last_reload_successful"),
-        (&*sidecar, sidecar_yaml, "sluice_sidecar_config_last_reload_successful"),
+    let leaf_config = template(0.0);
+    let binaries: [(&Process, &dyn ConfigFile, &str); 2] = [
+        (&leaf, &leaf_config, "sluice_server_config_last_reload_successful"),
+        (&sidecar, &sidecar_config, "sluice_sidecar_config_last_reload_successful"),
     ];
     for (process, good, last) in binaries {
         assert_eq!(process.metric(last), Some(1.0));
-        process.write_config("resources: [unclosed\n");
+        // Not YAML: written by hand, as no configuration the kit builds can be.
+        process.write_raw_config("resources: [unclosed\n");
         gauge_until(process, last, "0 after a rejected change", |v| v == 0.0).await;
-        process.write_config(&good);
+        process.write_config(good);
         gauge_until(process, last, "1 after a good change", |v| v == 1.0).await;
     }
 
@@ -421,14 +422,14 @@ async fn prometheus_gets_series_for_every_dashboard_query_and_rule_from_the_bina
         return;
     }
     let etcd = Etcd::start();
-    let root = Server::builder()
-        .config(&server_config(CAPACITY))
+    let root = Server::launch()
+        .config(&server_config(CAPACITY, 10, 2))
         .args(["--etcd-endpoints", &etcd.endpoint(), "--election-key", TIER])
         .start();
-    let leaf = Server::builder().config(&server_config(0.0)).arg("--parent").arg(root.grpc.to_string()).start();
+    let leaf = Server::launch().config(&server_config(0.0, 10, 2)).args(["--parent", &root.grpc.to_string()]).start();
     let upstream = UpstreamProcess::start(None);
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let sidecar = Sidecar::builder().config(&sidecar_config(listen, upstream.addr(), leaf.grpc)).start_sidecar();
+    let sidecar = Sidecar::launch(&sidecar_config(upstream.addr(), leaf.grpc)).start();
+    let listen = sidecar.listen();
     let rules = deploy(RULES);
     let prometheus = Prometheus::start(
         &[("sluice-server", vec![root.admin, leaf.admin]), ("sluice-sidecar", vec![sidecar.admin])],
@@ -445,7 +446,7 @@ async fn prometheus_gets_series_for_every_dashboard_query_and_rule_from_the_bina
         }
         if round == 0 {
             let errors = "sluice_server_requests_total{code=\"INVALID_ARGUMENT\"}";
-            wait_for(&prometheus, errors, Duration::from_secs(10)).await;
+            series_of(&prometheus, errors).await;
         }
     }
     let stop = Arc::new(AtomicBool::new(false));
@@ -459,13 +460,13 @@ async fn prometheus_gets_series_for_every_dashboard_query_and_rule_from_the_bina
         "sluice_server_elections_total{result=\"won\"} > 0",
         "sluice:sidecar_rejected:ratio_rate5m{resource=\"rejecting\"} > 0.1",
     ] {
-        wait_for(&prometheus, query, Duration::from_secs(30)).await;
+        series_of(&prometheus, query).await;
     }
     // Until each recording rule has recorded, as the alerts read what they record.
     let loaded = prometheus.api("/api/v1/rules").unwrap();
     for group in loaded["groups"].as_array().unwrap() {
         for rule in group["rules"].as_array().unwrap().iter().filter(|r| r["type"] == "recording") {
-            wait_for(&prometheus, rule["name"].as_str().unwrap(), Duration::from_secs(10)).await;
+            series_of(&prometheus, rule["name"].as_str().unwrap()).await;
         }
     }
 

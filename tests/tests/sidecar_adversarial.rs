@@ -17,15 +17,21 @@ use std::{
 };
 
 use sluice_tests::{
+    config::{Listener, Resource, Rule, SidecarConfig, Upstream},
     harness::{Sidecar, free_port, standalone_sidecar},
     raw::{Connection, RawUpstream, connect, read_all, response},
     upstream::UpstreamProcess,
+    wait::{eventually_blocking, lazily},
 };
 
-/// A standalone sidecar in front of `upstream` with one listener (more YAML keys of it in
-/// `listener`), every request charged to a resource far above any test load.
-fn start(upstream: SocketAddr, listener: &str) -> (Sidecar, SocketAddr) {
-    standalone_sidecar(upstream, listener, "capacity: 1000000", "")
+/// A standalone sidecar on `listener` in front of `upstream`, every request charged to a
+/// resource far above any test load.
+fn start(upstream: SocketAddr, listener: Listener) -> (Sidecar, SocketAddr) {
+    standalone_sidecar(listener, Upstream::app(upstream), unlimited(), Rule::charging("r"))
+}
+
+fn unlimited() -> Resource {
+    Resource::new("r").capacity(1e6)
 }
 
 /// Answers every request 200 `ok`, keeping the connection; reads request bodies only as far as
@@ -48,7 +54,7 @@ fn exchange(listen: SocketAddr, request: &[u8]) -> String {
 #[test]
 fn smuggling_attempts_are_refused_and_the_connection_closed() {
     let upstream = RawUpstream::start(answer_ok);
-    let (_sidecar, listen) = start(upstream.addr(), "");
+    let (_sidecar, listen) = start(upstream.addr(), Listener::app());
     // Each carries a second request after the framing the attacker hopes a peer will believe.
     const SMUGGLED: &str = "GET /smuggled HTTP/1.1\r\nhost: app\r\n\r\n";
     for (framing, status) in [
@@ -97,7 +103,7 @@ fn bad_chunking_ends_the_request_without_smuggling_anything() {
             thread::sleep(Duration::from_millis(500));
         }
     });
-    let (_sidecar, listen) = start(upstream.addr(), "");
+    let (_sidecar, listen) = start(upstream.addr(), Listener::app());
     for body in [
         // A chunk size that overflows 64 bits: read modulo 2^64 it would be 15.
         "1000000000000000f\r\nGET /smuggled HTTP/1.1\r\nhost: app\r\n\r\n",
@@ -143,7 +149,7 @@ fn lenient_framing_reaches_the_upstream_normalised() {
             }
         }
     });
-    let (_sidecar, listen) = start(upstream.addr(), "");
+    let (_sidecar, listen) = start(upstream.addr(), Listener::app());
     let at = upstream.addr();
     for (request, forwarded) in [
         // A coding's name is case-insensitive, whitespace around it optional; chunk extensions,
@@ -167,13 +173,10 @@ fn lenient_framing_reaches_the_upstream_normalised() {
         stream.write_all(request.as_bytes()).unwrap();
         assert_eq!(response(&mut stream), 200, "{request:?}");
         // The upstream answers a body of known length before it reads it: wait for its bytes.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let mut received = upstream.received().concat();
-        while received.len() < before + forwarded.len() && Instant::now() < deadline {
-            thread::sleep(Duration::from_millis(10));
-            received = upstream.received().concat();
-        }
-        assert_eq!(&received[before..], forwarded, "{request:?}");
+        let received = || upstream.received().concat();
+        let why = lazily(|| format!("{request:?}: the upstream received {:?}", &received()[before..]));
+        eventually_blocking(why, || received().len() >= before + forwarded.len());
+        assert_eq!(&received()[before..], forwarded, "{request:?}");
     }
 }
 
@@ -225,7 +228,7 @@ fn get(listen: SocketAddr, path: &str) -> String {
 #[test]
 fn an_upstream_cannot_poison_the_pool_or_split_a_response() {
     let (upstream, connections) = scripted_upstream(framing_games);
-    let (_sidecar, listen) = start(upstream.addr(), "");
+    let (_sidecar, listen) = start(upstream.addr(), Listener::app());
     assert!(get(listen, "/").ends_with("clean"));
     assert_eq!(connections.load(Ordering::SeqCst), 1);
 
@@ -254,7 +257,7 @@ fn an_upstream_cannot_poison_the_pool_or_split_a_response() {
 #[test]
 fn absolute_form_targets_do_not_open_a_proxy() {
     let upstream = RawUpstream::start(answer_ok);
-    let (_sidecar, listen) = start(upstream.addr(), "");
+    let (_sidecar, listen) = start(upstream.addr(), Listener::app());
     // A listener with one upstream sends everything there, in origin form, with its own Host.
     let answer = exchange(
         listen,
@@ -268,14 +271,13 @@ fn absolute_form_targets_do_not_open_a_proxy() {
     // A listener routing by host routes by the target's authority (RFC 9112 §3.2.2), not by the
     // Host field beside it: an unknown one is answered here, never dialled.
     let routed = RawUpstream::start(answer_ok);
-    let listen2: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let config = format!(
-        "listeners:\n  - {{name: edge, address: '{listen2}'}}\n\
-         upstreams:\n  - {{name: api, url: 'http://{}', hosts: [api.test]}}\n\
-         resources:\n  - {{id: r, capacity: 1000000}}\nrules:\n  - resource: r\n",
-        routed.addr()
-    );
-    let _edge = Sidecar::builder().config(&config).start_sidecar();
+    let config = SidecarConfig::new()
+        .listener(Listener::new("edge", ([127, 0, 0, 1], free_port()).into()))
+        .upstream(Upstream::new("api", format!("http://{}", routed.addr())).hosts(&["api.test"]))
+        .resource(unlimited())
+        .rule(Rule::charging("r"));
+    let edge = Sidecar::launch(&config).start();
+    let listen2 = edge.listen();
     for request in [
         &b"GET http://evil.example/ HTTP/1.1\r\nhost: api.test\r\n\r\n"[..],
         b"GET http://127.0.0.1:1/ HTTP/1.1\r\nhost: api.test\r\n\r\n",
@@ -296,7 +298,7 @@ fn absolute_form_targets_do_not_open_a_proxy() {
 #[test]
 fn a_path_with_a_stray_percent_sign_is_refused_not_forwarded() {
     let upstream = RawUpstream::start(answer_ok);
-    let (_sidecar, listen) = start(upstream.addr(), "");
+    let (_sidecar, listen) = start(upstream.addr(), Listener::app());
     // `%2%65` reads `%2e` decoded once and `.` decoded twice: the rules cannot know which the
     // upstream will see.
     for path in ["/%2%65", "/api/%2%65%2%65/admin", "/a%", "/%zz"] {
@@ -314,7 +316,7 @@ fn a_path_with_a_stray_percent_sign_is_refused_not_forwarded() {
 #[test]
 fn a_head_trickled_byte_by_byte_is_cut_at_the_header_read_timeout() {
     let upstream = RawUpstream::start(answer_ok);
-    let (_sidecar, listen) = start(upstream.addr(), "header_read_timeout: 1s");
+    let (_sidecar, listen) = start(upstream.addr(), Listener::app().header_read_timeout(Duration::from_secs(1)));
     let mut stream = connect(listen);
     let start = Instant::now();
     // A byte every 50 ms, for ever: each read is fresh, the head never ends.
@@ -444,7 +446,7 @@ fn still_serves(listen: SocketAddr) {
 #[test]
 fn http2_rapid_reset_is_answered_with_goaway() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = start(upstream.addr(), "");
+    let (_sidecar, listen) = start(upstream.addr(), Listener::app());
     let mut stream = h2(listen);
     let mut out = Vec::new();
     for i in 0..5000u32 {
@@ -468,7 +470,7 @@ fn http2_rapid_reset_is_answered_with_goaway() {
 #[test]
 fn http2_continuation_flood_is_cut_off() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = start(upstream.addr(), "max_header_bytes: 16384");
+    let (_sidecar, listen) = start(upstream.addr(), Listener::app().max_header_bytes(16384));
     let mut stream = h2(listen);
     let mut out = Vec::new();
     frame(&mut out, HEADERS, END_STREAM, 1, &get_block());
@@ -514,7 +516,7 @@ fn hpack_bomb(references: usize) -> Vec<u8> {
 #[test]
 fn hpack_bombs_are_refused_and_a_big_one_closes_the_connection() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = start(upstream.addr(), "max_header_bytes: 16384");
+    let (_sidecar, listen) = start(upstream.addr(), Listener::app().max_header_bytes(16384));
     // 20 KB of headers from 4 KB on the wire, over the 16 KiB limit: that stream is answered
     // 431, and the next one on the connection is served.
     let mut stream = h2(listen);

@@ -15,7 +15,8 @@ use bytes::Bytes;
 use http_body_util::Full;
 use prost::Message;
 use sluice_tests::{
-    harness::{Sidecar, free_port},
+    config::{Body, Cost, Listener, Match, OnLimit, PathMatch, Resource, Rule, SidecarConfig, Upstream},
+    harness::Sidecar,
     http::{Answer, HttpClient, h2c, http1, send},
     raw::{self, RawUpstream},
     upstream::{
@@ -24,19 +25,44 @@ use sluice_tests::{
     },
 };
 
-/// A standalone sidecar in front of `upstream` with these `resources` and `rules` (YAML list
-/// items): the sidecar and its listener.
-fn sidecar(upstream: SocketAddr, resources: &str, rules: &str) -> (Sidecar, SocketAddr) {
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let yaml = format!(
-        "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
-         upstreams:\n  - name: app\n    url: http://{upstream}\nresources:\n{resources}rules:\n{rules}"
-    );
-    (Sidecar::builder().config(&yaml).start_sidecar(), listen)
+/// A standalone sidecar in front of `upstream` with these `resources` and `rules`: the sidecar
+/// and its listener.
+fn sidecar(
+    upstream: SocketAddr,
+    resources: impl IntoIterator<Item = Resource>,
+    rules: impl IntoIterator<Item = Rule>,
+) -> (Sidecar, SocketAddr) {
+    let mut config = SidecarConfig::proxy(Listener::app(), Upstream::app(upstream));
+    for resource in resources {
+        config = config.resource(resource);
+    }
+    for rule in rules {
+        config = config.rule(rule);
+    }
+    let sidecar = Sidecar::launch(&config).start();
+    let listen = sidecar.listen();
+    (sidecar, listen)
+}
+
+/// A resource of `capacity` bytes a second, `burst` deep.
+fn byte_rate(id: &str, capacity: f64, burst: f64) -> Resource {
+    Resource::new(id).capacity(capacity).burst(burst)
+}
+
+/// A rule charging `resource` the bytes of `body`.
+fn charging_bytes(resource: &str, body: Body) -> Rule {
+    Rule::charging(resource).cost(Cost::Bytes(body))
+}
+
+fn delaying(rule: Rule, max_wait: Duration) -> Rule {
+    rule.on_limit(OnLimit::Delay).max_wait(max_wait)
 }
 
 /// [`sidecar`] in front of a fresh test upstream, which it returns first.
-fn standalone(resources: &str, rules: &str) -> (UpstreamProcess, Sidecar, SocketAddr) {
+fn standalone(
+    resources: impl IntoIterator<Item = Resource>,
+    rules: impl IntoIterator<Item = Rule>,
+) -> (UpstreamProcess, Sidecar, SocketAddr) {
     let upstream = UpstreamProcess::start(None);
     let (sidecar, listen) = sidecar(upstream.addr(), resources, rules);
     (upstream, sidecar, listen)
@@ -65,11 +91,16 @@ fn echoed(answer: &Answer) -> usize {
 #[tokio::test]
 async fn a_known_length_is_charged_up_front_over_http1_and_http2() {
     // 1000 bytes a second with 10,000 saved: two bodies of 4000 pass at once, a third does not.
+    let prefix = |p: &str| Match::default().path(PathMatch::Prefix(p.into()));
     let (_upstream, sidecar, addr) = standalone(
-        "  - {id: h1, capacity: 1000, burst: 10000}\n  - {id: h2, capacity: 1000, burst: 10000}\n",
-        "  - {name: uploads, match: {path: {prefix: /echo/h1}}, resource: h1, cost: request_bytes, max_cost: 10000}\n  \
-         - {name: delayed, match: {path: {prefix: /echo/h2}}, resource: h2, cost: request_bytes, \
-           on_limit: delay, max_wait: 5s}\n",
+        [byte_rate("h1", 1000.0, 10_000.0), byte_rate("h2", 1000.0, 10_000.0)],
+        [
+            charging_bytes("h1", Body::Request).name("uploads").matching(prefix("/echo/h1")).max_cost(10_000.0),
+            delaying(
+                charging_bytes("h2", Body::Request).name("delayed").matching(prefix("/echo/h2")),
+                Duration::from_secs(5),
+            ),
+        ],
     );
     let client = http1();
     let url = format!("http://{addr}/echo/h1");
@@ -130,8 +161,8 @@ fn check_pace(what: &str, bytes: usize, took: Duration) {
 fn paced(upstream: SocketAddr) -> (Sidecar, SocketAddr) {
     sidecar(
         upstream,
-        &format!("  - {{id: uploads, capacity: {RATE}}}\n"),
-        "  - {resource: uploads, cost: request_bytes, on_limit: delay, max_wait: 1s}\n",
+        [Resource::new("uploads").capacity(RATE)],
+        [delaying(charging_bytes("uploads", Body::Request), Duration::from_secs(1))],
     )
 }
 
@@ -198,11 +229,10 @@ async fn a_grpc_client_stream_over_http2_is_paced_to_the_rate() {
 #[tokio::test]
 async fn a_response_leaves_bounded_debt_that_later_requests_wait_out() {
     // 1000 bytes a second; a response's bytes may leave at most 2000 of debt (2 s to repay).
+    let downloads = || charging_bytes("downloads", Body::Response).max_cost(2000.0);
     let (_upstream, sidecar, addr) = standalone(
-        "  - {id: downloads, capacity: 1000, burst: 1000}\n",
-        "  - {match: {headers: [{name: x-wait, value: \"yes\"}]}, resource: downloads, cost: response_bytes, \
-           max_cost: 2000, on_limit: delay, max_wait: 5s}\n  \
-         - {resource: downloads, cost: response_bytes, max_cost: 2000}\n",
+        [byte_rate("downloads", 1000.0, 1000.0)],
+        [delaying(downloads().matching(Match::default().header("x-wait", "yes")), Duration::from_secs(5)), downloads()],
     );
     let mut charged = 0;
     for (protocol, client) in [("HTTP/1.1", http1()), ("HTTP/2", h2c())] {
@@ -233,8 +263,8 @@ async fn a_response_leaves_bounded_debt_that_later_requests_wait_out() {
 async fn a_paced_body_whose_turn_is_beyond_max_wait_is_refused() {
     // Pieces of at most the burst, 5000 bytes, which take 5 s to earn: past max_wait.
     let (_upstream, _sidecar, addr) = standalone(
-        "  - {id: uploads, capacity: 1000, burst: 5000}\n",
-        "  - {name: paced, resource: uploads, cost: request_bytes, on_limit: delay, max_wait: 1s}\n",
+        [byte_rate("uploads", 1000.0, 5000.0)],
+        [delaying(charging_bytes("uploads", Body::Request).name("paced"), Duration::from_secs(1))],
     );
     let answer = tokio::task::spawn_blocking(move || {
         let mut stream = raw::connect(addr);
@@ -264,10 +294,8 @@ async fn a_paced_body_whose_turn_is_beyond_max_wait_is_refused() {
 #[tokio::test]
 async fn a_streamed_body_in_reject_mode_passes_and_leaves_bounded_debt() {
     // 1000 bytes a second; a body streamed past the bucket leaves at most 3000 of debt.
-    let (_upstream, _sidecar, addr) = standalone(
-        "  - {id: uploads, capacity: 1000, burst: 1000}\n",
-        "  - {resource: uploads, cost: request_bytes, max_cost: 3000}\n",
-    );
+    let (_upstream, _sidecar, addr) =
+        standalone([byte_rate("uploads", 1000.0, 1000.0)], [charging_bytes("uploads", Body::Request).max_cost(3000.0)]);
     let upload = move || {
         let mut stream = raw::connect(addr);
         stream

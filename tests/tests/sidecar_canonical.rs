@@ -19,33 +19,33 @@ use proptest::{
     test_runner::{Config, TestCaseError, TestRunner},
 };
 use sluice_tests::{
-    harness::{Sidecar, free_port},
+    config::{GrpcPart, Kind, Listener, Match, PathMatch, Per, Resource, Rule, SidecarConfig, Upstream},
+    harness::Sidecar,
     raw::{connect, read_all},
+    spelling::{
+        Piece, bytes, choices, grpc_name, host, key_of, pieces, query_path, segment_path, segment_value, value,
+    },
     upstream::UpstreamProcess,
 };
 
 /// Every resource refuses at once: a charged request names its resource (a key's id) and rule.
-fn config(listen: SocketAddr, upstream: SocketAddr) -> String {
-    let keyed = |id: &str, per: &str| {
-        format!("  - {{id: {id}, kind: concurrency, capacity: 0, per: {per}, max_keys: 10000}}\n")
-    };
-    format!(
-        "listeners:\n  - {{name: app, address: {listen}, upstream: app}}\n\
-         upstreams:\n  - {{name: app, url: http://{upstream}}}\n\
-         resources:\n{}{}{}{}{}  - {{id: cafe, kind: concurrency, capacity: 0}}\n\
-         rules:\n\
-           - {{name: seg, resource: seg, match: {{path: {{prefix: /s/}}}}}}\n\
-           - {{name: q, resource: q, match: {{path: {{exact: /q}}}}}}\n\
-           - {{name: tier, resource: tenant, match: {{headers: [{{name: x-tier, value: gold}}]}}}}\n\
-           - {{name: grpc, resource: method, match: {{grpc: {{service: pkg.Svc}}}}}}\n\
-           - {{name: cafe, resource: cafe, match: {{path: {{exact: \"/caf%C3%A9\"}}}}}}\n\
-           - {{name: host, resource: host, match: {{path: {{prefix: /h/}}}}}}\n",
-        keyed("seg", "{path_segment: 1}"),
-        keyed("q", "{query: t}"),
-        keyed("tenant", "{header: x-tenant}"),
-        keyed("host", "host"),
-        keyed("method", "{grpc: method}"),
-    )
+fn config(upstream: SocketAddr) -> SidecarConfig {
+    let refusing = |id: &str| Resource::new(id).kind(Kind::Concurrency).capacity(0.0);
+    let keyed = |id: &str, per: Per| refusing(id).per(per).max_keys(10_000);
+    let path = |path: PathMatch| Match::default().path(path);
+    SidecarConfig::proxy(Listener::app(), Upstream::app(upstream))
+        .resource(keyed("seg", Per::PathSegment(1)))
+        .resource(keyed("q", Per::Query("t".into())))
+        .resource(keyed("tenant", Per::Header("x-tenant".into())))
+        .resource(keyed("host", Per::Host))
+        .resource(keyed("method", Per::Grpc(GrpcPart::Method)))
+        .resource(refusing("cafe"))
+        .rule(Rule::charging("seg").name("seg").matching(path(PathMatch::Prefix("/s/".into()))))
+        .rule(Rule::charging("q").name("q").matching(path(PathMatch::Exact("/q".into()))))
+        .rule(Rule::charging("tenant").name("tier").matching(Match::default().header("x-tier", "gold")))
+        .rule(Rule::charging("method").name("grpc").matching(Match::default().grpc("pkg.Svc", None)))
+        .rule(Rule::charging("cafe").name("cafe").matching(path(PathMatch::Exact("/caf%C3%A9".into()))))
+        .rule(Rule::charging("host").name("host").matching(path(PathMatch::Prefix("/h/".into()))))
 }
 
 /// A request as its sender means it, before any spelling.
@@ -67,30 +67,9 @@ enum Logical {
     Unmatched,
 }
 
-/// A piece of a value: a character (which a spelling may write raw, as UTF-8) or a byte that
-/// is not UTF-8 on its own (always escaped).
-#[derive(Clone, Debug)]
-enum Piece {
-    Char(char),
-    Byte(u8),
-}
-
-fn pieces() -> impl Strategy<Value = Vec<Piece>> {
-    let chars = prop_oneof![
-        prop::char::range('a', 'z'),
-        prop::char::range('A', 'Z'),
-        prop::char::range('0', '9'),
-        prop::sample::select(vec!['-', '.', '_', '~', '!', '$', '\'', '(', ')', '*', ',', ';', ':', '@', '+', '=']),
-        prop::sample::select(vec![' ', '/', '?', '#', '%', '&', '"', 'é', '中', '😀']),
-    ];
-    let piece = prop_oneof![4 => chars.prop_map(Piece::Char), 1 => (0x80u8..=0xFF).prop_map(Piece::Byte)];
-    prop::collection::vec(piece, 1..8)
-        .prop_filter("not a dot segment", |p| !matches!(bytes(p).as_slice(), b"." | b".."))
-}
-
 fn logical() -> impl Strategy<Value = Logical> {
     prop_oneof![
-        pieces().prop_map(Logical::Segment),
+        segment_value().prop_map(Logical::Segment),
         pieces().prop_map(Logical::Query),
         "[!-~]([ !-~]{0,10}[!-~])?".prop_map(Logical::Tenant),
         "[A-Za-z][A-Za-z0-9_]{0,10}".prop_map(Logical::Grpc),
@@ -98,28 +77,6 @@ fn logical() -> impl Strategy<Value = Logical> {
         "[a-z0-9-]{1,8}(\\.[a-z0-9-]{1,8}){0,2}".prop_map(Logical::Host),
         Just(Logical::Unmatched),
     ]
-}
-
-fn bytes(pieces: &[Piece]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for piece in pieces {
-        match piece {
-            Piece::Char(c) => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
-            Piece::Byte(b) => out.push(*b),
-        }
-    }
-    out
-}
-
-/// How a key names a value: unreserved bytes as they are, the rest `%XX` in upper case.
-fn key_of(value: &[u8]) -> String {
-    value
-        .iter()
-        .map(|&b| match b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            true => char::from(b).to_string(),
-            false => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// What the sidecar must answer: the refusal naming resource and rule, or the upstream's.
@@ -146,7 +103,7 @@ struct Spelling {
 }
 
 fn spelling() -> impl Strategy<Value = Spelling> {
-    (prop::collection::vec(any::<bool>(), 1..40), any::<u8>()).prop_map(|(choices, noise)| Spelling { choices, noise })
+    (choices(), any::<u8>()).prop_map(|(choices, noise)| Spelling { choices, noise })
 }
 
 /// A message as sent: request target, authority and headers, before the protocol frames them.
@@ -162,21 +119,8 @@ impl Spelling {
         let mut headers = Vec::new();
         let mut authority = "app.test".to_owned();
         let target = match request {
-            Logical::Segment(v) => {
-                let lead = ["/s/", "//s/", "/./s/", "/x/../s/", "/s/./", "/s//"][usize::from(self.noise % 6)];
-                format!("{lead}{}/end", value(v, false, &mut choices))
-            }
-            Logical::Query(v) => {
-                let mut query = Vec::new();
-                if self.noise & 1 != 0 {
-                    query.push("a=1".to_owned());
-                }
-                query.push(format!("t={}", value(v, true, &mut choices)));
-                if self.noise & 2 != 0 {
-                    query.push("x=%41&b".to_owned());
-                }
-                format!("/q?{}", query.join("&"))
-            }
+            Logical::Segment(v) => segment_path(&value(v, false, &mut choices), self.noise),
+            Logical::Query(v) => query_path(&value(v, true, &mut choices), self.noise & 1 != 0, self.noise & 2 != 0),
             Logical::Tenant(v) => {
                 headers.push(("x-tier".into(), "gold".into()));
                 headers.push(("x-tenant".into(), v.clone()));
@@ -184,54 +128,19 @@ impl Spelling {
             }
             Logical::Grpc(m) => {
                 headers.push(("content-type".into(), "application/grpc".into()));
-                let m: String = m
-                    .bytes()
-                    .map(|b| if choices.next().unwrap() { escape(b, &mut choices) } else { char::from(b).into() })
-                    .collect();
-                format!("/pkg.Svc/{m}")
+                format!("/pkg.Svc/{}", grpc_name(m, &mut choices))
             }
             Logical::Cafe => ["/caf%C3%A9", "/caf%c3%a9", "/caf%C3%a9", "/café", "/%63af%c3%A9", "/x/../caf%c3%A9"]
                 [usize::from(self.noise % 6)]
             .into(),
             Logical::Host(h) => {
-                let name: String =
-                    h.chars().map(|c| if choices.next().unwrap() { c.to_ascii_uppercase() } else { c }).collect();
-                let dot = if self.noise & 1 != 0 { "." } else { "" };
-                let port = if self.noise & 2 != 0 { ":8080" } else { "" };
-                authority = format!("{name}{dot}{port}");
+                authority = host(h, &mut choices, self.noise & 1 != 0, (self.noise & 2 != 0).then_some(8080));
                 "/h/x".into()
             }
             Logical::Unmatched => "/nothing/here".into(),
         };
         Spelled { target, authority, headers }
     }
-}
-
-/// `pieces` in a path segment or a query value (`query`): a character that may be written raw
-/// is, or is escaped, as `choices` says; escapes' hex digits in the case it says.
-fn value(pieces: &[Piece], query: bool, choices: &mut impl Iterator<Item = bool>) -> String {
-    let mut out = String::new();
-    for piece in pieces {
-        match *piece {
-            Piece::Char(' ') if query && choices.next().unwrap() => out.push('+'),
-            Piece::Char(c) if raw(c, query) && choices.next().unwrap() => out.push(c),
-            Piece::Char(c) => c.encode_utf8(&mut [0; 4]).bytes().for_each(|b| out.push_str(&escape(b, choices))),
-            Piece::Byte(b) => out.push_str(&escape(b, choices)),
-        }
-    }
-    out
-}
-
-fn raw(c: char, query: bool) -> bool {
-    match c {
-        '/' | '?' | '#' | '%' | ' ' | '"' => false,
-        '&' | '=' | '+' => !query,
-        _ => true,
-    }
-}
-
-fn escape(b: u8, case: &mut impl Iterator<Item = bool>) -> String {
-    format!("%{b:02X}").chars().map(|c| if case.next().unwrap() { c.to_ascii_lowercase() } else { c }).collect()
 }
 
 /// Sends `spelled` over HTTP/1.1 as raw bytes: header names in the case `choices` says, values
@@ -307,8 +216,8 @@ async fn http2(sidecar: SocketAddr) -> SendRequest<Empty<Bytes>> {
 
 fn start() -> (UpstreamProcess, Sidecar, SocketAddr) {
     let upstream = UpstreamProcess::start(None);
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let sidecar = Sidecar::builder().config(&config(listen, upstream.addr())).start_sidecar();
+    let sidecar = Sidecar::launch(&config(upstream.addr())).start();
+    let listen = sidecar.listen();
     (upstream, sidecar, listen)
 }
 

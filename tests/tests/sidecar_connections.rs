@@ -15,21 +15,27 @@ use std::{
 };
 
 use sluice_tests::{
+    config::{Listener, OnLimit, Resource, Rule, Upstream},
     harness::{Sidecar, standalone_sidecar},
     raw::{closed_after, connect, read_all, read_head, response},
     upstream::UpstreamProcess,
 };
 
-/// A standalone sidecar with one listener, its limits set by `limits` (YAML keys of the
-/// listener), forwarding to a test upstream with a rule far above any test load.
-fn sidecar(upstream: SocketAddr, limits: &str) -> (Sidecar, SocketAddr) {
-    standalone_sidecar(upstream, limits, "capacity: 1000000", "")
+/// A standalone sidecar on `listener` (its limits set as a test needs), forwarding to a test
+/// upstream with a rule far above any test load.
+fn sidecar(upstream: SocketAddr, listener: Listener) -> (Sidecar, SocketAddr) {
+    standalone_sidecar(listener, Upstream::app(upstream), Resource::new("everything").capacity(1e6), everything())
 }
 
-/// A standalone sidecar whose one rule limits every request to `rate` a second with a burst of
-/// 2, and does `on_limit` (YAML of the rule) beyond it.
-fn limited_sidecar(upstream: SocketAddr, rate: f64, on_limit: &str) -> (Sidecar, SocketAddr) {
-    standalone_sidecar(upstream, "", &format!("capacity: {rate}\n    burst: 2"), on_limit)
+/// A standalone sidecar that limits every request to `rate` a second with a burst of 2, and
+/// does `on_limit` beyond it (with `max_wait`, delaying).
+fn limited_sidecar(upstream: SocketAddr, rate: f64, on_limit: Rule) -> (Sidecar, SocketAddr) {
+    let limited = Resource::new("everything").capacity(rate).burst(2.0);
+    standalone_sidecar(Listener::app(), Upstream::app(upstream), limited, on_limit)
+}
+
+fn everything() -> Rule {
+    Rule::charging("everything")
 }
 
 const GET: &[u8] = b"GET /echo HTTP/1.1\r\nhost: app\r\n\r\n";
@@ -53,7 +59,7 @@ fn answered_408_about_a_second_later(stream: &mut TcpStream) {
 #[test]
 fn a_request_head_that_does_not_arrive_in_time_closes_the_connection() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(upstream.addr(), "header_read_timeout: 1s");
+    let (_sidecar, listen) = sidecar(upstream.addr(), Listener::app().header_read_timeout(Duration::from_secs(1)));
     let mut stream = connect(listen);
     stream.write_all(b"GET /echo HTTP/1.1\r\nhost: app\r\n").unwrap();
     answered_408_about_a_second_later(&mut stream);
@@ -62,7 +68,7 @@ fn a_request_head_that_does_not_arrive_in_time_closes_the_connection() {
 #[test]
 fn an_idle_keep_alive_connection_is_closed() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(upstream.addr(), "idle_timeout: 1s");
+    let (_sidecar, listen) = sidecar(upstream.addr(), Listener::app().idle_timeout(Duration::from_secs(1)));
     let mut stream = connect(listen);
     assert_eq!(get(&mut stream), 200);
     let after = closed_after(&mut stream);
@@ -72,7 +78,7 @@ fn an_idle_keep_alive_connection_is_closed() {
 #[test]
 fn an_oversized_request_head_is_refused() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(upstream.addr(), "max_header_bytes: 4096");
+    let (_sidecar, listen) = sidecar(upstream.addr(), Listener::app().max_header_bytes(4096));
     let mut stream = connect(listen);
     // 4 MiB: more than the socket buffers hold, so the sidecar must read what it refuses.
     let big = format!("GET /echo HTTP/1.1\r\nhost: app\r\nx-big: {}\r\n\r\n", "a".repeat(4 << 20));
@@ -94,7 +100,7 @@ fn an_oversized_request_head_is_refused() {
 #[test]
 fn a_request_body_that_stops_arriving_is_answered_and_closed() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(upstream.addr(), "idle_timeout: 1s");
+    let (_sidecar, listen) = sidecar(upstream.addr(), Listener::app().idle_timeout(Duration::from_secs(1)));
     let mut stream = connect(listen);
     // Two of ten bytes, then nothing: the upstream exchange waits for the rest.
     stream.write_all(b"POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 10\r\n\r\nab").unwrap();
@@ -112,7 +118,7 @@ fn a_request_body_that_stops_arriving_is_answered_and_closed() {
 #[test]
 fn connections_beyond_the_limit_wait_for_a_slot() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(upstream.addr(), "max_connections: 1");
+    let (_sidecar, listen) = sidecar(upstream.addr(), Listener::app().max_connections(1));
     let mut first = connect(listen);
     assert_eq!(get(&mut first), 200);
     // The first connection is kept alive: the second is accepted by the kernel but not served.
@@ -134,7 +140,7 @@ fn connections_beyond_the_limit_wait_for_a_slot() {
 #[test]
 fn ambiguous_request_framing_is_refused() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(upstream.addr(), "");
+    let (_sidecar, listen) = sidecar(upstream.addr(), Listener::app());
     for request in [
         "POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
         "POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nabcd",
@@ -154,7 +160,7 @@ fn ambiguous_request_framing_is_refused() {
 #[test]
 fn a_declared_content_length_is_forwarded_as_one_number() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(upstream.addr(), "");
+    let (_sidecar, listen) = sidecar(upstream.addr(), Listener::app());
     let mut stream = connect(listen);
     let request = "POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 5, 5\r\ncontent-length: 5\r\n\
                    connection: close\r\n\r\nhello";
@@ -176,7 +182,7 @@ fn a_declared_content_length_is_forwarded_as_one_number() {
 #[test]
 fn pipelined_requests_are_answered_in_order() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(upstream.addr(), "");
+    let (_sidecar, listen) = sidecar(upstream.addr(), Listener::app());
     let mut stream = connect(listen);
     let requests = "GET /status/201 HTTP/1.1\r\nhost: app\r\n\r\n\
                     POST /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 5\r\n\r\nhello\
@@ -191,7 +197,7 @@ fn pipelined_requests_are_answered_in_order() {
 #[test]
 fn expect_100_continue_is_answered_before_the_body_is_sent() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(upstream.addr(), "");
+    let (_sidecar, listen) = sidecar(upstream.addr(), Listener::app());
     let mut stream = connect(listen);
     stream
         .write_all(b"PUT /echo HTTP/1.1\r\nhost: app\r\ncontent-length: 4\r\nexpect: 100-continue\r\nconnection: close\r\n\r\n")
@@ -207,7 +213,7 @@ fn expect_100_continue_is_answered_before_the_body_is_sent() {
 #[test]
 fn http_1_0_clients_get_keep_alive_only_when_they_ask() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(upstream.addr(), "");
+    let (_sidecar, listen) = sidecar(upstream.addr(), Listener::app());
     let mut stream = connect(listen);
     stream.write_all(b"GET /stream?chunks=2 HTTP/1.0\r\nconnection: keep-alive\r\n\r\n").unwrap();
     // A body of unknown length cannot be delimited for HTTP/1.0 but by closing.
@@ -226,7 +232,7 @@ fn http_1_0_clients_get_keep_alive_only_when_they_ask() {
 #[test]
 fn large_bodies_stream_both_ways() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(upstream.addr(), "");
+    let (_sidecar, listen) = sidecar(upstream.addr(), Listener::app());
     let mut stream = connect(listen);
     // 4 MB sent chunked in 64 KiB pieces; the echo sends it back with a length. The `Expect` goes
     // upstream too, whose 100 Continue then arrives while the body is on its way: it is no answer
@@ -290,7 +296,7 @@ fn refusing_upstream() -> SocketAddr {
 
 #[test]
 fn an_upstream_refusing_a_body_it_has_not_read_is_answered_through() {
-    let (_sidecar, listen) = sidecar(refusing_upstream(), "");
+    let (_sidecar, listen) = sidecar(refusing_upstream(), Listener::app());
     // 16 MB: far more than the socket buffers between the sidecar and the upstream hold.
     const SIZE: usize = 16 << 20;
     for (path, framing) in
@@ -335,7 +341,7 @@ fn an_upstream_refusing_a_body_it_has_not_read_is_answered_through() {
 #[test]
 fn a_malformed_chunked_request_body_is_refused_as_the_requests_fault() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(upstream.addr(), "");
+    let (_sidecar, listen) = sidecar(upstream.addr(), Listener::app());
     // A chunk-size line that is no number; chunk data longer than its size.
     for body in ["5\r\nhello\r\nzz\r\n\r\n", "5\r\nhelloXX\r\n0\r\n\r\n"] {
         let mut stream = connect(listen);
@@ -356,7 +362,7 @@ fn a_malformed_chunked_request_body_is_refused_as_the_requests_fault() {
 #[test]
 fn a_rejected_request_is_answered_to_a_client_that_sends_its_whole_body_first() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = limited_sidecar(upstream.addr(), 0.01, "on_limit: reject");
+    let (_sidecar, listen) = limited_sidecar(upstream.addr(), 0.01, everything().on_limit(OnLimit::Reject));
     // The burst of 2 passes; at 0.01 a second, nothing more does for the rest of the test.
     let mut stream = connect(listen);
     for _ in 0..2 {
@@ -404,7 +410,7 @@ fn counting_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
 #[test]
 fn transfer_codings_other_than_chunked_and_connect_are_not_implemented() {
     let (upstream, count) = counting_upstream();
-    let (_sidecar, listen) = sidecar(upstream, "");
+    let (_sidecar, listen) = sidecar(upstream, Listener::app());
     for request in [
         "POST /echo HTTP/1.1\r\nhost: app\r\ntransfer-encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
         "CONNECT elsewhere.example:443 HTTP/1.1\r\nhost: elsewhere.example:443\r\n\r\n",
@@ -415,7 +421,7 @@ fn transfer_codings_other_than_chunked_and_connect_are_not_implemented() {
     }
     assert_eq!(count.load(Ordering::SeqCst), 0, "nothing reached the upstream");
     // An upstream's answer in a coding the sidecar would drop is not passed on as if plain.
-    let (_sidecar, listen) = sidecar(refusing_upstream(), "");
+    let (_sidecar, listen) = sidecar(refusing_upstream(), Listener::app());
     let mut stream = connect(listen);
     stream.write_all(b"GET /gzip HTTP/1.1\r\nhost: app\r\n\r\n").unwrap();
     assert_eq!(response(&mut stream), 502);
@@ -423,7 +429,7 @@ fn transfer_codings_other_than_chunked_and_connect_are_not_implemented() {
 
 #[test]
 fn a_204_goes_on_without_a_content_length() {
-    let (_sidecar, listen) = sidecar(refusing_upstream(), "");
+    let (_sidecar, listen) = sidecar(refusing_upstream(), Listener::app());
     let mut stream = connect(listen);
     stream.write_all(b"GET /204 HTTP/1.1\r\nhost: app\r\nconnection: close\r\n\r\n").unwrap();
     let answer = read_all(&mut stream);
@@ -436,7 +442,8 @@ fn a_204_goes_on_without_a_content_length() {
 #[test]
 fn a_queued_request_whose_client_went_away_is_not_forwarded() {
     let (upstream, forwarded) = counting_upstream();
-    let (_sidecar, listen) = limited_sidecar(upstream, 1.0, "on_limit: delay\n    max_wait: 10s");
+    let (_sidecar, listen) =
+        limited_sidecar(upstream, 1.0, everything().on_limit(OnLimit::Delay).max_wait(Duration::from_secs(10)));
     let mut stream = connect(listen);
     for _ in 0..2 {
         assert_eq!(get(&mut stream), 200);

@@ -11,45 +11,42 @@ use std::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     thread,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use sluice_tests::{
-    harness::{Sidecar, free_port, run},
+    config::{ConfigFile, Cost, Kind, Listener, OnLimit, Resource, Rule, SidecarConfig, Upstream},
+    harness::{Sidecar, run, standalone_sidecar},
     raw::{Connection, RawUpstream, closed_after, connect, read_all, response},
     upstream::{
         UpstreamProcess,
         echo::{EchoRequest, echo_client::EchoClient},
     },
+    wait::{eventually_blocking, lazily},
 };
 use tonic::Code;
 
-/// A standalone sidecar in front of `upstream`: one listener (`listener`: more of its YAML keys),
-/// one upstream (`upstream_settings`), one resource (`resource`) that one rule (`rule`) charges
-/// every request to.
-fn start(
-    upstream: SocketAddr,
-    listener: &str,
-    upstream_settings: &str,
-    resource: &str,
-    rule: &str,
-) -> (Sidecar, SocketAddr) {
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let config = format!(
-        "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n    {listener}\n\
-         upstreams:\n  - name: app\n    url: http://{upstream}\n    {upstream_settings}\n\
-         resources:\n  - id: r\n    {resource}\n\
-         rules:\n  - resource: r\n    {rule}\n"
-    );
-    (Sidecar::builder().config(&config).start_sidecar(), listen)
+/// A standalone sidecar in front of `upstream`, charging every request to `resource` by `rule`.
+fn start(upstream: SocketAddr, resource: Resource, rule: Rule) -> (Sidecar, SocketAddr) {
+    standalone_sidecar(Listener::app(), Upstream::app(upstream), resource, rule)
+}
+
+/// The one resource a sidecar here has.
+fn r() -> Resource {
+    Resource::new("r")
 }
 
 /// One concurrency permit, refused at once beyond it.
-const ONE_AT_A_TIME: &str = "kind: concurrency\n    capacity: 1";
-const REJECT: &str = "on_limit: reject";
+fn one_at_a_time() -> Resource {
+    r().kind(Kind::Concurrency).capacity(1.0)
+}
+
+fn reject() -> Rule {
+    Rule::charging("r").on_limit(OnLimit::Reject)
+}
 
 /// `GET path` on a connection of its own: the status code, or 0 if the connection closed
 /// without an answer.
@@ -61,17 +58,11 @@ fn status(listen: SocketAddr, path: &str, headers: &str) -> u16 {
     answer.get(9..12).and_then(|code| code.parse().ok()).unwrap_or(0)
 }
 
-/// Asks for `path` every 100 ms until it is answered 200; panics after `limit`.
-fn admitted_within(listen: SocketAddr, path: &str, limit: Duration, what: &str) -> Duration {
-    let start = Instant::now();
-    loop {
-        let code = status(listen, path, "");
-        if code == 200 {
-            return start.elapsed();
-        }
-        assert!(start.elapsed() < limit, "{what}: still answered {code} after {limit:?}");
-        thread::sleep(Duration::from_millis(100));
-    }
+/// Asks for `path` until it is answered 200: how long that took.
+fn admitted(listen: SocketAddr, path: &str, what: &str) -> Duration {
+    eventually_blocking(lazily(|| format!("{what}: still answered {}", status(listen, path, ""))), || {
+        status(listen, path, "") == 200
+    })
 }
 
 /// Answers every request 200 with a small body, keeping the connection.
@@ -86,8 +77,11 @@ fn answer_ok(mut connection: Connection) {
 #[tokio::test]
 async fn a_declared_cost_above_what_the_resource_takes_at_once_is_refused() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) =
-        start(upstream.addr(), "", "", "capacity: 10\n    burst: 2", "cost: {header: x-cost}\n    on_limit: reject");
+    let (_sidecar, listen) = start(
+        upstream.addr(),
+        r().capacity(10.0).burst(2.0),
+        reject().cost(Cost::Header { header: "x-cost".into(), default: None }),
+    );
     let cost = |value: &str| status(listen, "/echo", &format!("x-cost: {value}\r\n"));
     // 1e300 on a full bucket: refused as a bad request, charged nowhere. So the burst still
     // passes, and the next is refused with its Retry-After (that computation once panicked,
@@ -112,7 +106,7 @@ async fn a_declared_cost_above_what_the_resource_takes_at_once_is_refused() {
 #[test]
 fn a_tiny_capacity_refuses_with_a_bounded_retry_after() {
     let upstream = RawUpstream::start(answer_ok);
-    let (_sidecar, listen) = start(upstream.addr(), "", "", "capacity: 1e-25\n    burst: 1", REJECT);
+    let (_sidecar, listen) = start(upstream.addr(), r().capacity(1e-25).burst(1.0), reject());
     assert_eq!(status(listen, "/", ""), 200, "the bucket starts full");
     // The next token is 1e25 s away: more than a Duration holds, which once panicked.
     for _ in 0..2 {
@@ -133,11 +127,13 @@ fn a_tiny_capacity_refuses_with_a_bounded_retry_after() {
 fn a_max_wait_no_clock_can_hold_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sidecar.yaml");
-    let config = "listeners:\n  - {name: app, address: 127.0.0.1:1, upstream: app}\n\
-                  upstreams:\n  - {name: app, url: http://127.0.0.1:2}\n\
-                  resources:\n  - {id: r, capacity: 1}\n\
-                  rules:\n  - {resource: r, on_limit: delay, max_wait: 300000000000years}\n";
-    std::fs::write(&path, config).unwrap();
+    let years = Duration::from_secs(300_000_000_000 * 31_557_600);
+    let rule = Rule::charging("r").on_limit(OnLimit::Delay).max_wait(years);
+    let nowhere = |port| SocketAddr::from(([127, 0, 0, 1], port));
+    let config = SidecarConfig::proxy(Listener::new("app", nowhere(1)), Upstream::app(nowhere(2)))
+        .resource(r().capacity(1.0))
+        .rule(rule);
+    std::fs::write(&path, config.yaml()).unwrap();
     let out = run("sluice-sidecar", &["--config", path.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(64), "{stderr}");
@@ -167,7 +163,7 @@ fn a_request_an_upstream_drops_is_retried_once_at_most() {
             }
         }
     });
-    let (_sidecar, listen) = start(upstream.addr(), "", "", "capacity: 1000000", "");
+    let (_sidecar, listen) = start(upstream.addr(), r().capacity(1e6), Rule::charging("r"));
     let clients: Vec<_> = (0..POOLED).map(|_| thread::spawn(move || status(listen, "/pool", ""))).collect();
     for client in clients {
         assert_eq!(client.join().unwrap(), 200);
@@ -200,7 +196,12 @@ fn a_client_that_stops_reading_its_answer_is_cut_off_and_frees_its_permit() {
             }
         }
     });
-    let (_sidecar, listen) = start(upstream.addr(), "send_timeout: 3s", "", ONE_AT_A_TIME, REJECT);
+    let (_sidecar, listen) = standalone_sidecar(
+        Listener::app().send_timeout(Duration::from_secs(3)),
+        Upstream::app(upstream.addr()),
+        one_at_a_time(),
+        reject(),
+    );
     let mut reader = connect(listen);
     reader.write_all(b"GET /big HTTP/1.1\r\nhost: app\r\n\r\n").unwrap();
     let mut head = [0u8; 1024];
@@ -208,7 +209,7 @@ fn a_client_that_stops_reading_its_answer_is_cut_off_and_frees_its_permit() {
     assert!(head.starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&head));
     // It reads no more: its answer holds the one permit until the send timeout cuts it off.
     assert_eq!(status(listen, "/small", ""), 429);
-    let took = admitted_within(listen, "/small", Duration::from_secs(20), "the stalled reader's permit");
+    let took = admitted(listen, "/small", "the stalled reader's permit");
     assert!(took >= Duration::from_secs(1), "freed after {took:?}, before the send timeout");
     closed_after(&mut reader);
 }
@@ -216,7 +217,12 @@ fn a_client_that_stops_reading_its_answer_is_cut_off_and_frees_its_permit() {
 #[tokio::test]
 async fn an_http2_stream_given_no_window_is_reset_and_frees_its_permit() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = start(upstream.addr(), "send_timeout: 3s", "", ONE_AT_A_TIME, REJECT);
+    let (_sidecar, listen) = standalone_sidecar(
+        Listener::app().send_timeout(Duration::from_secs(3)),
+        Upstream::app(upstream.addr()),
+        one_at_a_time(),
+        reject(),
+    );
     let tcp = tokio::net::TcpStream::connect(listen).await.unwrap();
     let (mut sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .initial_stream_window_size(0)
@@ -230,11 +236,9 @@ async fn an_http2_stream_given_no_window_is_reset_and_frees_its_permit() {
     // No byte of its body can come: it holds the one permit until the send timeout resets it.
     let refused = tokio::task::spawn_blocking(move || status(listen, "/echo", "")).await.unwrap();
     assert_eq!(refused, 429);
-    let took = tokio::task::spawn_blocking(move || {
-        admitted_within(listen, "/echo", Duration::from_secs(20), "the zero-window stream's permit")
-    })
-    .await
-    .unwrap();
+    let took = tokio::task::spawn_blocking(move || admitted(listen, "/echo", "the zero-window stream's permit"))
+        .await
+        .unwrap();
     assert!(took >= Duration::from_secs(1), "freed after {took:?}, before the send timeout");
     let body = tokio::time::timeout(Duration::from_secs(10), answer.into_body().collect()).await;
     assert!(matches!(body, Ok(Err(_))), "the stream was reset: {body:?}");
@@ -274,18 +278,24 @@ fn stalled(listen: SocketAddr) -> TcpStream {
 #[test]
 fn a_client_that_leaves_a_stalled_answer_frees_its_permit_at_once() {
     let upstream = stalling_upstream();
-    let (_sidecar, listen) = start(upstream.addr(), "", "", ONE_AT_A_TIME, REJECT);
+    let (_sidecar, listen) = start(upstream.addr(), one_at_a_time(), reject());
     let client = stalled(listen);
     assert_eq!(status(listen, "/small", ""), 429, "the stalled answer holds the permit");
     drop(client);
     // Default timeouts are minutes long: the departure itself must free it.
-    admitted_within(listen, "/small", Duration::from_secs(10), "the departed client's permit");
+    let took = admitted(listen, "/small", "the departed client's permit");
+    assert!(took < Duration::from_secs(10), "freed after {took:?}: by a timeout, not the departure");
 }
 
 #[test]
 fn an_upstream_body_that_stalls_is_cut_after_its_idle_timeout() {
     let upstream = stalling_upstream();
-    let (_sidecar, listen) = start(upstream.addr(), "", "body_idle_timeout: 1s", ONE_AT_A_TIME, REJECT);
+    let (_sidecar, listen) = standalone_sidecar(
+        Listener::app(),
+        Upstream::app(upstream.addr()).body_idle_timeout(Duration::from_secs(1)),
+        one_at_a_time(),
+        reject(),
+    );
     let mut client = stalled(listen);
     let after = closed_after(&mut client);
     assert!(after >= Duration::from_millis(500) && after < Duration::from_secs(10), "closed after {after:?}");
@@ -303,7 +313,7 @@ fn an_http_1_0_response_with_transfer_encoding_is_refused_and_its_connection_clo
             }
         }
     });
-    let (_sidecar, listen) = start(upstream.addr(), "", "", "capacity: 1000000", "");
+    let (_sidecar, listen) = start(upstream.addr(), r().capacity(1e6), Rule::charging("r"));
     let statuses = [status(listen, "/first", ""), status(listen, "/second", "")];
     // RFC 9112 §6.1: HTTP/1.0 has no transfer codings, so the framing is faulty: refused, and
     // the connection it came on carries nothing more.

@@ -11,23 +11,23 @@ use std::{
 use bytes::Bytes;
 use http_body_util::Full;
 use sluice_tests::{
-    harness::{Process, Server, Sidecar, free_port, status_json},
+    config::{
+        Algorithm, Fallback, Listener, Metrics, Per, Resource, Rule, ServerConfig, SidecarConfig, Template, Upstream,
+    },
+    harness::{Process, Server, Sidecar, status_json},
     http::{HttpClient, http1, send},
     upstream::UpstreamProcess,
+    wait::{eventually, lazily},
 };
 
 const KEYED: &str = "orders.per-tenant";
 
-/// A sidecar in front of `upstream` with one keyed resource per `x-tenant`; `resource`: the
-/// rest of its settings (YAML flow), `server`: where it leases from.
-fn config(listen: SocketAddr, upstream: SocketAddr, server: Option<SocketAddr>, resource: &str) -> String {
-    let server = server.map_or_else(String::new, |s| format!("server:\n  addresses: [\"{s}\"]\n"));
-    format!(
-        "{server}listeners:\n  - {{name: app, address: {listen}, upstream: app}}\n\
-         upstreams:\n  - {{name: app, url: http://{upstream}}}\n\
-         resources:\n  - {{id: {KEYED}, per: {{header: x-tenant}}, {resource}}}\n\
-         rules:\n  - {{resource: {KEYED}}}\n"
-    )
+/// A sidecar on `listener` in front of `upstream` whose one rule charges `resource` (a keyed
+/// resource: one per `x-tenant`).
+fn config(listener: Listener, upstream: SocketAddr, resource: Resource) -> SidecarConfig {
+    SidecarConfig::proxy(listener, Upstream::app(upstream))
+        .resource(resource.per(Per::Header("x-tenant".into())))
+        .rule(Rule::charging(KEYED))
 }
 
 /// GET / as `tenant` (`None`: no header): the status and body.
@@ -43,15 +43,6 @@ async fn call(client: &HttpClient, listen: SocketAddr, tenant: Option<&str>) -> 
 
 fn series(name: &str, extra: &str) -> String {
     format!("{name}{{resource=\"{KEYED}\"{extra}}}")
-}
-
-/// Polls `check` every 100 ms for up to `within`; panics with `what` if it never holds.
-async fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// The ids of the busiest keys the sidecar's status lists for the keyed resource, with mode.
@@ -73,14 +64,13 @@ fn server_clients(server: &Server, id: &str) -> u64 {
 #[tokio::test]
 async fn standalone_each_tenant_has_its_own_bucket() {
     let upstream = UpstreamProcess::start(None);
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     // One request per key, then nothing for 100 s: every second request is refused.
-    let settings = "capacity: 0.01, burst: 1, max_keys: 3, idle_timeout: 4s";
-    let sidecar = Sidecar::builder()
-        .config(&config(listen, upstream.addr(), None, settings))
+    let settings = Resource::new(KEYED).capacity(0.01).burst(1.0).max_keys(3).idle_timeout(Duration::from_secs(4));
+    let listener = Listener::app();
+    let sidecar = Sidecar::launch(&config(listener.clone(), upstream.addr(), settings.clone()))
         .args(["--config-poll-interval", "200ms"])
-        .start_sidecar();
-    let client = http1();
+        .start();
+    let (client, listen) = (http1(), sidecar.listen());
 
     assert_eq!(call(&client, listen, Some("acme")).await.0, 200);
     assert_eq!(call(&client, listen, Some("acme")).await.0, 429, "acme's bucket is empty");
@@ -113,15 +103,15 @@ async fn standalone_each_tenant_has_its_own_bucket() {
     assert!(!sidecar.get("/metrics").1.contains("orders.per-tenant/"), "no series per key by default");
 
     // A reload keeps the keys and their state.
-    sidecar.write_config(&config(listen, upstream.addr(), None, &format!("{settings}, priority: 1")));
-    eventually(Duration::from_secs(10), "reload", || {
+    sidecar.write_config(&config(listener, upstream.addr(), settings.priority(1)));
+    eventually("reload", async || {
         sidecar.metric("sluice_sidecar_config_reloads_total{result=\"success\"}") == Some(1.0)
     })
     .await;
     assert_eq!(call(&client, listen, Some("acme")).await.0, 429, "acme's key kept its empty bucket");
 
     // Unused for the idle timeout, every key goes; a tenant back gets a fresh one.
-    eventually(Duration::from_secs(10), "idle keys dropped", || metric("sluice_sidecar_keys", "") == 0.0).await;
+    eventually("idle keys dropped", async || metric("sluice_sidecar_keys", "") == 0.0).await;
     assert_eq!(metric("sluice_sidecar_keys_dropped_total", ""), 5.0);
     assert_eq!(call(&client, listen, Some("acme")).await.0, 200);
     let status = status_json(sidecar.admin).unwrap();
@@ -133,10 +123,10 @@ async fn standalone_each_tenant_has_its_own_bucket() {
 #[tokio::test]
 async fn series_per_key_leave_with_their_keys() {
     let upstream = UpstreamProcess::start(None);
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let settings = "capacity: 0.01, burst: 1, idle_timeout: 1s, metrics: per_key";
-    let sidecar = Sidecar::builder().config(&config(listen, upstream.addr(), None, settings)).start_sidecar();
-    let client = http1();
+    let settings =
+        Resource::new(KEYED).capacity(0.01).burst(1.0).idle_timeout(Duration::from_secs(1)).metrics(Metrics::PerKey);
+    let sidecar = Sidecar::launch(&config(Listener::app(), upstream.addr(), settings)).start();
+    let (client, listen) = (http1(), sidecar.listen());
     for round in 0..3 {
         let tenants: Vec<String> = (0..20).map(|i| format!("tenant-{round}-{i}")).collect();
         for tenant in &tenants {
@@ -158,7 +148,7 @@ async fn series_per_key_leave_with_their_keys() {
         assert_eq!(families.len(), types.len(), "a family twice:\n{text}");
 
         // Idle for its timeout, every key goes, and its series with it.
-        eventually(Duration::from_secs(10), "the keys and their series gone", || {
+        eventually("the keys and their series gone", async || {
             !sidecar.get("/metrics").1.contains(&format!("{KEYED}/"))
         })
         .await;
@@ -171,33 +161,30 @@ async fn leased_through_a_tree_each_tenant_is_a_resource_and_idle_keys_are_relea
     // Each tenant's key gets 1 request a second from the root (a lease of 30 s, so that only a
     // release takes it away within the test); the leaf gets everything from the root.
     let template = |capacity: f64| {
-        format!(
-            "resources:\n  - identifier_glob: \"{KEYED}/*\"\n    capacity: {capacity}\n    \
-             algorithm: {{kind: FAIR_SHARE, lease_length: 30, refresh_interval: 1, learning_mode_duration: 0}}\n  \
-             - identifier_glob: \"*\"\n    capacity: 0\n    \
-             algorithm: {{kind: FAIR_SHARE, lease_length: 30, refresh_interval: 1, learning_mode_duration: 0}}\n"
-        )
+        let algorithm = Algorithm::fair_share(30, 1).learning(0);
+        ServerConfig::new()
+            .template(Template::new(&format!("{KEYED}/*"), capacity, algorithm.clone()))
+            .template(Template::catch_all(0.0, algorithm))
     };
-    let root = Server::builder().config(&template(1.0)).start();
-    let leaf = Server::builder().config(&template(0.0)).arg("--parent").arg(root.grpc.to_string()).start();
+    let root = Server::launch().config(&template(1.0)).start();
+    let leaf = Server::launch().config(&template(0.0)).args(["--parent", &root.grpc.to_string()]).start();
     let upstream = UpstreamProcess::start(None);
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let yaml =
-        config(listen, upstream.addr(), Some(leaf.grpc), "burst: 1, idle_timeout: 3s, when_unreachable: pessimistic");
-    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
-    let client = http1();
+    let keyed =
+        Resource::new(KEYED).burst(1.0).idle_timeout(Duration::from_secs(3)).when_unreachable(Fallback::Pessimistic);
+    let sidecar = Sidecar::launch(&config(Listener::app(), upstream.addr(), keyed).leasing_from([leaf.grpc])).start();
+    let (client, listen) = (http1(), sidecar.listen());
 
     // Each tenant's first request makes its key, which the sidecar then leases.
     for tenant in ["acme", "globex"] {
         call(&client, listen, Some(tenant)).await;
     }
-    eventually(Duration::from_secs(15), "both keys leased", || {
+    eventually("both keys leased", async || {
         let keys = sidecar_keys(&sidecar);
         keys.len() == 2 && keys.iter().all(|(_, mode)| mode == "leased")
     })
     .await;
     // The leaf lists each key as a resource, and so does the root (the leaf's lease).
-    eventually(Duration::from_secs(10), "both keys at the leaf and the root", || {
+    eventually("both keys at the leaf and the root", async || {
         ["acme", "globex"].iter().all(|t| {
             let id = format!("{KEYED}/{t}");
             server_clients(&leaf, &id) == 1 && server_clients(&root, &id) == 1
@@ -216,7 +203,7 @@ async fn leased_through_a_tree_each_tenant_is_a_resource_and_idle_keys_are_relea
 
     // Idle for 3 s, both keys go and their leases are released at the leaf (the lease would
     // otherwise stand for 30 s).
-    eventually(Duration::from_secs(10), "keys released at the leaf", || {
+    eventually("keys released at the leaf", async || {
         ["acme", "globex"].iter().all(|t| server_clients(&leaf, &format!("{KEYED}/{t}")) == 0)
     })
     .await;
@@ -238,11 +225,10 @@ fn rss(pid: u32) -> f64 {
 /// (past 10,000, asking the root in parts) and the root all of them. Prints the memory per
 /// resource and the time of the slowest GetCapacity.
 async fn tree_of_keys(count: usize, keys: usize) {
-    let template = "resources:\n  - identifier_glob: \"*\"\n    capacity: 5\n    \
-        algorithm: {kind: FAIR_SHARE, lease_length: 60, refresh_interval: 10, learning_mode_duration: 0}\n";
-    let root = Server::builder().config(template).start();
+    let template = ServerConfig::new().template(Template::catch_all(5.0, Algorithm::fair_share(60, 10).learning(0)));
+    let root = Server::launch().config(&template).start();
     let leaves: Vec<Server> = (0..count)
-        .map(|_| Server::builder().config(template).arg("--parent").arg(root.grpc.to_string()).start())
+        .map(|_| Server::launch().config(&template).args(["--parent", &root.grpc.to_string()]).start())
         .collect();
     let before: Vec<f64> = std::iter::once(&root).chain(&leaves).map(|s| rss(s.pid())).collect();
 
@@ -269,23 +255,18 @@ async fn tree_of_keys(count: usize, keys: usize) {
 
     // Each leaf asks the root for its keys (in parts of 10,000); the root then holds them all.
     let root_resources = || status_json(root.admin).map_or(0, |s| s["resources"].as_array().map_or(0, Vec::len));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut held = root_resources();
-    while held < count * keys {
-        let rpcs = |r: &str| {
-            leaves[0].metric(&format!("sluice_server_parent_rpcs_total{{method=\"GetServerCapacity\",result=\"{r}\"}}"))
-        };
-        assert!(
-            Instant::now() < deadline,
-            "the root holds {held} resources; a leaf's requests to it: {:?} ok, {:?} failed; log:\n{}",
-            rpcs("ok"),
-            rpcs("error"),
-            leaves[0].logs()
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        held = root_resources();
-    }
-    assert_eq!(held, count * keys);
+    let rpcs = |r: &str| {
+        leaves[0].metric(&format!("sluice_server_parent_rpcs_total{{method=\"GetServerCapacity\",result=\"{r}\"}}"))
+    };
+    let why = lazily(|| {
+        let (ok, failed, log) = (rpcs("ok"), rpcs("error"), leaves[0].logs());
+        format!(
+            "the root holds {} resources; a leaf's requests to it: {ok:?} ok, {failed:?} failed; log:\n{log}",
+            root_resources()
+        )
+    });
+    eventually(why, async || root_resources() >= count * keys).await;
+    assert_eq!(root_resources(), count * keys);
     for leaf in &leaves {
         let failed = leaf.metric("sluice_server_parent_rpcs_total{method=\"GetServerCapacity\",result=\"error\"}");
         assert_eq!(failed.unwrap_or(0.0), 0.0, "no leaf's request to the root failed:\n{}", leaf.logs());

@@ -10,62 +10,53 @@ use std::{
 use bytes::Bytes;
 use http_body_util::Full;
 use sluice_tests::{
-    harness::{Server, Sidecar, free_port, run},
+    config::{
+        Algorithm, ConfigFile, Cost, Fallback, Kind, Listener, OnLimit, Resource, Rule, ServerConfig, SidecarConfig,
+        Template, Upstream,
+    },
+    harness::{Server, Sidecar, run, standalone_sidecar},
     http::{HttpClient, get, http1, send},
     upstream::{
         UpstreamProcess,
         echo::{EchoRequest, echo_client::EchoClient},
     },
+    wait::eventually,
 };
 use tonic::Code;
 
-/// A sidecar config: one listener in front of `upstream`, the given resources and rules, and
-/// a capacity server when `server` is set.
-fn config(
-    listen: SocketAddr,
-    upstream: SocketAddr,
-    server: Option<SocketAddr>,
-    resources: &str,
-    rules: &str,
-) -> String {
-    let server = server.map_or_else(String::new, |s| format!("server:\n  addresses: [\"{s}\"]\n"));
-    format!(
-        "{server}listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
-         upstreams:\n  - name: app\n    url: http://{upstream}\n\
-         resources:\n{resources}rules:\n{rules}"
-    )
+/// A sidecar in front of `upstream` whose one rule charges one resource.
+fn config(upstream: SocketAddr, resource: Resource, rule: Rule) -> SidecarConfig {
+    SidecarConfig::proxy(Listener::app(), Upstream::app(upstream)).resource(resource).rule(rule)
 }
 
-/// A standalone sidecar (no capacity server) in front of a fresh test upstream, with these
-/// `resources` and `rules` (YAML list items): the upstream, the sidecar and its listener.
-fn standalone(resources: &str, rules: &str) -> (UpstreamProcess, Sidecar, SocketAddr) {
+/// A standalone sidecar (no capacity server) in front of a fresh test upstream, charging
+/// `resource` by `rule`: the upstream, the sidecar and its listener.
+fn standalone(resource: Resource, rule: Rule) -> (UpstreamProcess, Sidecar, SocketAddr) {
     let upstream = UpstreamProcess::start(None);
-    let addr = listen();
-    let sidecar = Sidecar::builder().config(&config(addr, upstream.addr(), None, resources, rules)).start_sidecar();
+    let (sidecar, addr) = standalone_sidecar(Listener::app(), Upstream::app(upstream.addr()), resource, rule);
     (upstream, sidecar, addr)
 }
 
 /// A sidecar leasing from a fresh capacity server configured with `repository`, in front of a
-/// fresh test upstream, with these `resources` and `rules`: the upstream, the server (restart
-/// it at its `grpc` address), the sidecar and its listener.
-fn leasing(repository: &str, resources: &str, rules: &str) -> (UpstreamProcess, Server, Sidecar, SocketAddr) {
+/// fresh test upstream, charging `resource` by `rule`: the upstream, the server (restart it at
+/// its `grpc` address), the sidecar and its listener.
+fn leasing(
+    repository: &ServerConfig,
+    resource: Resource,
+    rule: Rule,
+) -> (UpstreamProcess, Server, Sidecar, SocketAddr) {
     let upstream = UpstreamProcess::start(None);
-    let server = Server::builder().config(repository).start();
-    let addr = listen();
-    let yaml = config(addr, upstream.addr(), Some(server.grpc), resources, rules);
-    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    let server = Server::launch().config(repository).start();
+    let sidecar = Sidecar::launch(&config(upstream.addr(), resource, rule).leasing_from([server.grpc])).start();
+    let addr = sidecar.listen();
     (upstream, server, sidecar, addr)
 }
 
-fn listen() -> SocketAddr {
-    ([127, 0, 0, 1], free_port()).into()
-}
-
-fn doorman(capacity: f64, lease: u32, refresh: u32) -> String {
-    format!(
-        "resources:\n  - identifier_glob: \"*\"\n    capacity: {capacity}\n    safe_capacity: 7\n    \
-         algorithm: {{kind: FAIR_SHARE, lease_length: {lease}, refresh_interval: {refresh}, learning_mode_duration: 0}}\n"
-    )
+/// Everything shared by capacity `capacity`, with a safe capacity of 7; `learning`: seconds of
+/// learning mode.
+fn doorman(capacity: f64, lease: u64, refresh: u64, learning: u64) -> ServerConfig {
+    let algorithm = Algorithm::fair_share(lease, refresh).learning(learning);
+    ServerConfig::new().template(Template::catch_all(capacity, algorithm).safe_capacity(7.0))
 }
 
 /// The sidecar's status for one resource.
@@ -75,19 +66,10 @@ fn resource_status(sidecar: &Sidecar, id: &str) -> serde_json::Value {
     status["resources"].as_array().unwrap().iter().find(|r| r["id"] == id).cloned().expect("resource listed")
 }
 
-/// Polls until `check` holds, for up to `limit`.
-async fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !check() {
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test]
 async fn reject_mode_answers_at_once_with_429_or_resource_exhausted() {
     let (_upstream, sidecar, addr) =
-        standalone("  - id: tiny\n    capacity: 1\n    burst: 2\n", "  - resource: tiny\n    on_limit: reject\n");
+        standalone(Resource::new("tiny").capacity(1.0).burst(2.0), Rule::charging("tiny").on_limit(OnLimit::Reject));
     let client = http1();
     let url = format!("http://{addr}/echo");
 
@@ -129,8 +111,8 @@ async fn reject_mode_answers_at_once_with_429_or_resource_exhausted() {
 #[tokio::test]
 async fn delay_mode_never_holds_past_max_wait_or_the_grpc_deadline() {
     let (_upstream, sidecar, addr) = standalone(
-        "  - id: slow\n    capacity: 10\n    burst: 1\n",
-        "  - resource: slow\n    on_limit: delay\n    max_wait: 300ms\n",
+        Resource::new("slow").capacity(10.0).burst(1.0),
+        Rule::charging("slow").on_limit(OnLimit::Delay).max_wait(Duration::from_millis(300)),
     );
     let client = http1();
     let url = format!("http://{addr}/echo");
@@ -175,8 +157,8 @@ async fn delay_mode_never_holds_past_max_wait_or_the_grpc_deadline() {
 #[tokio::test]
 async fn a_delayed_call_goes_upstream_with_what_is_left_of_its_deadline() {
     let (_upstream, _sidecar, addr) = standalone(
-        "  - id: slow\n    capacity: 1\n    burst: 1\n",
-        "  - resource: slow\n    on_limit: delay\n    max_wait: 3s\n",
+        Resource::new("slow").capacity(1.0).burst(1.0),
+        Rule::charging("slow").on_limit(OnLimit::Delay).max_wait(Duration::from_secs(3)),
     );
     let (client, url) = (http1(), format!("http://{addr}/echo"));
     assert_eq!(get(&client, &url).await.status, 200, "takes the token");
@@ -191,8 +173,10 @@ async fn a_delayed_call_goes_upstream_with_what_is_left_of_its_deadline() {
 
 #[tokio::test]
 async fn shadow_mode_forwards_everything_and_counts() {
-    let (_upstream, sidecar, addr) =
-        standalone("  - id: watched\n    capacity: 1\n    burst: 1\n", "  - resource: watched\n    on_limit: shadow\n");
+    let (_upstream, sidecar, addr) = standalone(
+        Resource::new("watched").capacity(1.0).burst(1.0),
+        Rule::charging("watched").on_limit(OnLimit::Shadow),
+    );
     let client = http1();
     for _ in 0..10 {
         assert_eq!(get(&client, &format!("http://{addr}/echo")).await.status, 200);
@@ -204,8 +188,8 @@ async fn shadow_mode_forwards_everything_and_counts() {
 #[tokio::test]
 async fn concurrency_limits_in_flight_requests_until_their_bodies_end() {
     let (_upstream, _sidecar, addr) = standalone(
-        "  - id: pool\n    kind: concurrency\n    capacity: 2\n",
-        "  - resource: pool\n    on_limit: reject\n",
+        Resource::new("pool").kind(Kind::Concurrency).capacity(2.0),
+        Rule::charging("pool").on_limit(OnLimit::Reject),
     );
     let client = http1();
     let calls: Vec<_> = (0..4)
@@ -227,9 +211,9 @@ async fn concurrency_limits_in_flight_requests_until_their_bodies_end() {
 #[tokio::test]
 async fn a_missing_capacity_server_never_fails_requests() {
     let (_upstream, server, sidecar, addr) = leasing(
-        &doorman(1000.0, 3, 1),
-        "  - id: orders\n    when_unreachable: safe\n",
-        "  - resource: orders\n    on_limit: delay\n    max_wait: 2s\n",
+        &doorman(1000.0, 3, 1, 0),
+        Resource::new("orders").when_unreachable(Fallback::Safe),
+        Rule::charging("orders").on_limit(OnLimit::Delay).max_wait(Duration::from_secs(2)),
     );
     let grpc = server.grpc;
     let client = http1();
@@ -245,19 +229,18 @@ async fn a_missing_capacity_server_never_fails_requests() {
         failures
     };
     assert_eq!(traffic(client.clone(), url.clone(), 5).await, 0);
-    eventually(Duration::from_secs(5), "leased", || resource_status(&sidecar, "orders")["mode"] == "leased").await;
+    eventually("leased", async || resource_status(&sidecar, "orders")["mode"] == "leased").await;
 
     drop(server); // killed: SIGKILL, no goodbye
     let during = tokio::spawn(traffic(client.clone(), url.clone(), 60));
-    eventually(Duration::from_secs(8), "safe fallback after expiry", || {
+    eventually("safe fallback after expiry", async || {
         let status = resource_status(&sidecar, "orders");
         status["mode"] == "fallback_safe" && status["capacity"] == 7.0
     })
     .await;
 
-    let _back = Server::builder().config(&doorman(1000.0, 3, 1)).start_at(grpc);
-    eventually(Duration::from_secs(40), "leased again", || resource_status(&sidecar, "orders")["mode"] == "leased")
-        .await;
+    let _back = Server::launch().config(&doorman(1000.0, 3, 1, 0)).start_at(grpc);
+    eventually("leased again", async || resource_status(&sidecar, "orders")["mode"] == "leased").await;
     assert_eq!(during.await.unwrap(), 0, "no request failed while the server was away");
     // The log tells the story once: each change of mode, not every failed refresh.
     let logs = sidecar.logs();
@@ -271,7 +254,7 @@ async fn a_missing_capacity_server_never_fails_requests() {
 #[tokio::test]
 async fn a_server_back_in_learning_mode_grants_what_the_fallback_held() {
     let (_upstream, server, sidecar, addr) =
-        leasing(&doorman(1000.0, 3, 1), "  - id: orders\n", "  - resource: orders\n");
+        leasing(&doorman(1000.0, 3, 1, 0), Resource::new("orders"), Rule::charging("orders"));
     let grpc = server.grpc;
     // Steady demand throughout, well under the fallback's 7 a second.
     let traffic = tokio::spawn(async move {
@@ -281,22 +264,18 @@ async fn a_server_back_in_learning_mode_grants_what_the_fallback_held() {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     });
-    eventually(Duration::from_secs(10), "leased", || {
+    eventually("leased", async || {
         let status = resource_status(&sidecar, "orders");
         status["mode"] == "leased" && status["capacity"].as_f64().is_some_and(|c| c > 0.0)
     })
     .await;
     drop(server);
-    eventually(Duration::from_secs(10), "safe fallback after expiry", || {
-        resource_status(&sidecar, "orders")["mode"] == "fallback_safe"
-    })
-    .await;
-    // Back, and learning for 30 s (the sidecar's backoff may take some of that).
-    let learning = doorman(1000.0, 3, 1).replace("learning_mode_duration: 0", "learning_mode_duration: 30");
-    let back = Server::builder().config(&learning).start_at(grpc);
-    // It grants what the sidecar reports holding, its fallback's 7 (or less: its wants), not 0.
-    eventually(Duration::from_secs(40), "leased again", || resource_status(&sidecar, "orders")["mode"] == "leased")
+    eventually("safe fallback after expiry", async || resource_status(&sidecar, "orders")["mode"] == "fallback_safe")
         .await;
+    // Back, and learning for 30 s (the sidecar's backoff may take some of that).
+    let back = Server::launch().config(&doorman(1000.0, 3, 1, 30)).start_at(grpc);
+    // It grants what the sidecar reports holding, its fallback's 7 (or less: its wants), not 0.
+    eventually("leased again", async || resource_status(&sidecar, "orders")["mode"] == "leased").await;
     let learning = |server: &Server| {
         let (_, body) = server.get("/debug/status.json");
         let status: serde_json::Value = serde_json::from_str(&body).expect("status JSON");
@@ -311,16 +290,16 @@ async fn a_server_back_in_learning_mode_grants_what_the_fallback_held() {
 #[tokio::test]
 async fn after_a_lull_delay_mode_waits_for_a_larger_lease() {
     let (_upstream, _server, sidecar, addr) = leasing(
-        &doorman(1000.0, 30, 1),
-        "  - id: orders\n",
+        &doorman(1000.0, 30, 1, 0),
+        Resource::new("orders"),
         // Each request is a surge on its own (more than the 3 units a low rate's noise may add).
-        "  - resource: orders\n    cost: 4\n    on_limit: delay\n    max_wait: 5s\n",
+        Rule::charging("orders").cost(Cost::Units(4.0)).on_limit(OnLimit::Delay).max_wait(Duration::from_secs(5)),
     );
     let client = http1();
     let url = format!("http://{addr}/echo");
     assert_eq!(get(&client, &url).await.status, 200);
     // The lease follows the demand of that one request down to a trickle: a request in 8 s.
-    eventually(Duration::from_secs(20), "a dwindled lease", || {
+    eventually("a dwindled lease", async || {
         let status = resource_status(&sidecar, "orders");
         status["mode"] == "leased" && status["capacity"].as_f64().is_some_and(|c| c < 0.5)
     })
@@ -343,9 +322,11 @@ async fn after_a_lull_delay_mode_waits_for_a_larger_lease() {
 #[tokio::test]
 async fn a_lease_that_comes_back_empty_ends_the_wait_for_it() {
     // Learning for longer than the test: a new client is granted nothing.
-    let learning = doorman(1000.0, 30, 1).replace("learning_mode_duration: 0", "learning_mode_duration: 60");
-    let (_upstream, _server, sidecar, addr) =
-        leasing(&learning, "  - id: orders\n", "  - resource: orders\n    on_limit: delay\n    max_wait: 5s\n");
+    let (_upstream, _server, sidecar, addr) = leasing(
+        &doorman(1000.0, 30, 1, 60),
+        Resource::new("orders"),
+        Rule::charging("orders").on_limit(OnLimit::Delay).max_wait(Duration::from_secs(5)),
+    );
     // Ten a second for three seconds: demand keeps surging past the 0 each answer brings.
     let calls: Vec<_> = (0..30)
         .map(|i| {
@@ -375,10 +356,16 @@ async fn a_lease_that_comes_back_empty_ends_the_wait_for_it() {
 #[tokio::test]
 async fn reload_changes_rules_without_dropping_connections() {
     let upstream = UpstreamProcess::start(None);
-    let addr = listen();
-    let resources = "  - id: r\n    capacity: 1\n    burst: 1\n  - id: old\n    capacity: 1\n";
-    let strict = config(addr, upstream.addr(), None, resources, "  - resource: r\n");
-    let sidecar = Sidecar::builder().config(&strict).arg("--config-poll-interval").arg("100ms").start_sidecar();
+    let listener = Listener::app();
+    let config = |capacity: f64| {
+        let r = Resource::new("r").capacity(capacity).burst(1.0);
+        SidecarConfig::proxy(listener.clone(), Upstream::app(upstream.addr())).resource(r).rule(Rule::charging("r"))
+    };
+    let strict = config(1.0).resource(Resource::new("old").capacity(1.0));
+    // Without `old`, and with room for every request.
+    let loose = config(100_000.0);
+    let sidecar = Sidecar::launch(&strict).args(["--config-poll-interval", "100ms"]).start();
+    let addr = sidecar.listen();
     // One connection for the whole test: the pool keeps it alive.
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .pool_max_idle_per_host(1)
@@ -388,10 +375,8 @@ async fn reload_changes_rules_without_dropping_connections() {
     assert_eq!(first.status, 200);
     assert_eq!(get(&client, &url).await.status, 429);
 
-    sidecar.write_config(
-        &strict.replace("  - id: old\n    capacity: 1\n", "").replace("capacity: 1\n", "capacity: 100000\n"),
-    );
-    eventually(Duration::from_secs(5), "reloaded", || {
+    sidecar.write_config(&loose);
+    eventually("reloaded", async || {
         sidecar.metric("sluice_sidecar_config_reloads_total{result=\"success\"}") == Some(1.0)
     })
     .await;
@@ -403,11 +388,12 @@ async fn reload_changes_rules_without_dropping_connections() {
     assert!(peer_headers > 0);
     // The removed resource's gauges leave /metrics; the kept one's stay.
     let mode = |id: &str| sidecar.metric(&format!("sluice_sidecar_mode{{resource=\"{id}\",mode=\"standalone\"}}"));
-    eventually(Duration::from_secs(30), "the removed resource's series gone", || mode("old").is_none()).await;
+    eventually("the removed resource's series gone", async || mode("old").is_none()).await;
     assert_eq!(mode("r"), Some(1.0));
 
-    sidecar.write_config("listeners: [this is not valid");
-    eventually(Duration::from_secs(5), "rejected", || {
+    // Not YAML: written by hand, as no configuration the kit builds can be.
+    sidecar.write_raw_config("listeners: [this is not valid");
+    eventually("rejected", async || {
         sidecar.metric("sluice_sidecar_config_reloads_total{result=\"failure\"}") == Some(1.0)
     })
     .await;
@@ -421,20 +407,20 @@ async fn reload_changes_rules_without_dropping_connections() {
     assert!(rejected().is_some_and(|e| e.contains("listeners")), "{:?}", rejected());
     assert!(sidecar.get("/debug/status").1.contains("last change rejected"));
     sidecar.write_config(&strict);
-    eventually(Duration::from_secs(5), "reloaded again", || rejected().is_none()).await;
+    eventually("reloaded again", async || rejected().is_none()).await;
 }
 
 #[tokio::test]
 async fn sigterm_drains_and_releases_leases() {
     let upstream = UpstreamProcess::start(None);
-    let server = Server::builder().config(&doorman(100.0, 60, 1)).start();
-    let addr = listen();
-    let yaml = config(addr, upstream.addr(), Some(server.grpc), "  - id: jobs\n", "  - resource: jobs\n");
-    let mut sidecar = Sidecar::builder().config(&yaml).arg("--client-id").arg("pod-a").start_sidecar();
+    let server = Server::launch().config(&doorman(100.0, 60, 1, 0)).start();
+    let leasing = config(upstream.addr(), Resource::new("jobs"), Rule::charging("jobs")).leasing_from([server.grpc]);
+    let mut sidecar = Sidecar::launch(&leasing).args(["--client-id", "pod-a"]).start();
+    let addr = sidecar.listen();
     let client = http1();
     get(&client, &format!("http://{addr}/echo")).await;
     let holds = || server.get("/debug/status.json?resource=jobs").1.contains("pod-a");
-    eventually(Duration::from_secs(5), "the server holds a lease for pod-a", holds).await;
+    eventually("the server holds a lease for pod-a", async || holds()).await;
 
     // A slow request in flight is allowed to finish; meanwhile the sidecar is not ready and
     // still holds its lease, which goes back once the drain is over.
@@ -461,9 +447,9 @@ async fn sigterm_drains_and_releases_leases() {
 #[tokio::test]
 async fn a_second_signal_cuts_the_drain_short() {
     let upstream = UpstreamProcess::start(None);
-    let addr = listen();
-    let yaml = config(addr, upstream.addr(), None, "  - id: r\n    capacity: 100\n", "  - resource: r\n");
-    let mut sidecar = Sidecar::builder().config(&yaml).args(["--shutdown-grace", "60s"]).start_sidecar();
+    let config = config(upstream.addr(), Resource::new("r").capacity(100.0), Rule::charging("r"));
+    let mut sidecar = Sidecar::launch(&config).args(["--shutdown-grace", "60s"]).start();
+    let addr = sidecar.listen();
     let slow = tokio::spawn(async move { get(&http1(), &format!("http://{addr}/slow?ms=20000")).await });
     tokio::time::sleep(Duration::from_millis(200)).await;
     sidecar.signal("TERM");
@@ -490,7 +476,8 @@ fn bad_flags_and_configs_exit_64_with_one_line() {
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.yaml");
-    std::fs::write(&path, "listeners:\n  - name: a\n    address: 127.0.0.1:1\n    upstream: missing\n").unwrap();
+    let config = SidecarConfig::new().listener(Listener::new("a", ([127, 0, 0, 1], 1).into()).upstream("missing"));
+    std::fs::write(&path, config.yaml()).unwrap();
     let out = run("sluice-sidecar", &["--config", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(64));
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -22,8 +22,9 @@ use http_body_util::{Empty, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use sluice_tests::{
+    config::{Listener, Resource, Rule, Upstream},
     connections::rss_bytes,
-    harness::{Sidecar, free_port},
+    harness::standalone_sidecar,
     http::{get, http1},
     upstream::UpstreamProcess,
 };
@@ -165,16 +166,10 @@ async fn silent_connections(sidecar: SocketAddr, count: usize, stop: Arc<AtomicB
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worst_a_caller_sends_for_30_s_stays_within_the_data_paths_budget() {
     let upstream = UpstreamProcess::start(None);
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let config = format!(
-        "listeners:\n  - {{name: app, address: {listen}, upstream: app, max_connections: {MAX_CONNECTIONS}, \
-         max_requests: {MAX_REQUESTS}}}\n\
-         upstreams:\n  - {{name: app, url: http://{}}}\n\
-         resources:\n  - {{id: everything, capacity: .inf}}\n\
-         rules:\n  - {{resource: everything}}\n",
-        upstream.addr()
-    );
-    let sidecar = Sidecar::builder().config(&config).start_sidecar();
+    let listener = Listener::app().max_connections(MAX_CONNECTIONS as usize).max_requests(MAX_REQUESTS as usize);
+    let everything = Resource::new("everything").capacity(f64::INFINITY);
+    let (sidecar, listen) =
+        standalone_sidecar(listener, Upstream::app(upstream.addr()), everything, Rule::charging("everything"));
     // Warm: the first requests allocate what every later one reuses.
     let client = http1();
     assert_eq!(get(&client, &format!("http://{listen}/")).await.status, 200);

@@ -4,6 +4,7 @@
 
 use std::{
     net::SocketAddr,
+    path::Path,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -14,33 +15,40 @@ use std::{
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use sluice_tests::{
-    harness::{Sidecar, free_port},
+    config::{Listener, Resource, Rule, SidecarConfig, Upstream},
+    harness::{Sidecar, free_port, standalone_sidecar},
     http::{HttpClient, get, h2c, http1},
     upstream::{
         UpstreamProcess,
         echo::{EchoRequest, echo_client::EchoClient},
     },
+    wait::{eventually, lazily},
 };
 use tokio_stream::StreamExt;
 use tonic::Code;
 
-/// A standalone sidecar whose one listener forwards to `upstream_url`, with a rule far above
-/// any test load so that nothing is limited.
-fn sidecar(upstream_url: &str, ca: Option<&std::path::Path>) -> (Sidecar, SocketAddr) {
-    sidecar_with(upstream_url, ca, "")
+/// A standalone sidecar whose `listener` forwards to `upstream`, with a rule far above any test
+/// load so that nothing is limited.
+fn sidecar_with(listener: Listener, upstream: Upstream) -> (Sidecar, SocketAddr) {
+    standalone_sidecar(listener, upstream, Resource::new("everything").capacity(1e6), Rule::charging("everything"))
 }
 
-/// [`sidecar`] with more of the listener's settings (`listener`: YAML keys).
-fn sidecar_with(upstream_url: &str, ca: Option<&std::path::Path>, listener: &str) -> (Sidecar, SocketAddr) {
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let ca = ca.map_or_else(String::new, |p| format!("\n    ca: {}", p.display()));
-    let config = format!(
-        "listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n    {listener}\n\
-         upstreams:\n  - name: app\n    url: {upstream_url}{ca}\n\
-         resources:\n  - id: everything\n    capacity: 1000000\n\
-         rules:\n  - resource: everything\n"
-    );
-    (Sidecar::builder().config(&config).start_sidecar(), listen)
+/// [`sidecar_with`] the listener `app` in front of the test upstream at `upstream`.
+fn sidecar(upstream: &UpstreamProcess) -> (Sidecar, SocketAddr) {
+    sidecar_with(Listener::app(), Upstream::app(upstream.addr()))
+}
+
+/// [`sidecar_with`] the listener `app` in front of an https:// upstream on `port` of localhost,
+/// trusting `ca` when given.
+fn tls_sidecar(port: u16, ca: Option<&Path>) -> (Sidecar, SocketAddr) {
+    let upstream = Upstream::new("app", format!("https://localhost:{port}"));
+    sidecar_with(
+        Listener::app(),
+        match ca {
+            Some(ca) => upstream.ca(ca),
+            None => upstream,
+        },
+    )
 }
 
 async fn echo(client: &HttpClient, request: http::Request<Full<Bytes>>) -> serde_json::Value {
@@ -57,7 +65,7 @@ fn has_header(echo: &serde_json::Value, name: &str, value: &str) -> bool {
 #[tokio::test]
 async fn http1_passes_through_unchanged() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(&format!("http://{}", upstream.addr()), None);
+    let (_sidecar, listen) = sidecar(&upstream);
     let client = http1();
 
     let post = http::Request::post(format!("http://{listen}/echo/orders?id=7&x=%20"))
@@ -91,7 +99,7 @@ async fn http1_passes_through_unchanged() {
 #[tokio::test]
 async fn h2c_passes_through_with_trailers() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(&format!("http://{}", upstream.addr()), None);
+    let (_sidecar, listen) = sidecar(&upstream);
     let client = h2c();
 
     let put = http::Request::put(format!("http://{listen}/echo?h2=1"))
@@ -113,7 +121,8 @@ async fn h2c_passes_through_with_trailers() {
 #[tokio::test]
 async fn http2_calls_and_quiet_streams_are_not_idle() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar_with(&format!("http://{}", upstream.addr()), None, "idle_timeout: 1s");
+    let (_sidecar, listen) =
+        sidecar_with(Listener::app().idle_timeout(Duration::from_secs(1)), Upstream::app(upstream.addr()));
     let client = h2c();
     // Nothing crosses the connection for longer than the idle timeout while each is open.
     let slow = get(&client, &format!("http://{listen}/slow?ms=2500")).await;
@@ -125,7 +134,7 @@ async fn http2_calls_and_quiet_streams_are_not_idle() {
 #[tokio::test]
 async fn long_http2_streams_do_not_hold_up_other_requests() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(&format!("http://{}", upstream.addr()), None);
+    let (_sidecar, listen) = sidecar(&upstream);
     // 250 long requests, more than the upstream lets one connection carry at once (200), from
     // two application connections.
     let done = Arc::new(AtomicUsize::new(0));
@@ -152,7 +161,7 @@ async fn long_http2_streams_do_not_hold_up_other_requests() {
 #[tokio::test]
 async fn big_response_heads_pass_from_http2_upstreams() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(&format!("http://{}", upstream.addr()), None);
+    let (_sidecar, listen) = sidecar(&upstream);
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .http2_only(true)
         .http2_max_header_list_size(1 << 20)
@@ -166,7 +175,7 @@ async fn big_response_heads_pass_from_http2_upstreams() {
 #[tokio::test]
 async fn grpc_unary_and_streaming_pass_through() {
     let upstream = UpstreamProcess::start(None);
-    let (_sidecar, listen) = sidecar(&format!("http://{}", upstream.addr()), None);
+    let (_sidecar, listen) = sidecar(&upstream);
     let mut client = EchoClient::connect(format!("http://{listen}")).await.expect("connect through the sidecar");
 
     let mut call = tonic::Request::new(EchoRequest { message: "ping".into(), ..Default::default() });
@@ -199,8 +208,7 @@ async fn originates_tls_to_https_upstreams() {
     std::fs::write(&key, ca.signing_key.serialize_pem()).unwrap();
     std::fs::write(&ca_path, ca.cert.pem()).unwrap();
     let upstream = UpstreamProcess::start(Some((&cert, &key)));
-    let url = format!("https://localhost:{}", upstream.addr().port());
-    let (_sidecar, listen) = sidecar(&url, Some(&ca_path));
+    let (_sidecar, listen) = tls_sidecar(upstream.addr().port(), Some(&ca_path));
 
     let seen =
         echo(&http1(), http::Request::get(format!("http://{listen}/echo/tls")).body(Full::default()).unwrap()).await;
@@ -215,7 +223,7 @@ async fn originates_tls_to_https_upstreams() {
     assert_eq!(reply.get_ref().message, "secure");
 
     // Without the CA the upstream's certificate is not trusted: 502, never plaintext.
-    let (_untrusting, listen) = sidecar(&url, None);
+    let (_untrusting, listen) = tls_sidecar(upstream.addr().port(), None);
     let response = http1().request(http::Request::get(format!("http://{listen}/echo")).body(Full::default()).unwrap());
     assert_eq!(response.await.unwrap().status(), 502);
 
@@ -228,7 +236,7 @@ async fn originates_tls_to_https_upstreams() {
             &["--tls-cert".as_ref(), args[0], "--tls-key".as_ref(), args[1], "--tls-alpn".as_ref(), args[2]],
         )
         .unwrap();
-        let (_sidecar, listen) = sidecar(&format!("https://localhost:{}", old_school.addr().port()), Some(&ca_path));
+        let (_sidecar, listen) = tls_sidecar(old_school.addr().port(), Some(&ca_path));
         let seen =
             echo(&http1(), http::Request::get(format!("http://{listen}/echo/old")).body(Full::default()).unwrap())
                 .await;
@@ -255,22 +263,19 @@ async fn an_upstream_ca_bundle_rotated_on_disk_is_trusted_without_a_restart() {
     // The sidecar starts trusting a certificate the upstream does not use.
     std::fs::write(&ca_path, other.cert.pem()).unwrap();
     let upstream = UpstreamProcess::start(Some((&cert, &key)));
-    let (sidecar, listen) = sidecar(&format!("https://localhost:{}", upstream.addr().port()), Some(&ca_path));
+    let (sidecar, listen) = tls_sidecar(upstream.addr().port(), Some(&ca_path));
     let status = || async {
         let request = http::Request::get(format!("http://{listen}/echo")).body(Full::default()).unwrap();
         http1().request(request).await.unwrap().status()
     };
     assert_eq!(status().await, 502, "not trusted yet");
 
-    // The configuration file is being edited (a rejected state) while the bundle rotates: the
-    // rotation does not wait for it.
-    sidecar.write_config("listeners: [");
+    // The configuration file is being edited (a rejected state, not YAML: written by hand, as no
+    // configuration the kit builds can be) while the bundle rotates: the rotation does not wait for it.
+    sidecar.write_raw_config("listeners: [");
     std::fs::write(&ca_path, serving.cert.pem()).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while status().await != 200 {
-        assert!(std::time::Instant::now() < deadline, "the new CA bundle is not in use; log:\n{}", sidecar.logs());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let why = lazily(|| format!("the new CA bundle is not in use; log:\n{}", sidecar.logs()));
+    eventually(why, async || status().await == 200).await;
     assert!(sidecar.logs().contains("CA bundle changed"), "the rotation is logged:\n{}", sidecar.logs());
     assert!(sidecar.logs().contains("configuration rejected"), "the edit was seen:\n{}", sidecar.logs());
 }
@@ -278,15 +283,13 @@ async fn an_upstream_ca_bundle_rotated_on_disk_is_trusted_without_a_restart() {
 #[tokio::test]
 async fn unconfigured_hosts_are_not_forwarded() {
     let upstream = UpstreamProcess::start(None);
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let config = format!(
-        "listeners:\n  - name: edge\n    address: {listen}\n\
-         upstreams:\n  - name: api\n    url: http://{}\n    hosts: [api.example.test]\n\
-         resources:\n  - id: everything\n    capacity: 1000000\n\
-         rules:\n  - resource: everything\n",
-        upstream.addr()
-    );
-    let _sidecar = Sidecar::builder().config(&config).start_sidecar();
+    let config = SidecarConfig::new()
+        .listener(Listener::new("edge", ([127, 0, 0, 1], free_port()).into()))
+        .upstream(Upstream::new("api", format!("http://{}", upstream.addr())).hosts(&["api.example.test"]))
+        .resource(Resource::new("everything").capacity(1e6))
+        .rule(Rule::charging("everything"));
+    let sidecar = Sidecar::launch(&config).start();
+    let listen = sidecar.listen();
     let client = http1();
     let get = |host: &str| {
         http::Request::get(format!("http://{listen}/echo")).header("host", host).body(Full::default()).unwrap()

@@ -18,9 +18,11 @@ use std::{
 };
 
 use sluice_tests::{
-    harness::{Server, Sidecar, free_port},
+    config::{Algorithm, Listener, OnLimit, Resource, Rule, ServerConfig, SidecarConfig, Template, Upstream},
+    harness::{Server, Sidecar},
     http::{http1, send},
     upstream::UpstreamProcess,
+    wait::{eventually, lazily},
 };
 
 const CAPACITY: f64 = 40.0;
@@ -42,28 +44,27 @@ fn lease(sidecar: &Sidecar) -> f64 {
 /// A capacity server of `capacity` for every resource, refreshed every `refresh` seconds,
 /// without learning mode.
 fn server(capacity: f64, refresh: u64) -> Server {
-    Server::builder()
-        .config(&format!(
-            "resources:\n  - identifier_glob: \"*\"\n    capacity: {capacity}\n    \
-             algorithm: {{kind: FAIR_SHARE, lease_length: 5, refresh_interval: {refresh}, learning_mode_duration: 0}}\n"
-        ))
-        .start()
+    let algorithm = Algorithm::fair_share(5, refresh).learning(0);
+    Server::launch().config(&ServerConfig::new().template(Template::catch_all(capacity, algorithm))).start()
 }
 
-/// A sidecar leasing resource "shared" from `server` (`resource`: more of its settings, each
-/// line indented by four spaces), which charges every request with `on_limit`.
-fn sidecar(server: &Server, upstream: &UpstreamProcess, resource: &str, on_limit: &str) -> (Sidecar, SocketAddr) {
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let yaml = format!(
-        "server:\n  addresses: [\"{}\"]\n\
-         listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
-         upstreams:\n  - name: app\n    url: http://{}\n\
-         resources:\n  - id: shared\n{resource}\
-         rules:\n  - resource: shared\n    on_limit: {on_limit}\n",
-        server.grpc,
-        upstream.addr()
-    );
-    (Sidecar::builder().config(&yaml).start_sidecar(), listen)
+/// A sidecar leasing `resource` (named "shared") from `server`, charging it every request by `rule`.
+fn sidecar(server: &Server, upstream: &UpstreamProcess, resource: Resource, rule: Rule) -> (Sidecar, SocketAddr) {
+    let config = SidecarConfig::proxy(Listener::app(), Upstream::app(upstream.addr()))
+        .leasing_from([server.grpc])
+        .resource(resource)
+        .rule(rule);
+    let sidecar = Sidecar::launch(&config).start();
+    let listen = sidecar.listen();
+    (sidecar, listen)
+}
+
+fn shared() -> Resource {
+    Resource::new("shared")
+}
+
+fn rejecting() -> Rule {
+    Rule::charging("shared").on_limit(OnLimit::Reject)
 }
 
 /// Offers `rate` requests per second to `listen`, open loop, until `stop`; returns the status
@@ -94,7 +95,8 @@ fn offer(listen: SocketAddr, rate: f64, stop: Arc<AtomicBool>) -> tokio::task::J
 async fn two_sidecars_share_fairly_and_stay_within_capacity() {
     let upstream = UpstreamProcess::start(None);
     let server = server(CAPACITY, REFRESH_SECONDS);
-    let sidecars: Vec<(Sidecar, SocketAddr)> = (0..2).map(|_| sidecar(&server, &upstream, "", "reject")).collect();
+    let sidecars: Vec<(Sidecar, SocketAddr)> =
+        (0..2).map(|_| sidecar(&server, &upstream, shared(), rejecting())).collect();
 
     let stop = Arc::new(AtomicBool::new(false));
     let load: Vec<_> = sidecars.iter().map(|(_, listen)| offer(*listen, OFFERED_PER_SIDECAR, stop.clone())).collect();
@@ -105,17 +107,12 @@ async fn two_sidecars_share_fairly_and_stay_within_capacity() {
     // transit), so both get there in under two.
     let deadline = Duration::from_secs(3 * REFRESH_SECONDS);
     let converged = |s: &Sidecar| (lease(s) - CAPACITY / 2.0).abs() < 0.5;
-    while !sidecars.iter().all(|(s, _)| converged(s)) {
-        let leases: Vec<f64> = sidecars.iter().map(|(s, _)| lease(s)).collect();
-        assert!(
-            started.elapsed() < deadline,
-            "leases {leases:?} after {:?}, want {} each",
-            started.elapsed(),
-            CAPACITY / 2.0
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    println!("fair shares after {:?}", started.elapsed());
+    let leases = || sidecars.iter().map(|(s, _)| lease(s)).collect::<Vec<_>>();
+    let why = lazily(|| format!("leases {:?}, want {} each", leases(), CAPACITY / 2.0));
+    eventually(why, async || sidecars.iter().all(|(s, _)| converged(s))).await;
+    let took = started.elapsed();
+    println!("fair shares after {took:?}");
+    assert!(took < deadline, "fair shares only after {took:?}, not within {deadline:?}");
 
     // A 10 s window: each admits within 2% of its lease; together no more than C·10 s + bursts.
     let before: Vec<f64> = sidecars.iter().map(|(s, _)| admitted(s)).collect();
@@ -159,7 +156,7 @@ async fn a_new_sidecar_under_a_free_server_refuses_under_one_percent_of_its_firs
     let server = server(FREE, REFRESH);
     // Its fallback allows more than it is offered: nothing need be refused before the first
     // lease, nor after it, which the server has free.
-    let (sidecar, listen) = sidecar(&server, &upstream, "    safe_capacity: 100\n", "reject");
+    let (sidecar, listen) = sidecar(&server, &upstream, shared().safe_capacity(100.0), rejecting());
     let stop = Arc::new(AtomicBool::new(false));
     let load = offer(listen, OFFERED, stop.clone());
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -179,7 +176,12 @@ const CALLERS: u64 = 16;
 async fn waiting_callers_in_delay_mode_get_their_rate_within_three_refresh_intervals() {
     let upstream = UpstreamProcess::start(None);
     let server = server(FREE, REFRESH);
-    let (sidecar, listen) = sidecar(&server, &upstream, "", "delay\n    max_wait: 2s");
+    let (sidecar, listen) = sidecar(
+        &server,
+        &upstream,
+        shared(),
+        Rule::charging("shared").on_limit(OnLimit::Delay).max_wait(Duration::from_secs(2)),
+    );
     // A second between requests at first (16/s in all), until the lease has followed it down.
     let period_ms = Arc::new(AtomicU64::new(1000));
     let stop = Arc::new(AtomicBool::new(false));

@@ -2,15 +2,17 @@
 //! `/debug/status` pages rendered by headless Chromium, with charts of the last minutes drawn
 //! from the binaries' own history and times shown as dates and ages.
 
-use std::{net::SocketAddr, time::Duration};
+use std::time::Duration;
 
 use sluice_tests::{
     browser::Chromium,
-    harness::{Process, Server, Sidecar, free_port},
+    config::{Algorithm, Listener, OnLimit, Resource, Rule, ServerConfig, SidecarConfig, Template, Upstream},
+    harness::{Process, Server, Sidecar},
     http::{get, http1},
     upstream::UpstreamProcess,
+    wait::{eventually, lazily},
 };
-use tokio::time::{Instant, sleep};
+use tokio::time::sleep;
 
 /// Sampling interval for both binaries: short, so that the charts have points within seconds.
 const SAMPLE_EVERY: &str = "300ms";
@@ -19,24 +21,16 @@ const SAMPLE_EVERY: &str = "300ms";
 async fn status_pages_chart_the_last_minutes_and_show_ages() {
     let Some(chromium) = Chromium::find() else { return };
     let upstream = UpstreamProcess::start(None);
-    let server = Server::builder()
-        .config(
-            "resources:\n  - identifier_glob: \"*\"\n    capacity: 5\n    \
-             algorithm: {kind: FAIR_SHARE, lease_length: 30, refresh_interval: 1, learning_mode_duration: 0}\n",
-        )
+    let server = Server::launch()
+        .config(&ServerConfig::new().template(Template::catch_all(5.0, Algorithm::fair_share(30, 1).learning(0))))
         .args(["--history-interval", SAMPLE_EVERY])
         .start();
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let sidecar = Sidecar::builder()
-        .config(&format!(
-            "server:\n  addresses: [\"{}\"]\nlisteners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
-             upstreams:\n  - name: app\n    url: http://{}\nresources:\n  - id: orders\n\
-             rules:\n  - resource: orders\n    on_limit: reject\n",
-            server.grpc,
-            upstream.addr()
-        ))
-        .args(["--history-interval", SAMPLE_EVERY])
-        .start_sidecar();
+    let config = SidecarConfig::proxy(Listener::app(), Upstream::app(upstream.addr()))
+        .leasing_from([server.grpc])
+        .resource(Resource::new("orders"))
+        .rule(Rule::charging("orders").on_limit(OnLimit::Reject));
+    let sidecar = Sidecar::launch(&config).args(["--history-interval", SAMPLE_EVERY]).start();
+    let listen = sidecar.listen();
 
     // About 50 requests a second against a lease of 5: some admitted, most refused. Far above the
     // lease, so that the sidecar still wants all of it while the browser slows the load down.
@@ -47,16 +41,12 @@ async fn status_pages_chart_the_last_minutes_and_show_ages() {
             sleep(Duration::from_millis(20)).await;
         }
     });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let status: serde_json::Value = serde_json::from_str(&sidecar.get("/debug/status.json").1).unwrap();
-        let orders = &status["resources"][0];
-        if orders["mode"] == "leased" && orders["admitted"].as_u64() > Some(0) && orders["refused"].as_u64() > Some(0) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no lease, admissions and refusals: {status}");
-        sleep(Duration::from_millis(100)).await;
-    }
+    let status = || serde_json::from_str::<serde_json::Value>(&sidecar.get("/debug/status.json").1).unwrap();
+    eventually(lazily(|| format!("no lease, admissions and refusals: {}", status())), async || {
+        let orders = &status()["resources"][0];
+        orders["mode"] == "leased" && orders["admitted"].as_u64() > Some(0) && orders["refused"].as_u64() > Some(0)
+    })
+    .await;
     // A few samples under the lease.
     sleep(Duration::from_secs(2)).await;
 

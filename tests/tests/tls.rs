@@ -4,14 +4,17 @@
 use std::{
     io::Read,
     net::{SocketAddr, TcpStream},
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
 use rcgen::{CertificateParams, KeyPair};
 use sluice_proto::{DiscoveryRequest, capacity_client::CapacityClient};
 use sluice_tests::{
-    harness::{self, Server, Sidecar, free_port, http_get},
+    config::{ConfigFile, Kind, Listener, Resource, Rule, ServerTls, SidecarConfig, Upstream},
+    harness::{self, Server, Sidecar, http_get},
     upstream::UpstreamProcess,
+    wait::{eventually, eventually_blocking, lazily},
 };
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
@@ -49,15 +52,22 @@ impl Pki {
     }
 
     fn server(&self, mutual: bool) -> Server {
-        let mut builder = Server::builder()
-            .arg("--tls-cert")
-            .arg(self.path("server.pem"))
-            .arg("--tls-key")
-            .arg(self.path("server.key"));
+        let mut launch =
+            Server::launch().args(["--tls-cert", &self.path("server.pem"), "--tls-key", &self.path("server.key")]);
         if mutual {
-            builder = builder.arg("--tls-client-ca").arg(self.path("ca.pem"));
+            launch = launch.args(["--tls-client-ca", &self.path("ca.pem")]);
         }
-        builder.start()
+        launch.start()
+    }
+
+    /// A sidecar's TLS toward a server of this PKI, with its client certificate, trusting `ca`.
+    fn client_tls(&self, ca: impl Into<PathBuf>) -> ServerTls {
+        ServerTls {
+            ca: Some(ca.into()),
+            cert: Some(self.path("client.pem").into()),
+            key: Some(self.path("client.key").into()),
+            server_name: Some("localhost".into()),
+        }
     }
 
     fn tls(&self, with_client_cert: bool) -> ClientTlsConfig {
@@ -99,16 +109,23 @@ async fn mtls_requires_a_client_certificate_from_the_ca() {
     );
 }
 
-/// A sidecar config whose one rule leases `orders` from `server` over TLS set by `tls` (the
-/// YAML mapping's body), in front of `upstream`.
-fn sidecar_config(listen: SocketAddr, upstream: SocketAddr, server: SocketAddr, tls: &str) -> String {
-    format!(
-        "server:\n  addresses: [\"{server}\"]\n  tls: {{{tls}}}\n\
-         listeners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
-         upstreams:\n  - name: app\n    url: http://{upstream}\n\
-         resources:\n  - id: orders\n    kind: rate\n\
-         rules:\n  - resource: orders\n"
-    )
+/// A sidecar config on `listener` whose one rule leases `orders` from `server` over `tls`, in
+/// front of `upstream`.
+fn sidecar_config(listener: Listener, upstream: SocketAddr, server: SocketAddr, tls: ServerTls) -> SidecarConfig {
+    SidecarConfig::proxy(listener, Upstream::app(upstream))
+        .leasing_from([server])
+        .server_tls(tls)
+        .resource(Resource::new("orders").kind(Kind::Rate))
+        .rule(Rule::charging("orders"))
+}
+
+/// Whether `done` holds; if not, a request through the sidecar on `listen`, which its fallback
+/// admits while it has no lease: traffic makes it ask for one.
+fn or_traffic(done: bool, listen: SocketAddr) -> bool {
+    if !done {
+        assert_eq!(http_get(listen, "/").map(|(status, _)| status).ok(), Some(200));
+    }
+    done
 }
 
 #[test]
@@ -116,22 +133,12 @@ fn a_sidecar_leases_over_mtls() {
     let pki = Pki::new();
     let server = pki.server(true);
     let upstream = UpstreamProcess::start(None);
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let tls = format!(
-        "ca: {}, cert: {}, key: {}, server_name: localhost",
-        pki.path("ca.pem"),
-        pki.path("client.pem"),
-        pki.path("client.key")
-    );
-    let sidecar =
-        Sidecar::builder().config(&sidecar_config(listen, upstream.addr(), server.grpc, &tls)).start_sidecar();
+    let config = sidecar_config(Listener::app(), upstream.addr(), server.grpc, pki.client_tls(pki.path("ca.pem")));
+    let sidecar = Sidecar::launch(&config).start();
     let leased = r#"sluice_sidecar_mode{resource="orders",mode="leased"}"#;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while sidecar.metric(leased) != Some(1.0) {
-        assert!(Instant::now() < deadline, "no lease over mTLS; log:\n{}", sidecar.logs());
-        assert_eq!(http_get(listen, "/").map(|(status, _)| status).ok(), Some(200));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually_blocking(lazily(|| format!("no lease over mTLS; log:\n{}", sidecar.logs())), || {
+        or_traffic(sidecar.metric(leased) == Some(1.0), sidecar.listen())
+    });
 }
 
 #[test]
@@ -139,9 +146,9 @@ fn tls_files_that_cannot_work_stop_both_binaries_at_start() {
     let pki = Pki::new();
     let p = |name| pki.path(name);
     let any: SocketAddr = ([127, 0, 0, 1], 1).into();
-    let sidecar = |tls: String| {
+    let sidecar = |tls: ServerTls| {
         let path = pki.dir.path().join("sidecar.yaml");
-        std::fs::write(&path, sidecar_config(any, any, any, &tls)).unwrap();
+        std::fs::write(&path, sidecar_config(Listener::new("app", any), any, any, tls).yaml()).unwrap();
         harness::run("sluice-sidecar", &["--config", path.to_str().unwrap(), "--admin-addr", "127.0.0.1:0"])
     };
     let local = ["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"];
@@ -181,8 +188,19 @@ fn tls_files_that_cannot_work_stop_both_binaries_at_start() {
             ]),
             mismatch.clone(),
         ),
-        (sidecar(format!("ca: {}, cert: {}, key: {}", p("ca.pem"), p("server.pem"), p("client.key"))), mismatch),
-        (sidecar(format!("ca: {}", p("not-pem.txt"))), format!("{} is not PEM", p("not-pem.txt"))),
+        (
+            sidecar(ServerTls {
+                ca: Some(p("ca.pem").into()),
+                cert: Some(p("server.pem").into()),
+                key: Some(p("client.key").into()),
+                server_name: None,
+            }),
+            mismatch,
+        ),
+        (
+            sidecar(ServerTls { ca: Some(p("not-pem.txt").into()), ..ServerTls::default() }),
+            format!("{} is not PEM", p("not-pem.txt")),
+        ),
     ];
     for (out, why) in cases {
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -223,7 +241,7 @@ async fn the_grpc_listener_takes_rotated_certificates_without_a_restart() {
     let files = [("server.pem", "cert.pem"), ("server.key", "key.pem"), ("ca.pem", "client-ca.pem")];
     install(&old, dir.path(), &files);
     let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
-    let server = Server::builder()
+    let server = Server::launch()
         .args(["--tls-cert", &path("cert.pem"), "--tls-key", &path("key.pem")])
         .args(["--tls-client-ca", &path("client-ca.pem"), "--config-poll-interval", "100ms"])
         .start();
@@ -232,24 +250,14 @@ async fn the_grpc_listener_takes_rotated_certificates_without_a_restart() {
     assert!(discovery(url.clone(), Some(new.tls(true))).await.is_err(), "the new CA is not in force yet");
 
     install(&new, dir.path(), &files);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while discovery(url.clone(), Some(new.tls(true))).await.is_err() {
-        assert!(Instant::now() < deadline, "the new files are not in use; log:\n{}", server.logs());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let why = lazily(|| format!("the new files are not in use; log:\n{}", server.logs()));
+    eventually(why, async || discovery(url.clone(), Some(new.tls(true))).await.is_ok()).await;
     assert!(discovery(url.clone(), Some(old.tls(true))).await.is_err(), "the old CA's certificates are out");
 
     // A file that cannot work is reported, and the files in force stay.
     std::fs::write(dir.path().join("key.pem"), old.client_key_pem.as_bytes()).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !server.logs().contains("TLS files rejected") {
-        assert!(
-            Instant::now() < deadline,
-            "a key that is not the certificate's went unreported; log:\n{}",
-            server.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let why = lazily(|| format!("a key that is not the certificate's went unreported; log:\n{}", server.logs()));
+    eventually(why, async || server.logs().contains("TLS files rejected")).await;
     assert!(server.logs().contains("do not go together"), "the log says why:\n{}", server.logs());
     assert_eq!(discovery(url, Some(new.tls(true))).await, Ok(true));
 }
@@ -259,42 +267,27 @@ fn a_sidecar_takes_rotated_server_tls_files_at_once_without_a_restart() {
     let (pki, other) = (Pki::new(), Pki::new());
     let server = pki.server(true);
     let upstream = UpstreamProcess::start(None);
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     // The sidecar starts trusting a CA that did not sign the server's certificate.
     let dir = tempfile::tempdir().unwrap();
     install(&other, dir.path(), &[("ca.pem", "ca.pem")]);
-    let ca = dir.path().join("ca.pem");
-    let tls = format!(
-        "ca: {}, cert: {}, key: {}, server_name: localhost",
-        ca.display(),
-        pki.path("client.pem"),
-        pki.path("client.key")
-    );
-    let sidecar = Sidecar::builder()
-        .config(&sidecar_config(listen, upstream.addr(), server.grpc, &tls))
-        .args(["--config-poll-interval", "100ms"])
-        .start_sidecar();
+    let config =
+        sidecar_config(Listener::app(), upstream.addr(), server.grpc, pki.client_tls(dir.path().join("ca.pem")));
+    let sidecar = Sidecar::launch(&config).args(["--config-poll-interval", "100ms"]).start();
+    let listen = sidecar.listen();
     let failed = r#"sluice_sidecar_capacity_rpcs_total{method="Discovery",result="error"}"#;
     let leased = r#"sluice_sidecar_mode{resource="orders",mode="leased"}"#;
     // After the fifth failure in a row the sidecar backs off for 8–16 s (BACKOFF_BASE · 2⁴ with
     // equal jitter).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while sidecar.metric(failed).is_none_or(|n| n < 5.0) {
-        assert!(Instant::now() < deadline, "no failed Discovery with the wrong CA; log:\n{}", sidecar.logs());
-        // Traffic makes the sidecar ask for the resource; its fallback admits it meanwhile.
-        assert_eq!(http_get(listen, "/").map(|(status, _)| status).ok(), Some(200));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually_blocking(lazily(|| format!("no failed Discovery with the wrong CA; log:\n{}", sidecar.logs())), || {
+        or_traffic(sidecar.metric(failed).is_some_and(|n| n >= 5.0), listen)
+    });
     assert_ne!(sidecar.metric(leased), Some(1.0), "no lease through a CA that does not sign the server");
 
     // New files end the backoff: the sidecar asks as soon as it has them (two polls, 0.2 s),
     // not 8 s or more later.
     install(&pki, dir.path(), &[("ca.pem", "ca.pem")]);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while sidecar.metric(leased) != Some(1.0) {
-        assert!(Instant::now() < deadline, "no lease soon after the CA was replaced; log:\n{}", sidecar.logs());
-        assert_eq!(http_get(listen, "/").map(|(status, _)| status).ok(), Some(200));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let why = lazily(|| format!("no lease after the CA was replaced; log:\n{}", sidecar.logs()));
+    let took = eventually_blocking(why, || or_traffic(sidecar.metric(leased) == Some(1.0), listen));
+    assert!(took < Duration::from_secs(5), "a lease only {took:?} after the CA was replaced; log:\n{}", sidecar.logs());
     assert!(sidecar.logs().contains("TLS files changed"), "the rotation is logged:\n{}", sidecar.logs());
 }

@@ -10,24 +10,30 @@ use sluice_proto::{
     DiscoveryRequest, GetCapacityRequest, Lease, ReleaseCapacityRequest, ResourceRequest,
     capacity_client::CapacityClient,
 };
-use sluice_tests::harness::Server;
+use sluice_tests::{
+    config::{Algorithm, Parameter, ServerConfig, SubtreeWants, Template},
+    harness::Server,
+};
 use tonic::{Code, transport::Channel};
 
-/// One catch-all template; `parameters`: its algorithm's, in YAML flow form.
-fn config(capacity: f64, refresh: i64, parameters: &str) -> String {
-    format!(
-        "resources:\n  - identifier_glob: \"*\"\n    capacity: {capacity}\n    algorithm: {{kind: FAIR_SHARE, lease_length: 30, refresh_interval: {refresh}, learning_mode_duration: 0, parameters: [{parameters}]}}\n"
-    )
+/// One catch-all template of `capacity`, shared by `algorithm`.
+fn config(capacity: f64, algorithm: Algorithm) -> ServerConfig {
+    ServerConfig::new().template(Template::catch_all(capacity, algorithm))
+}
+
+/// Leases of 30 s refreshed every 2 s, without learning mode.
+fn fair_share() -> Algorithm {
+    Algorithm::fair_share(30, 2).learning(0)
 }
 
 fn root(capacity: f64) -> Server {
-    Server::builder().config(&config(capacity, 2, "")).start()
+    Server::launch().config(&config(capacity, fair_share())).start()
 }
 
 /// An intermediate server under `parent`. Its own template's capacity is 0: whatever it hands
 /// out must come from the parent.
 fn child(parent: &Server) -> Server {
-    Server::builder().config(&config(0.0, 2, "")).arg("--parent").arg(parent.grpc.to_string()).start()
+    Server::launch().config(&config(0.0, fair_share())).args(["--parent", &parent.grpc.to_string()]).start()
 }
 
 /// A Doorman client of one resource "r": remembers its lease and reports it as `has`.
@@ -139,7 +145,8 @@ async fn with_subtree_wants_profile_the_tree_shares_max_min_over_its_end_clients
     // Leaf a's clients want 5 and 95, leaf b's one client 95: max-min over the three is 5, 47.5,
     // 47.5. Counted by sums, a would stand for two clients wanting 100 and get 66.7 (61.7 of
     // it to its large client), b 33.3.
-    let root = Server::builder().config(&config(100.0, 2, "{name: subtree_wants, value: profile}")).start();
+    let profile = fair_share().parameter(Parameter::SubtreeWants(SubtreeWants::Profile));
+    let root = Server::launch().config(&config(100.0, profile)).start();
     let (a, b) = (child(&root), child(&root));
     let mut clients = vec![
         Client::new("a-small", &a, 0, 5.0).await,

@@ -10,10 +10,12 @@ use std::{
 
 use sluice_proto::{DiscoveryRequest, GetCapacityRequest, Lease, ResourceRequest, capacity_client::CapacityClient};
 use sluice_tests::{
+    config::{Algorithm, Fallback, Listener, OnLimit, Resource, Rule, ServerConfig, SidecarConfig, Template, Upstream},
     etcd::Etcd,
     harness::{Server, Sidecar, free_port},
     http::{get, http1},
     upstream::UpstreamProcess,
+    wait::eventually,
 };
 use tonic::transport::Channel;
 
@@ -30,18 +32,19 @@ const CAPACITY: f64 = 100.0;
 /// What the root tells everyone to fall back on without a lease.
 const SAFE: f64 = 10.0;
 
-fn root_config() -> String {
-    format!(
-        "resources:\n  - identifier_glob: \"*\"\n    capacity: {CAPACITY}\n    safe_capacity: {SAFE}\n    algorithm: {{kind: FAIR_SHARE, lease_length: {LEASE}, refresh_interval: 2, learning_mode_duration: {LEARNING}}}\n"
-    )
+fn root_config() -> ServerConfig {
+    let algorithm = Algorithm::fair_share(LEASE, 2).learning(LEARNING);
+    ServerConfig::new().template(Template::catch_all(CAPACITY, algorithm).safe_capacity(SAFE))
 }
 
 /// Leaves are not elected; their own template only says how long their learning lasts.
-const LEAF_CONFIG: &str = "resources:\n  - identifier_glob: \"*\"\n    capacity: 0\n    algorithm: {kind: FAIR_SHARE, lease_length: 10, refresh_interval: 2, learning_mode_duration: 0}\n";
+fn leaf_config() -> ServerConfig {
+    ServerConfig::new().template(Template::catch_all(0.0, Algorithm::fair_share(10, 2).learning(0)))
+}
 
 fn root_replica(etcd: &Etcd) -> Server {
     let grpc: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    Server::builder()
+    Server::launch()
         .config(&root_config())
         .args(["--etcd-endpoints", &etcd.endpoint(), "--election-key", "/sluice/test/root"])
         .args(["--etcd-lease-ttl", &TTL.to_string()])
@@ -49,10 +52,9 @@ fn root_replica(etcd: &Etcd) -> Server {
 }
 
 fn leaf(parents: &str) -> Server {
-    Server::builder()
-        .config(LEAF_CONFIG)
-        .args(["--parent", parents, "--server-id"])
-        .arg(format!("leaf-{}", free_port()))
+    Server::launch()
+        .config(&leaf_config())
+        .args(["--parent", parents, "--server-id", &format!("leaf-{}", free_port())])
         .start()
 }
 
@@ -135,12 +137,18 @@ async fn the_tree_survives_the_loss_of_its_root_master_and_of_etcd() {
     };
     replicas[master].signal("KILL");
     let killed = Instant::now();
-    while !is_master(&replicas[other]).await {
-        assert!(killed.elapsed() < Duration::from_secs(TTL + 3), "no new root master");
+    eventually("a new root master", async || {
+        if is_master(&replicas[other]).await {
+            return true;
+        }
         let round = run(&mut clients, 0.5, true).await;
         assert!(round.iter().all(|r| r.values().all(|g| *g > 0.0)), "clients kept capacity: {round:?}");
-    }
-    println!("root failover took {:?}", killed.elapsed());
+        false
+    })
+    .await;
+    let took = killed.elapsed();
+    println!("root failover took {took:?}");
+    assert!(took < Duration::from_secs(TTL + 3), "a new root master only after {took:?}");
     let rounds = run(&mut clients, LEARNING as f64 + 8.0, true).await;
     assert!(fair(rounds.last().unwrap()), "fair shares again under the new master: {:?}", rounds.last());
     let (_, status) = replicas[other].get("/debug/status.json");
@@ -149,11 +157,8 @@ async fn the_tree_survives_the_loss_of_its_root_master_and_of_etcd() {
 
     // Stop etcd: the root master steps down at once (well within a TTL plus slack)...
     etcd.stop("KILL");
-    let stopped = Instant::now();
-    while is_master(&replicas[other]).await {
-        assert!(stopped.elapsed() < Duration::from_secs(TTL + 3), "the root master did not step down");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let took = eventually("the root master steps down", async || !is_master(&replicas[other]).await).await;
+    assert!(took < Duration::from_secs(TTL + 3), "the root master stepped down only after {took:?}");
     // ...the leaves keep handing out their leases until those expire...
     let on_leases = run(&mut clients, 2.0, true).await;
     assert!(fair(on_leases.last().unwrap()), "still on the last leases: {:?}", on_leases.last());
@@ -168,18 +173,13 @@ async fn a_sidecar_follows_its_servers_master_across_a_failover() {
     let etcd = Etcd::start();
     let replicas = [root_replica(&etcd), root_replica(&etcd)];
     let upstream = UpstreamProcess::start(None);
-    let listen: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     // Pessimistic: were the sidecar ever left without a lease, nothing would pass.
-    let yaml = format!(
-        "server:\n  addresses: [\"{}\", \"{}\"]\nlisteners:\n  - name: app\n    address: {listen}\n    upstream: app\n\
-         upstreams:\n  - name: app\n    url: http://{}\n\
-         resources:\n  - id: orders\n    when_unreachable: pessimistic\n\
-         rules:\n  - resource: orders\n    on_limit: reject\n",
-        replicas[0].grpc,
-        replicas[1].grpc,
-        upstream.addr()
-    );
-    let sidecar = Sidecar::builder().config(&yaml).start_sidecar();
+    let config = SidecarConfig::proxy(Listener::app(), Upstream::app(upstream.addr()))
+        .leasing_from(replicas.iter().map(|r| r.grpc))
+        .resource(Resource::new("orders").when_unreachable(Fallback::Pessimistic))
+        .rule(Rule::charging("orders").on_limit(OnLimit::Reject));
+    let sidecar = Sidecar::launch(&config).start();
+    let listen = sidecar.listen();
     let (client, url) = (http1(), format!("http://{listen}/echo"));
     let mode = || {
         let (_, body) = sidecar.get("/debug/status.json");

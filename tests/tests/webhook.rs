@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 use sluice_tests::{
     harness::{binary, free_port, run},
     kube::{chart, documents, find, render, run_with_input, tools_ready, validate},
+    wait::{eventually, lazily},
 };
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -88,11 +89,8 @@ impl Webhook {
             .spawn()
             .expect("the webhook starts");
         let webhook = Webhook { child, addr, log };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !matches!(request(addr, ca, "GET", "/healthz", "").await, Ok((200, _))) {
-            assert!(Instant::now() < deadline, "the webhook is not up; log:\n{}", webhook.logs());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let why = lazily(|| format!("the webhook is not up; log:\n{}", webhook.logs()));
+        eventually(why, async || matches!(request(addr, ca, "GET", "/healthz", "").await, Ok((200, _)))).await;
         webhook
     }
 
@@ -273,11 +271,8 @@ async fn the_webhook_takes_rotated_certificates_without_a_restart() {
     let webhook = Webhook::start(dir.path(), &old.ca, &["--config-map", "c"]).await;
     assert!(request(webhook.addr, &new.ca, "GET", "/healthz", "").await.is_err(), "the new CA is not in force yet");
     new.install(dir.path());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while request(webhook.addr, &new.ca, "GET", "/healthz", "").await.is_err() {
-        assert!(Instant::now() < deadline, "the new files are not in use; log:\n{}", webhook.logs());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let why = lazily(|| format!("the new files are not in use; log:\n{}", webhook.logs()));
+    eventually(why, async || request(webhook.addr, &new.ca, "GET", "/healthz", "").await.is_ok()).await;
     assert!(request(webhook.addr, &old.ca, "GET", "/healthz", "").await.is_err(), "the old certificate is out");
     let answer = webhook.review(&new.ca, &admission_review("r1", "CREATE", pod())).await;
     assert!(answer["response"]["patch"].is_string());
@@ -613,11 +608,8 @@ async fn under_the_worst_clients_can_send_the_webhook_stays_within_its_memory_bu
     assert!(answered > 0, "the attack sent no review the webhook answered: it tested nothing");
     assert!(most <= budget, "RSS reached {most} bytes, over the documented budget of {budget}");
     // And it still serves.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !matches!(request(addr, &pki.ca, "GET", "/healthz", "").await, Ok((200, _))) {
-        assert!(Instant::now() < deadline, "the webhook does not recover; log:\n{}", webhook.logs());
-        sleep(Duration::from_millis(200)).await;
-    }
+    let why = lazily(|| format!("the webhook does not recover; log:\n{}", webhook.logs()));
+    eventually(why, async || matches!(request(addr, &pki.ca, "GET", "/healthz", "").await, Ok((200, _)))).await;
     let answer = webhook.review(&pki.ca, &admission_review("after", "CREATE", pod())).await;
     assert!(answer["response"]["patch"].is_string());
 }
