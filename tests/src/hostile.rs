@@ -277,13 +277,8 @@ pub async fn connect(grpc: SocketAddr) -> SendRequest<Trickle> {
 }
 
 /// Starts a GetCapacity on `connection` that sends the first `sent` bytes of a message it says
-/// is `declared` bytes long, then nothing more until the returned sender is dropped.
-pub async fn stall(
-    connection: &SendRequest<Trickle>,
-    grpc: SocketAddr,
-    declared: u32,
-    sent: usize,
-) -> mpsc::Sender<Result<Frame<Bytes>, Infallible>> {
+/// is `declared` bytes long, then nothing more until what it returns is dropped.
+pub async fn stall(connection: &SendRequest<Trickle>, grpc: SocketAddr, declared: u32, sent: usize) -> Stalled {
     let (body, frames) = mpsc::channel(1);
     let request = hyper::Request::post(format!("http://{grpc}/doorman.Capacity/GetCapacity"))
         .header("content-type", "application/grpc")
@@ -295,6 +290,19 @@ pub async fn stall(
     start.extend(declared.to_be_bytes());
     start.resize(5 + sent, 0);
     body.send(Ok(Frame::data(Bytes::from(start)))).await.expect("the body");
-    tokio::spawn(connection.clone().send_request(request));
-    body
+    let answer = tokio::spawn(connection.clone().send_request(request));
+    Stalled { _body: body, answer }
+}
+
+/// A call whose body stopped half-way: held until dropped.
+pub struct Stalled {
+    _body: mpsc::Sender<Result<Frame<Bytes>, Infallible>>,
+    answer: tokio::task::JoinHandle<hyper::Result<hyper::Response<hyper::body::Incoming>>>,
+}
+
+impl Stalled {
+    /// Whether the server has answered it already (refused it), rather than holding it.
+    pub fn answered(&self) -> bool {
+        self.answer.is_finished()
+    }
 }

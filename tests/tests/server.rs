@@ -336,7 +336,18 @@ async fn calls_beyond_the_request_bytes_in_flight_are_refused_at_once_and_small_
     // A call whose body stops half-way holds what it sent: the next small one does not fit
     // beside it and is refused at once, not kept waiting.
     let connection = connect(server.grpc).await;
-    let stalled = stall(&connection, server.grpc, 50_000, 30_000).await;
+    // Stalled once the server holds it: a call of the client's still in flight when it arrived
+    // may have left it no room (then it is refused, and stalled again).
+    let mut stalled = stall(&connection, server.grpc, 50_000, 30_000).await;
+    eventually("a call stalled with its bytes held", async || {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if stalled.answered() {
+            stalled = stall(&connection, server.grpc, 50_000, 30_000).await;
+            return false;
+        }
+        true
+    })
+    .await;
     let mut refused = None;
     eventually("a small call refused while the stalled one holds the budget", async || {
         let asked = Instant::now();
