@@ -11,7 +11,6 @@
 //! on a shared machine.
 
 use std::{
-    fmt::Write as _,
     fs,
     io::ErrorKind,
     net::SocketAddr,
@@ -20,6 +19,8 @@ use std::{
     thread,
     time::{Duration, Instant},
 };
+
+mod report;
 
 use clap::{Parser, ValueEnum};
 use sluice_runtime::errln;
@@ -221,7 +222,7 @@ pub fn run(args: Args) -> Result<(), String> {
     if let Some(alt) = &args.sidecar_alt {
         let _ = sluice_runtime::cli::out(format_args!("\nsidecar-alt: {}", alt.display()));
     }
-    let _ = sluice_runtime::cli::out(format_args!("{}", report(&results, args.rounds, &sidecar_rss)));
+    let _ = sluice_runtime::cli::out(format_args!("{}", report::report(&results, args.rounds, &sidecar_rss)));
     match results.iter().find(|m| m.target.is_sidecar() && m.load.non_2xx + m.single.non_2xx > 0) {
         Some(m) => Err(refused(m.target, m.load.non_2xx + m.single.non_2xx, addr_of(&addrs, m.target).0)),
         None => Ok(()),
@@ -340,120 +341,6 @@ fn rss_mb(pid: u32) -> Result<f64, String> {
 fn per_request(before: (f64, f64), after: (f64, f64), requests: u64) -> Cpu {
     let per = |seconds: f64| seconds * 1e6 / requests.max(1) as f64;
     Cpu { user: per(after.0 - before.0), system: per(after.1 - before.1) }
-}
-
-/// Every pass, then the goals judged on the median over the rounds of each round's figure.
-fn report(results: &[Measurement], rounds: u32, sidecar_rss: &[(Target, f64)]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "\n{:<6} {:<11} {:>10} {:>14} {:>14} {:>16} {:>8} {:>17}",
-        "round", "target", "req/s", "p50 load µs", "p99 load µs", "p50 1 conn µs", "non-2xx", "CPU/req user+sys"
-    );
-    for m in results {
-        let cpu = m.cpu.map_or_else(|| "-".to_owned(), |c| format!("{:.2}+{:.2} µs", c.user, c.system));
-        let _ = writeln!(
-            out,
-            "{:<6} {:<11} {:>10.0} {:>14.0} {:>14.0} {:>16.1} {:>8} {:>17}",
-            m.round,
-            m.target.name(),
-            m.load.requests_per_sec,
-            m.load.p50_us,
-            m.load.p99_us,
-            m.single.p50_us,
-            m.load.non_2xx + m.single.non_2xx,
-            cpu
-        );
-    }
-    // One figure per round, from that round's passes; `None` if a target was not measured.
-    let per_round = |figure: &dyn Fn(Round<'_>) -> Option<f64>| -> Option<Vec<f64>> {
-        (1..=rounds).map(|round| figure(Round { results, round })).collect()
-    };
-    let line = |out: &mut String, label: &str, unit: &str, values: &[f64], goal: Option<(bool, String)>| {
-        let each: Vec<String> = values.iter().map(|v| format!("{v:.2}")).collect();
-        let _ = write!(out, "{label:<28} median {:>7.2}{unit}  (rounds: {})", median(values), each.join(", "));
-        if let Some((pass, goal)) = goal {
-            let _ = write!(out, "  goal {goal}  {}", if pass { "PASS" } else { "MISS" });
-        }
-        out.push('\n');
-    };
-    out.push('\n');
-    let throughput = |of: Target, over: Target| {
-        per_round(&|r| Some(r.get(of)?.load.requests_per_sec / r.get(over)?.load.requests_per_sec))
-    };
-    if let Some(ratios) = throughput(Target::Sidecar, Target::Nginx) {
-        let goal = (median(&ratios) >= GOAL_VS_NGINX, format!("≥ {GOAL_VS_NGINX}×"));
-        line(&mut out, "sidecar/nginx throughput", "×", &ratios, Some(goal));
-    }
-    // How far the sidecar is from the relay, what no proxy can pass here, and the second sidecar
-    // against the first.
-    for (of, over) in [
-        (Target::Sidecar, Target::Direct),
-        (Target::Sidecar, Target::Relay),
-        (Target::Relay, Target::Nginx),
-        (Target::SidecarAlt, Target::Sidecar),
-    ] {
-        if let Some(ratios) = throughput(of, over) {
-            line(&mut out, &format!("{}/{} throughput", of.name(), over.name()), "×", &ratios, None);
-        }
-    }
-    let proxies = [Target::Sidecar, Target::SidecarAlt, Target::Nginx, Target::Relay];
-    for target in proxies {
-        let added = per_round(&|r| Some(r.get(target)?.single.p50_us - r.get(Target::Direct)?.single.p50_us));
-        if let Some(added) = added {
-            let goal =
-                target.is_sidecar().then(|| (median(&added) <= GOAL_ADDED_P50_US, format!("≤ {GOAL_ADDED_P50_US} µs")));
-            line(&mut out, &format!("added p50 {}, 1 conn", target.name()), " µs", &added, goal);
-        }
-    }
-    // CPU per request is the figure least disturbed by other work on the machine; its spread over
-    // the rounds, (max − min) / median, is the run-to-run noise a difference must exceed.
-    for target in proxies {
-        if let Some(cpu) = per_round(&|r| r.get(target)?.cpu.map(Cpu::total)) {
-            line(&mut out, &format!("CPU per request, {}", target.name()), " µs", &cpu, None);
-            let _ = writeln!(out, "{:<28} spread {:>6.1}%", "", spread(&cpu) * 100.0);
-        }
-    }
-    let cpu_ratio =
-        per_round(&|r| Some(r.get(Target::SidecarAlt)?.cpu?.total() / r.get(Target::Sidecar)?.cpu?.total()));
-    if let Some(ratios) = cpu_ratio {
-        line(&mut out, "CPU per request, alt/sidecar", "×", &ratios, None);
-    }
-    for &(target, rss) in sidecar_rss {
-        let _ = writeln!(
-            out,
-            "{:<28} {rss:>14.1} MB   goal ≤ {GOAL_RSS_MB} MB   {}",
-            format!("{} idle RSS", target.name()),
-            if rss <= GOAL_RSS_MB { "PASS" } else { "MISS" }
-        );
-    }
-    out
-}
-
-/// (max − min) / median: how far the rounds' figures scatter.
-fn spread(values: &[f64]) -> f64 {
-    let (min, max) = values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-    (max - min) / median(values)
-}
-
-/// One round's passes.
-#[derive(Clone, Copy)]
-struct Round<'a> {
-    results: &'a [Measurement],
-    round: u32,
-}
-
-impl<'a> Round<'a> {
-    fn get(self, target: Target) -> Option<&'a Measurement> {
-        self.results.iter().find(|m| m.round == self.round && m.target == target)
-    }
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let mid = sorted.len() / 2;
-    if sorted.len() % 2 == 1 { sorted[mid] } else { (sorted[mid - 1] + sorted[mid]) / 2.0 }
 }
 
 /// A child process with its log file, killed and reaped when dropped.
@@ -609,98 +496,4 @@ impl Sidecar {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::harness::parse_cpu;
-
-    #[test]
-    fn reads_wrk_reports() {
-        let report = "Running 1s test @ http://127.0.0.1:8080/
-  1 threads and 32 connections
-  Thread Stats   Avg      Stdev     Max   +/- Stdev
-    Latency   420.12us  100.00us   2.31ms   90.00%
-    Req/Sec    70.00k     1.00k   75.00k    80.00%
-  Latency Distribution
-     50%  410.00us
-     75%  450.00us
-     90%  500.00us
-     99%    1.20ms
-  70000 requests in 1.00s, 5.00MB read
-  Non-2xx or 3xx responses: 3
-Requests/sec:  69999.50
-Transfer/sec:      5.00MB
-";
-        let pass = Pass { requests: 70000, requests_per_sec: 69999.5, p50_us: 410.0, p99_us: 1200.0, non_2xx: 3 };
-        assert_eq!(parse_wrk(report), Some(pass));
-        assert_eq!(micros("2.00s"), Some(2e6));
-        assert_eq!(micros("3.00m"), None);
-    }
-
-    #[test]
-    fn reads_cpu_times_after_a_command_name_with_spaces() {
-        let stat = "4242 (nginx: worker (1)) R 1 4242 4242 0 -1 4194560 120 0 0 0 1234 567 0 0 20 0 1 0 99 0 0";
-        assert_eq!(parse_cpu(stat), Some((12.34, 5.67)));
-        assert_eq!(parse_cpu("4242 (x) R 1"), None);
-        let cpu = per_request((1.0, 2.0), (1.5, 3.0), 250_000);
-        assert_eq!(cpu, Cpu { user: 2.0, system: 4.0 });
-    }
-
-    #[test]
-    fn goals_are_judged_on_the_median_round() {
-        let pass = |rps, p50| {
-            let load = Pass { requests: 0, requests_per_sec: rps, p50_us: 0.0, p99_us: 0.0, non_2xx: 0 };
-            (load, Pass { requests: 0, requests_per_sec: 0.0, p50_us: p50, p99_us: 0.0, non_2xx: 0 })
-        };
-        let mut results = Vec::new();
-        for (round, nginx, sidecar) in [(1, 50_000.0, 65_000.0), (2, 50_000.0, 52_000.0), (3, 40_000.0, 50_000.0)] {
-            for (target, rps, p50) in
-                [(Target::Direct, 100_000.0, 100.0), (Target::Nginx, nginx, 130.0), (Target::Sidecar, sidecar, 120.0)]
-            {
-                let (load, single) = pass(rps, p50);
-                let cpu = (target != Target::Direct).then_some(Cpu { user: 4.0, system: 8.0 + f64::from(round) });
-                results.push(Measurement { round, target, load, single, cpu });
-            }
-        }
-        let text = report(&results, 3, &[(Target::Sidecar, 8.5)]);
-        assert!(text.contains("4.00+9.00 µs"), "{text}");
-        assert!(
-            text.contains("CPU per request, nginx       median   14.00 µs  (rounds: 13.00, 14.00, 15.00)"),
-            "{text}"
-        );
-        // Rounds: 1.30, 1.04, 1.25 → median 1.25.
-        assert!(text.contains("median    1.25×  (rounds: 1.30, 1.04, 1.25)  goal ≥ 1.2×  PASS"), "{text}");
-        assert!(text.contains("sidecar idle RSS                        8.5 MB   goal ≤ 15 MB   PASS"), "{text}");
-        assert!(text.contains("added p50 sidecar, 1 conn    median   20.00 µs"), "{text}");
-        assert!(text.contains("spread   14.3%"), "{text}");
-        assert_eq!(median(&[3.0, 1.0]), 2.0);
-    }
-
-    #[test]
-    fn a_second_sidecar_joins_after_the_first_and_is_compared_with_it() {
-        let args = |extra: &[&str]| {
-            Args::try_parse_from(["sluice-bench-sidecar"].iter().chain(extra)).expect("valid arguments")
-        };
-        let alt = targets(&args(&["--sidecar-alt", "/bin/other"])).unwrap();
-        assert_eq!(alt, [Target::Direct, Target::Nginx, Target::Relay, Target::Sidecar, Target::SidecarAlt]);
-        let first = targets(&args(&["--sidecar-alt", "x", "--targets", "sidecar,direct"])).unwrap();
-        assert_eq!(first, [Target::Sidecar, Target::SidecarAlt, Target::Direct]);
-        assert!(targets(&args(&["--targets", "sidecar-alt"])).is_err());
-
-        let pass = |rps, p50| Pass { requests: 0, requests_per_sec: rps, p50_us: p50, p99_us: 0.0, non_2xx: 0 };
-        let mut results = Vec::new();
-        for round in 1..=2 {
-            for (target, rps, cpu) in [
-                (Target::Direct, 100_000.0, None),
-                (Target::Sidecar, 50_000.0, Some(16.0)),
-                (Target::SidecarAlt, 40_000.0, Some(20.0)),
-            ] {
-                let cpu = cpu.map(|total| Cpu { user: total / 4.0, system: total * 3.0 / 4.0 });
-                results.push(Measurement { round, target, load: pass(rps, 0.0), single: pass(0.0, 100.0), cpu });
-            }
-        }
-        let text = report(&results, 2, &[(Target::Sidecar, 8.0), (Target::SidecarAlt, 9.0)]);
-        assert!(text.contains("sidecar-alt/sidecar throughput median    0.80×"), "{text}");
-        assert!(text.contains("CPU per request, alt/sidecar median    1.25×"), "{text}");
-        assert!(text.contains("sidecar-alt idle RSS"), "{text}");
-    }
-}
+mod tests;

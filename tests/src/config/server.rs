@@ -1,0 +1,132 @@
+//! A capacity server's configuration (`docs/server.md`).
+
+use serde::Serialize;
+
+use super::{ConfigFile, yaml};
+
+/// A capacity server's configuration: Doorman's `ResourceRepository`. A resource takes the
+/// template whose glob is its id, else the first that matches it; the catch-all `*` comes last.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ServerConfig {
+    resources: Vec<Template>,
+}
+
+impl ServerConfig {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn template(mut self, template: Template) -> Self {
+        self.resources.push(template);
+        self
+    }
+}
+
+impl ConfigFile for ServerConfig {
+    fn yaml(&self) -> String {
+        yaml(self)
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Template {
+    identifier_glob: String,
+    capacity: f64,
+    safe_capacity: Option<f64>,
+    description: Option<String>,
+    algorithm: Algorithm,
+}
+
+impl Template {
+    pub fn new(identifier_glob: &str, capacity: f64, algorithm: Algorithm) -> Self {
+        Template {
+            identifier_glob: identifier_glob.into(),
+            capacity,
+            safe_capacity: None,
+            description: None,
+            algorithm,
+        }
+    }
+
+    /// The template of every resource no other template names.
+    pub fn catch_all(capacity: f64, algorithm: Algorithm) -> Self {
+        Self::new("*", capacity, algorithm)
+    }
+
+    /// What clients fall back on without a lease.
+    pub fn safe_capacity(mut self, capacity: f64) -> Self {
+        self.safe_capacity = Some(capacity);
+        self
+    }
+
+    pub fn description(mut self, text: &str) -> Self {
+        self.description = Some(text.into());
+        self
+    }
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AlgorithmKind {
+    NoAlgorithm,
+    Static,
+    ProportionalShare,
+    FairShare,
+}
+
+/// How a template's capacity is shared, in whole seconds.
+#[derive(Clone, Debug, Serialize)]
+pub struct Algorithm {
+    kind: AlgorithmKind,
+    lease_length: u64,
+    refresh_interval: u64,
+    learning_mode_duration: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    parameters: Vec<Parameter>,
+}
+
+impl Algorithm {
+    /// Learning mode lasts a lease length unless [`Algorithm::learning`] says otherwise.
+    pub fn new(kind: AlgorithmKind, lease_length: u64, refresh_interval: u64) -> Self {
+        Algorithm { kind, lease_length, refresh_interval, learning_mode_duration: None, parameters: Vec::new() }
+    }
+
+    pub fn fair_share(lease_length: u64, refresh_interval: u64) -> Self {
+        Self::new(AlgorithmKind::FairShare, lease_length, refresh_interval)
+    }
+
+    /// Seconds of learning mode after the server starts or wins an election.
+    pub fn learning(mut self, seconds: u64) -> Self {
+        self.learning_mode_duration = Some(seconds);
+        self
+    }
+
+    pub fn parameter(mut self, parameter: Parameter) -> Self {
+        self.parameters.push(parameter);
+        self
+    }
+}
+
+/// Sluice's own template parameters.
+#[derive(Clone, Copy, Debug, Serialize)]
+#[serde(tag = "name", content = "value", rename_all = "snake_case")]
+pub enum Parameter {
+    /// How clients' priorities divide the capacity into bands.
+    PriorityMode(PriorityMode),
+    /// How a parent counts an intermediate server's demand (read from the root).
+    SubtreeWants(SubtreeWants),
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PriorityMode {
+    Strict,
+    Ignore,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubtreeWants {
+    Sum,
+    Profile,
+}
