@@ -228,7 +228,9 @@ fn nodes(
         }
         let value = match d.value {
             None => Value::Any,
-            Some(v) if v.is_empty() => return Err(format!("{here}.value: must not be empty (omit it to match every value)")),
+            Some(v) if v.is_empty() => {
+                return Err(format!("{here}.value: must not be empty (omit it to match every value)"));
+            }
             Some(v) => match v.strip_suffix('*') {
                 Some(prefix) => Value::Prefix(prefix.to_owned()),
                 None => Value::Exact(v),
@@ -268,7 +270,9 @@ fn limit(here: &str, id: String, r: RateLimitDoc, shadow: bool, detailed: bool, 
         }
         None
     } else {
-        let unit = r.unit.ok_or_else(|| format!("{here}.rate_limit.unit: required (second, minute, hour, day, month or year)"))?;
+        let unit = r
+            .unit
+            .ok_or_else(|| format!("{here}.rate_limit.unit: required (second, minute, hour, day, month or year)"))?;
         let unit = Unit::parse(&unit).ok_or_else(|| {
             format!("{here}.rate_limit.unit: {unit:?} is not one of second, minute, hour, day, month, year")
         })?;

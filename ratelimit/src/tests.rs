@@ -77,15 +77,27 @@ fn matching_prefers_exact_then_wildcard_then_any_value() {
     let d = domain();
     assert_eq!(find(&d, &[("generic_key", "demo")]), Some(("edge/generic_key=demo".into(), None)));
     assert_eq!(find(&d, &[("generic_key", "other")]), None);
-    assert_eq!(find(&d, &[("remote_address", "10.0.0.1")]), Some(("edge/remote_address".into(), Some("10.0.0.1".into()))));
+    assert_eq!(
+        find(&d, &[("remote_address", "10.0.0.1")]),
+        Some(("edge/remote_address".into(), Some("10.0.0.1".into())))
+    );
     assert_eq!(find(&d, &[("path", "/api/health")]), Some(("edge/path=%2Fapi%2Fhealth".into(), None)));
-    assert_eq!(find(&d, &[("path", "/api/orders")]), Some(("edge/path=%2Fapi%2F%2A".into(), Some("/api/orders".into()))));
+    assert_eq!(
+        find(&d, &[("path", "/api/orders")]),
+        Some(("edge/path=%2Fapi%2F%2A".into(), Some("/api/orders".into())))
+    );
     assert_eq!(find(&d, &[("path", "/web")]), None);
     // Nested: the limit is the last entry's node's; an intermediate node's is not applied.
     assert_eq!(find(&d, &[("client_id", "c1")]), None);
-    assert_eq!(find(&d, &[("client_id", "c1"), ("plan", "gold")]), Some(("edge/client_id/plan=gold".into(), Some("c1".into()))));
+    assert_eq!(
+        find(&d, &[("client_id", "c1"), ("plan", "gold")]),
+        Some(("edge/client_id/plan=gold".into(), Some("c1".into())))
+    );
     assert_eq!(find(&d, &[("client_id", "c1"), ("plan", "gold"), ("x", "y")]), None);
-    assert_eq!(find(&d, &[("tenant", "acme"), ("user", "u/1")]), Some(("edge/tenant=acme/user".into(), Some("u/1".into()))));
+    assert_eq!(
+        find(&d, &[("tenant", "acme"), ("user", "u/1")]),
+        Some(("edge/tenant=acme/user".into(), Some("u/1".into())))
+    );
     assert_eq!(find(&d, &[]), None);
 }
 
@@ -109,7 +121,9 @@ fn bad_files_name_where() {
         "descriptors[0].rate_limit.unit: \"fortnight\" is not one of second, minute, hour, day, month, year"
     );
     assert_eq!(
-        err("domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: j\n        rate_limit: {requests_per_unit: 1}\n"),
+        err(
+            "domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: j\n        rate_limit: {requests_per_unit: 1}\n"
+        ),
         "descriptors[0].descriptors[0].rate_limit.unit: required (second, minute, hour, day, month or year)"
     );
     assert_eq!(
@@ -122,8 +136,14 @@ fn bad_files_name_where() {
     );
     assert_eq!(err("domain: d\ndescriptors:\n  - {key: ''}\n"), "descriptors[0].key: must not be empty");
     assert!(err("domain: d\ndescriptors:\n  - {key: k, colour: red}\n").contains("unknown field `colour`"));
-    assert!(err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n").contains("requests_per_unit"));
-    let long = format!("domain: d\ndescriptors:\n  - key: k\n    value: {}\n    rate_limit: {{unit: second}}\n", "v".repeat(1100));
+    assert!(
+        err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n")
+            .contains("requests_per_unit")
+    );
+    let long = format!(
+        "domain: d\ndescriptors:\n  - key: k\n    value: {}\n    rate_limit: {{unit: second}}\n",
+        "v".repeat(1100)
+    );
     assert!(err(&long).starts_with("descriptors[0]: its resource id is 1104 bytes, more than 1024"), "{}", err(&long));
     let mut deep = String::from("domain: d\ndescriptors:\n");
     for level in 0..=MAX_DEPTH {

@@ -218,3 +218,18 @@ pub const REVIEW_SHOWN_CHARS: usize = 253;
 /// parser, whose time per token grows with that depth (a 500 KB `{a: {a: ...}}` took minutes);
 /// the parser refuses documents nested deeper than this anyway.
 pub const MAX_FLOW_DEPTH: usize = 128;
+
+/// Descriptors one rate limit service call may carry: Envoy sends one per `rate_limits` action
+/// list that applies to a request, a handful in practice.
+pub const RLS_MAX_DESCRIPTORS: usize = 64;
+
+/// A rate limit service call's bytes at most: 64 descriptors of a few hundred bytes each fit.
+pub const RLS_MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// How long a rate limit service call may take before it is cut off: no call waits (each is
+/// answered from the leases at hand), so only a stalled peer reaches it. Envoy's own timeout
+/// for the call is 20 ms by default.
+pub const RLS_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Streams one rate limit service connection may have open at once.
+pub const RLS_MAX_STREAMS: u32 = 1024;

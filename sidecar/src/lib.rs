@@ -25,5 +25,6 @@ mod listener;
 mod metrics;
 pub mod plan;
 mod refusal;
+pub mod rls;
 mod stack;
 mod upstream;

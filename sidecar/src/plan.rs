@@ -13,7 +13,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::{
     config::Config,
-    enforce::{Charge, Gate, Keyed, Rules},
+    enforce::{Charge, DomainLimits, Enforced, Gate, Keyed, Rules},
     metrics::UpstreamTiming,
     upstream::UpstreamClient,
 };
@@ -26,6 +26,8 @@ pub struct Plan {
     pub gates: Vec<Arc<Gate>>,
     /// The keyed resources, in the configuration's order.
     pub keyed: Vec<Arc<Keyed>>,
+    /// The rate limit service's domains by name.
+    pub domains: HashMap<String, Arc<DomainLimits>>,
     upstreams: HashMap<String, Arc<UpstreamClient>>,
 }
 
@@ -152,7 +154,23 @@ impl Plan {
                 })
             })
             .collect();
-        Ok(Plan { config: Arc::new(config), listeners, gates, keyed, upstreams })
+        let domains = match &config.rate_limit_service {
+            Some(service) => {
+                let fixed: HashMap<&str, &Arc<Gate>> = gates.iter().map(|g| (&*g.id, g)).collect();
+                let by_key: HashMap<&str, &Arc<Keyed>> = keyed.iter().map(|k| (&*k.id, k)).collect();
+                let enforced = |limit: &sluice_ratelimit::Limit| match (fixed.get(&*limit.id), by_key.get(&*limit.id)) {
+                    (Some(gate), _) => Enforced::Fixed(Arc::clone(gate)),
+                    (None, Some(keyed)) => Enforced::Keyed(Arc::clone(keyed)),
+                    // The configuration made no resource of it: it has no quota.
+                    (None, None) => Enforced::Unlimited,
+                };
+                (service.domains.iter())
+                    .map(|d| (d.name.clone(), Arc::new(DomainLimits::new(d.clone(), enforced))))
+                    .collect()
+            }
+            None => HashMap::new(),
+        };
+        Ok(Plan { config: Arc::new(config), listeners, gates, keyed, domains, upstreams })
     }
 
     /// The unit tests' plan, standalone: see [`crate::config::for_test`].

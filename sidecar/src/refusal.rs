@@ -165,8 +165,6 @@ impl Limited {
         let capacity = *capacity;
         let seconds = sf_integer((retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0)) as f64);
         headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-        let name = sf_string(resource);
-        let quota = |window: u64| sf_integer(capacity * window as f64);
         let policy = match kind {
             // A rate below one a second is given over the window that holds one unit (0.1/s:
             // q=1;w=10), not as a quota of 0; a rate too small for any window a header can say
@@ -174,18 +172,30 @@ impl Limited {
             Kind::Rate => {
                 let window = if capacity > 0.0 && capacity < 1.0 { sf_integer((1.0 / capacity).ceil()) } else { 1 };
                 // The window holds a unit by construction; a rounding error must not say 0.
-                let q = if window > 1 && window < SF_INTEGER_MAX { quota(window).max(1) } else { quota(window) };
-                format!("{name};q={q};w={window}")
+                let q = capacity * window as f64;
+                let q = if window > 1 && window < SF_INTEGER_MAX { q.max(1.0) } else { q };
+                let window = window as f64;
+                rate_policy(resource, q, window)
             }
-            Kind::Concurrency => format!("{name};q={}", quota(1)),
+            Kind::Concurrency => format!("{};q={}", sf_string(resource), sf_integer(capacity)),
         };
         if let Ok(v) = HeaderValue::try_from(policy) {
             headers.insert("ratelimit-policy", v);
         }
-        if let Ok(v) = HeaderValue::try_from(format!("{name};r=0;t={seconds}")) {
+        if let Ok(v) = HeaderValue::try_from(rate_state(resource, 0.0, seconds as f64)) {
             headers.insert("ratelimit", v);
         }
     }
+}
+
+/// The IETF `RateLimit-Policy` field of a rate: `quota` per `window` seconds.
+pub fn rate_policy(name: &str, quota: f64, window: f64) -> String {
+    format!("{};q={};w={}", sf_string(name), sf_integer(quota), sf_integer(window))
+}
+
+/// The IETF `RateLimit` field: `remaining` now, whole again in `reset` seconds (rounded up).
+pub fn rate_state(name: &str, remaining: f64, reset: f64) -> String {
+    format!("{};r={};t={}", sf_string(name), sf_integer(remaining), sf_integer(reset.ceil()))
 }
 
 /// A plain HTTP answer. Its `Date` is added as it is written (by the HTTP/1.1 codec, and by

@@ -249,7 +249,7 @@ fn inject_output_validates_strictly_for_every_kind() {
     if !tools_ready("the inject validation test") {
         return;
     }
-    let workloads = fs::read_to_string(repo().join("sidecar/src/inject/testdata/workloads.yaml")).unwrap();
+    let workloads = fs::read_to_string(repo().join("sidecar/src/kube/inject/testdata/workloads.yaml")).unwrap();
     for classic in [&[][..], &["--classic"][..]] {
         let args = [&["--config-map", "app-sidecar", "--server", "sluice-leaf.sluice.svc:7777"][..], classic].concat();
         let once = inject(&workloads, &args);

@@ -10,6 +10,7 @@ use super::OnLimit;
 #[serde(deny_unknown_fields)]
 pub(super) struct Document {
     pub(super) server: Option<ServerDoc>,
+    #[serde(default)]
     pub(super) listeners: Vec<ListenerDoc>,
     #[serde(default)]
     pub(super) upstreams: Vec<UpstreamDoc>,
@@ -17,6 +18,7 @@ pub(super) struct Document {
     pub(super) resources: Vec<ResourceDoc>,
     #[serde(default)]
     pub(super) rules: Vec<RuleDoc>,
+    pub(super) rate_limit_service: Option<RateLimitServiceDoc>,
 }
 
 #[derive(Deserialize)]
@@ -47,6 +49,20 @@ pub(super) struct ListenerDoc {
     pub(super) header_read_timeout: Option<String>,
     pub(super) send_timeout: Option<String>,
     pub(super) max_header_bytes: Option<usize>,
+}
+
+/// Envoy's rate limit service, answered from leases (`docs/envoy.md`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RateLimitServiceDoc {
+    pub(super) address: SocketAddr,
+    /// envoyproxy/ratelimit's files, one domain each.
+    pub(super) files: Vec<PathBuf>,
+    pub(super) max_requests: Option<usize>,
+    pub(super) max_keys: Option<usize>,
+    pub(super) idle_timeout: Option<String>,
+    #[serde(default)]
+    pub(super) when_unreachable: FallbackDoc,
 }
 
 #[derive(Deserialize)]

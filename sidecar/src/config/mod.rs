@@ -3,14 +3,16 @@
 //! everything, so a configuration either goes into force whole or not at all.
 
 mod document;
+mod rate_limit;
 #[cfg(test)]
 mod tests;
 mod validate;
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use http::{Method, Uri};
 use serde::Deserialize;
+use sluice_ratelimit::Domain;
 
 pub use validate::{parse, parse_with};
 
@@ -23,8 +25,23 @@ pub struct Config {
     pub server: Option<ServerConfig>,
     pub listeners: Vec<Listener>,
     pub upstreams: Vec<Upstream>,
+    /// The file's resources, then those of the rate limit service's limits.
     pub resources: Vec<Resource>,
     pub rules: Vec<Rule>,
+    pub rate_limit_service: Option<RateLimitService>,
+}
+
+/// Envoy's rate limit service (RLS v3), answered from the leases of the resources its domains'
+/// limits become (`sluice_ratelimit`).
+#[derive(Clone, Debug)]
+pub struct RateLimitService {
+    pub address: SocketAddr,
+    /// The files as named, for the log and the status page.
+    pub files: Vec<PathBuf>,
+    /// One per file, each a distinct domain.
+    pub domains: Vec<Arc<Domain>>,
+    /// Calls answered at once; beyond it a call is refused at once (UNAVAILABLE).
+    pub max_requests: usize,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -84,14 +101,25 @@ pub struct Resource {
     pub kind: Kind,
     /// Standalone mode's capacity (requests or cost units per second, or in-flight).
     pub capacity: Option<Capacity>,
-    /// Token bucket depth, above 0; `None`: [`defaults::BURST_SECONDS`] of the current rate.
-    pub burst: Option<Cost>,
+    pub burst: Burst,
     pub priority: i64,
     pub when_unreachable: Fallback,
     /// Capacity under `safe` before any server has named one; `None`: no limit.
     pub safe_capacity: Option<Capacity>,
     /// A keyed resource: each value of a request attribute is a resource of its own.
     pub key: Option<KeySpec>,
+}
+
+/// A rate resource's token bucket depth.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Burst {
+    /// [`crate::defaults::BURST_SECONDS`] of the rate in force, at least 2.
+    Default,
+    /// `burst:` as configured, above 0.
+    Depth(Cost),
+    /// This many seconds of the rate in force, at least 1: a rate limit service's limit, whose
+    /// buckets over the fleet hold one unit's allowance (`sluice_ratelimit::Quota::window`).
+    Window(f64),
 }
 
 /// How a keyed resource makes its keys (see [`crate::core::KeyTable`]).
@@ -120,6 +148,9 @@ pub enum KeyAttribute {
     Method,
     /// Lower case, without port.
     Host,
+    /// What a rate limit service call's descriptor matched with its open entries
+    /// (`sluice_ratelimit::Found::key`); no HTTP rule charges such a resource.
+    Descriptor,
 }
 
 #[derive(Clone, Debug)]
@@ -217,6 +248,13 @@ impl Config {
         }
         if self.server != next.server {
             return Some("the `server` section changed; it takes effect at restart".into());
+        }
+        let serving = |c: &Config| c.rate_limit_service.as_ref().map(|s| (s.address, s.max_requests));
+        if serving(self) != serving(next) {
+            return Some(
+                "rate_limit_service: whether it is served, its address or max_requests changed; they take effect at restart"
+                    .into(),
+            );
         }
         None
     }

@@ -13,13 +13,14 @@ fn shipped_configurations_are_valid() {
 #[test]
 fn server_addresses_from_the_flag_replace_the_files() {
     let servers = ["leaf.sluice:7777".to_owned()];
-    let example = parse_with(include_str!("../../../deploy/examples/sidecar.yaml"), &servers).expect("example");
+    let example = parse_with(include_str!("../../../deploy/examples/sidecar.yaml"), &servers, std::path::Path::new(""))
+        .expect("example");
     assert_eq!(example.server.expect("leasing").addresses, servers);
     // A standalone file leases from them too; its capacities are then not required.
     let standalone = "listeners: [{name: l, address: 127.0.0.1:1, upstream: u}]\n\
                       upstreams: [{name: u, url: http://127.0.0.1:2}]\nresources: [{id: r}]\n";
     assert!(parse(standalone).is_err());
-    let leasing = parse_with(standalone, &servers).expect("leasing");
+    let leasing = parse_with(standalone, &servers, std::path::Path::new("")).expect("leasing");
     assert_eq!(leasing.server, Some(ServerConfig { addresses: servers.to_vec(), tls: None }));
 }
 
@@ -191,4 +192,69 @@ fn keyed_resources_are_checked() {
         (&key.per, key.max_keys, key.per_key_metrics),
         (&KeyAttribute::PathSegment(2), defaults::MAX_KEYS, true)
     );
+}
+
+#[test]
+fn a_rate_limit_service_makes_its_limits_resources() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+    write(
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - {key: ip, rate_limit: {unit: minute, requests_per_unit: 120}}\n  - {key: k, value: v, rate_limit: {unit: day, requests_per_unit: 8640, name: daily}}\n  - {key: k, value: free, rate_limit: {unlimited: true}}\n",
+    );
+    write("again.yaml", "domain: edge\n");
+    write("bad.yaml", "domain: x\ndescriptors:\n  - {key: k, rate_limit: {unit: week}}\n");
+    let parse = |text: &str| parse_with(text, &[], dir.path());
+    let config =
+        parse("rate_limit_service: {address: 127.0.0.1:8081, files: [edge.yaml]}\n").expect("no listener needed");
+    let made: Vec<_> = config
+        .resources
+        .iter()
+        .map(|r| (r.id.as_str(), r.capacity.map(|c| c.get()), r.burst, r.key.is_some()))
+        .collect();
+    assert_eq!(
+        made,
+        [("edge/ip", Some(2.0), Burst::Window(60.0), true), ("edge/k=v", Some(0.1), Burst::Window(86_400.0), false)]
+    );
+    let service = config.rate_limit_service.as_ref().unwrap();
+    assert_eq!((service.domains.len(), service.max_requests), (1, defaults::MAX_REQUESTS));
+    let leasing = parse(
+        "server: {addresses: ['127.0.0.1:7777']}\nrate_limit_service: {address: 127.0.0.1:8081, files: [edge.yaml]}\n",
+    )
+    .unwrap();
+    assert_eq!(leasing.resources[0].capacity, None, "with a server, the servers say the capacity");
+    assert_eq!(leasing.resources[0].safe_capacity.map(|c| c.get()), Some(2.0));
+    let cases = [
+        ("rate_limit_service: {address: 127.0.0.1:8081, files: []}\n", "rate_limit_service.files: at least one"),
+        (
+            "rate_limit_service: {address: 127.0.0.1:8081, files: [none.yaml]}\n",
+            "rate_limit_service.files[0] (none.yaml): cannot read",
+        ),
+        (
+            "rate_limit_service: {address: 127.0.0.1:8081, files: [bad.yaml]}\n",
+            "rate_limit_service.files[0] (bad.yaml): descriptors[0].rate_limit.unit: \"week\" is not one of",
+        ),
+        (
+            "rate_limit_service: {address: 127.0.0.1:8081, files: [edge.yaml, again.yaml]}\n",
+            "rate_limit_service.files[1] (again.yaml): domain \"edge\" is in an earlier file too",
+        ),
+        (
+            "rate_limit_service: {address: 127.0.0.1:8081, files: [edge.yaml], max_keys: 0}\n",
+            "max_keys: must be from 1",
+        ),
+        (
+            "rate_limit_service: {address: 127.0.0.1:8081, files: [edge.yaml]}\nresources: [{id: edge/k=v, capacity: 1}]\n",
+            "resources: \"edge/k=v\" is defined twice",
+        ),
+        (
+            "listeners: [{name: l, address: 127.0.0.1:9000, upstream: u}]\nupstreams: [{name: u, url: 'http://127.0.0.1:1'}]\n\
+             rules: [{resource: edge/k=v}]\nrate_limit_service: {address: 127.0.0.1:8081, files: [edge.yaml]}\n",
+            "rules[0] (rules[0]).resource: \"edge/k=v\" is not a declared resource",
+        ),
+        ("resources: []\n", "listeners: at least one listener is required (or a rate_limit_service)"),
+    ];
+    for (yaml, expected) in cases {
+        let error = parse(yaml).expect_err(yaml);
+        assert!(error.contains(expected), "{error:?} should contain {expected:?}");
+    }
 }

@@ -1,12 +1,12 @@
 //! The configuration file checked, item by item, into a [`Config`]: an error is one line naming
 //! the item and field.
 
-use std::{collections::HashSet, time::Duration};
+use std::{collections::HashSet, path::Path, time::Duration};
 
 use http::{Method, uri::Scheme};
 use sluice_client::defaults::{MAX_ID_BYTES, MAX_RESOURCES_PER_REQUEST};
 
-use super::{document::*, *};
+use super::{document::*, rate_limit::rate_limit_service, *};
 use crate::{
     canonical,
     core::{Capacity, Cost, Fallback, Kind, MAX_AMOUNT},
@@ -15,12 +15,13 @@ use crate::{
 
 /// Parses and validates a configuration; the error is one line naming what is wrong and where.
 pub fn parse(text: &str) -> Result<Config, String> {
-    parse_with(text, &[])
+    parse_with(text, &[], Path::new(""))
 }
 
 /// [`parse`], with `servers` (when not empty) in place of the file's `server.addresses`
-/// (`--server-addresses`), a `server` section without TLS added if the file has none.
-pub fn parse_with(text: &str, servers: &[String]) -> Result<Config, String> {
+/// (`--server-addresses`), a `server` section without TLS added if the file has none; the files
+/// it names by relative paths read from `base`, the configuration file's folder.
+pub fn parse_with(text: &str, servers: &[String], base: &Path) -> Result<Config, String> {
     let mut doc: Document = yaml_serde::from_str(text).map_err(|e| e.to_string().replace('\n', " "))?;
     if !servers.is_empty() {
         let section = doc.server.get_or_insert_with(|| ServerDoc { addresses: Vec::new(), tls: None });
@@ -36,8 +37,8 @@ pub fn parse_with(text: &str, servers: &[String]) -> Result<Config, String> {
             return Err(format!("upstreams: host {h:?} is routed to more than one upstream"));
         }
     }
-    if doc.listeners.is_empty() {
-        return Err("listeners: at least one listener is required".into());
+    if doc.listeners.is_empty() && doc.rate_limit_service.is_none() {
+        return Err("listeners: at least one listener is required (or a rate_limit_service)".into());
     }
     let listeners = doc
         .listeners
@@ -55,8 +56,7 @@ pub fn parse_with(text: &str, servers: &[String]) -> Result<Config, String> {
         .enumerate()
         .map(|(i, r)| resource(i, r, server.is_none()))
         .collect::<Result<Vec<_>, _>>()?;
-    unique("resources", resources.iter().map(|r| r.id.as_str()))?;
-    keyed_ids(&resources, server.is_some())?;
+    // Rules charge the file's resources only: the rate limit service's are charged by its calls.
     let rules = doc
         .rules
         .into_iter()
@@ -65,7 +65,18 @@ pub fn parse_with(text: &str, servers: &[String]) -> Result<Config, String> {
         .collect::<Result<Vec<_>, _>>()?;
     // A name is how an operator refers to a rule; two rules of one name are a mistake.
     unique("rules", rules.iter().map(|r| r.name.as_str()))?;
-    Ok(Config { server, listeners, upstreams, resources, rules })
+    let mut resources = resources;
+    let rate_limit_service = match doc.rate_limit_service {
+        Some(section) => {
+            let (service, limits) = rate_limit_service(section, base, server.is_none())?;
+            resources.extend(limits);
+            Some(service)
+        }
+        None => None,
+    };
+    unique("resources", resources.iter().map(|r| r.id.as_str()))?;
+    keyed_ids(&resources, server.is_some())?;
+    Ok(Config { server, listeners, upstreams, resources, rules, rate_limit_service })
 }
 
 fn server(doc: ServerDoc) -> Result<ServerConfig, String> {
@@ -164,7 +175,7 @@ fn resource(i: usize, doc: ResourceDoc, standalone: bool) -> Result<Resource, St
     if standalone && standalone_capacity.is_none() {
         return Err(format!("{}: required in standalone mode (no `server`)", at("capacity")));
     }
-    let burst = doc.burst.map(|b| amount(b, &at("burst"))).transpose()?;
+    let burst = doc.burst.map_or(Ok(Burst::Default), |b| amount(b, &at("burst")).map(Burst::Depth))?;
     let key = match &doc.per {
         None => match (doc.max_keys, &doc.idle_timeout, &doc.metrics) {
             (None, None, None) => None,
@@ -385,7 +396,7 @@ fn within_limit(text: &str, at: &str) -> Result<Duration, String> {
 }
 
 /// A timeout: above 0 and at most [`defaults::MAX_SETTING_DURATION`].
-fn duration(text: &str, at: &str) -> Result<Duration, String> {
+pub(super) fn duration(text: &str, at: &str) -> Result<Duration, String> {
     match within_limit(text, at)? {
         d if d.is_zero() => Err(format!("{at}: must be greater than 0")),
         d => Ok(d),

@@ -1,7 +1,10 @@
 //! Wires the sidecar together: configuration, leases, listeners, the admin listener, reload and
 //! a graceful shutdown that releases the leases.
 
-use std::sync::{Arc, Mutex, atomic::Ordering};
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, atomic::Ordering},
+};
 
 use arc_swap::ArcSwap;
 use sluice_runtime::{
@@ -31,13 +34,15 @@ use crate::{
     defaults::{EMBEDDED_CONFIG, HISTORY_RESOURCES},
     listener, metrics,
     plan::Plan,
+    rls,
 };
 
 pub async fn run(args: Args) -> Result<(), Failure> {
     telemetry::init(args.log_format, &args.log).map_err(Failure::Usage)?;
     let (source, text) = read_config(args.config.as_deref(), EMBEDDED_CONFIG)?;
-    let config =
-        config::parse_with(&text, &args.server_addresses).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
+    let base = folder(args.config.as_deref());
+    let config = config::parse_with(&text, &args.server_addresses, &base)
+        .map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
     let handle = metrics::install().map_err(Failure::Runtime)?;
     let client_id = args.client_id.clone().unwrap_or_else(|| default_client_id(&config));
 
@@ -57,6 +62,12 @@ pub async fn run(args: Args) -> Result<(), Failure> {
             .map_err(|e| Failure::Runtime(format!("cannot listen on {} (listener {}): {e}", l.address, l.name)))?;
         listeners.push(bound);
     }
+    let rls_listener = match &config.rate_limit_service {
+        Some(service) => Some(TcpListener::bind(service.address).await.map_err(|e| {
+            Failure::Runtime(format!("cannot listen on {} (rate_limit_service): {e}", service.address))
+        })?),
+        None => None,
+    };
     let admin_listener = std::net::TcpListener::bind(args.admin_addr)
         .map_err(|e| Failure::Runtime(format!("cannot listen on {} (admin): {e}", args.admin_addr)))?;
 
@@ -86,7 +97,8 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     tokio::spawn(ca_rotation::run(live.clone(), applying.clone(), cue.clone(), args.config_poll_interval));
     match args.config.clone() {
         Some(path) => {
-            let apply = reload(live.clone(), applying, leasing.clone(), cue.clone(), args.server_addresses.clone());
+            let apply =
+                reload(live.clone(), applying, leasing.clone(), cue.clone(), args.server_addresses.clone(), base);
             let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload, config_status);
             tokio::spawn(reloader.run(args.config_poll_interval, hangup));
         }
@@ -105,6 +117,14 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         .enumerate()
         .map(|(i, l)| tokio::spawn(listener::serve(l, i, live.clone(), stopped.clone(), args.shutdown_grace)))
         .collect();
+    let rls_task = rls_listener.map(|l| {
+        let max_requests = live.load().config.rate_limit_service.as_ref().map_or(1, |s| s.max_requests);
+        let mut stopped = stopped.clone();
+        let stopping = async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        };
+        tokio::spawn(rls::serve(l, live.clone(), max_requests, stopping))
+    });
     admin.started.store(true, Ordering::Relaxed);
     let addresses: Vec<String> =
         live.load().config.listeners.iter().map(|l| format!("{}={}", l.name, l.address)).collect();
@@ -118,6 +138,11 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let drained = async {
         for task in serving {
             let _ = task.await;
+        }
+        if let Some(task) = rls_task {
+            if let Ok(Err(e)) = task.await {
+                tracing::error!(error = %e, "rate limit service");
+            }
         }
     };
     tokio::select! {
@@ -140,9 +165,10 @@ fn reload(
     leasing: Option<Arc<Leasing>>,
     cue: Option<mpsc::UnboundedSender<Arc<str>>>,
     servers: Vec<String>,
+    base: PathBuf,
 ) -> reload::Apply {
     Box::new(move |text: &str| {
-        let next: Config = config::parse_with(text, &servers)?;
+        let next: Config = config::parse_with(text, &servers, &base)?;
         let _applying = sync::lock(&applying);
         let current = live.load_full();
         if let Some(why) = current.config.restart_needed(&next) {
@@ -161,13 +187,19 @@ fn reload(
     })
 }
 
-/// `$POD_NAME` or the host name, plus the first listener's port: unique per pod and per
-/// sidecar within it.
+/// The folder relative paths in the configuration file are read from: the file's own.
+fn folder(config: Option<&Path>) -> PathBuf {
+    config.and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// `$POD_NAME` or the host name, plus the first listener's port (or the rate limit service's):
+/// unique per pod and per sidecar within it.
 fn default_client_id(config: &Config) -> String {
     let host = std::env::var("POD_NAME")
         .ok()
         .filter(|n| !n.is_empty())
         .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_owned()))
         .unwrap_or_else(|| "sluice-sidecar".to_owned());
-    format!("{host}:{}", config.listeners[0].address.port())
+    let port = config.listeners.first().map(|l| l.address).or(config.rate_limit_service.as_ref().map(|s| s.address));
+    format!("{host}:{}", port.map_or(0, |a| a.port()))
 }

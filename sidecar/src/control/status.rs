@@ -179,6 +179,7 @@ fn keyed(k: &Keyed) -> KeyedStatus {
             KeyAttribute::GrpcMethod => "grpc method".into(),
             KeyAttribute::Method => "method".into(),
             KeyAttribute::Host => "host".into(),
+            KeyAttribute::Descriptor => "rate limit descriptor".into(),
         },
         max_keys: spec.max_keys,
         keys: figures.live,

@@ -251,6 +251,15 @@ impl Limiter {
         }
     }
 
+    /// A rate's tokens now, and the seconds until its bucket is full again (0 when it is; +∞ at
+    /// a rate of 0): what a rate limit service answers as remaining and until reset.
+    pub fn level(&mut self, now: Seconds) -> (f64, Seconds) {
+        self.refill(now);
+        let missing = (self.burst - self.tokens).max(0.0);
+        let until_full = if missing == 0.0 { 0.0 } else { missing / self.capacity };
+        (self.tokens, until_full)
+    }
+
     /// Concurrency: cost admitted and not yet released (0 for a rate).
     pub fn in_flight(&self) -> f64 {
         self.in_flight
@@ -336,5 +345,22 @@ impl Limiter {
             }
             self.updated = now;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rates_level_is_its_tokens_and_the_time_to_refill() {
+        let mut bucket = Limiter::new(Kind::Rate, 2.0, 10.0, 0.0);
+        assert_eq!(bucket.level(0.0), (10.0, 0.0));
+        assert_eq!(bucket.offer(0.0, 6.0, 0.0), Offer::Admitted);
+        assert_eq!(bucket.level(1.0), (6.0, 2.0));
+        assert_eq!(bucket.level(5.0), (10.0, 0.0));
+        bucket.set_capacity(5.0, 0.0, 10.0);
+        bucket.charge(5.0, 1.0, 10.0);
+        assert_eq!(bucket.level(6.0), (9.0, f64::INFINITY));
     }
 }

@@ -17,7 +17,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc::UnboundedSender, oneshot};
 use sluice_http::{sync, time};
 
 use crate::{
-    config::Resource,
+    config::{Burst, Resource},
     core::{Applied, Capacity, Cost, Kind, Limiter, Offer, Seconds, Ticket},
     defaults,
     metrics::GateMetrics,
@@ -277,6 +277,12 @@ impl Gate {
         wants
     }
 
+    /// A rate's tokens and seconds until its bucket is full (see [`Limiter::level`]).
+    pub fn level(&self) -> (f64, Seconds) {
+        let now = self.now();
+        self.lock().limiter.level(now)
+    }
+
     /// In-flight cost and queued requests, for the status page.
     pub fn load(&self) -> (f64, usize) {
         let state = self.lock();
@@ -379,10 +385,13 @@ fn poll(state: &mut State, now: Seconds) -> Option<Seconds> {
     })
 }
 
-/// The bucket's depth: the configured burst, else [`defaults::BURST_SECONDS`] of the rate (no
-/// limit: as deep as any cost).
+/// The bucket's depth as [`Burst`] says, from the rate in force (no limit: as deep as any cost).
 fn burst(settings: &Resource, capacity: Capacity) -> Cost {
-    settings.burst.unwrap_or_else(|| Cost::saturating((capacity.get() * defaults::BURST_SECONDS).max(2.0)))
+    match settings.burst {
+        Burst::Depth(depth) => depth,
+        Burst::Default => Cost::saturating((capacity.get() * defaults::BURST_SECONDS).max(2.0)),
+        Burst::Window(seconds) => Cost::saturating((capacity.get() * seconds).max(1.0)),
+    }
 }
 
 /// What an admitted request holds until its response ends: its place among its listener's
@@ -429,7 +438,7 @@ mod tests {
             id: "r".into(),
             kind: Kind::Rate,
             capacity: Capacity::new(1e-25),
-            burst: Cost::new(1.0),
+            burst: Burst::Depth(Cost::ONE),
             priority: 0,
             when_unreachable: Fallback::Safe,
             safe_capacity: None,

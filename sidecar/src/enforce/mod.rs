@@ -1,13 +1,16 @@
 //! Enforcement, below the data path's layers: the resources on the data path ([`Gate`], one per
 //! key for a [`Keyed`] resource), the rules that say what a request is charged ([`Rules`]), one
-//! way through a charge's gates ([`pass`]), and bodies charged by their bytes ([`Metered`]).
+//! way through a charge's gates ([`pass`]), bodies charged by their bytes ([`Metered`]), and a
+//! rate limit service domain's limits with their resources ([`DomainLimits`]).
 
+mod domain;
 mod gate;
 mod keyed;
 mod metered;
 mod pass;
 mod rules;
 
+pub use domain::{DomainLimits, Enforced, Met};
 pub use gate::{Denied, Gate, Permits};
 pub use keyed::{Keyed, KeyedFigures};
 pub use metered::{CutOff, Metered, up_front};

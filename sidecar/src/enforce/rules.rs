@@ -157,6 +157,8 @@ pub fn attribute<'a, 'r: 'a, B>(
         }
         KeyAttribute::Method => text(Cow::Borrowed(req.method().as_str())),
         KeyAttribute::Host => text(canonical::host(req)),
+        // Charged by the rate limit service's calls, never by a rule.
+        KeyAttribute::Descriptor => None,
     })
 }
 

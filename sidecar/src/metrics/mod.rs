@@ -45,6 +45,7 @@ const KEYS: &str = "sluice_sidecar_keys";
 const KEYS_DROPPED: &str = "sluice_sidecar_keys_dropped_total";
 const KEY_OVERFLOWS: &str = "sluice_sidecar_key_overflows_total";
 const SHED: &str = "sluice_sidecar_requests_shed_total";
+const RLS_CALLS: &str = "sluice_sidecar_rls_calls_total";
 
 /// A family of series a resource has, and so a key with series of its own.
 struct Family {
@@ -144,6 +145,11 @@ pub fn install() -> Result<PrometheusHandle, String> {
     for result in ["success", "failure"] {
         counter!(RELOADS, "result" => result).absolute(0);
     }
+    describe_counter!(
+        RLS_CALLS,
+        "Rate limit service calls (ShouldRateLimit), by domain (`unknown` for one not configured) and answer \
+         (ok, over_limit, invalid)."
+    );
     describe_gauge!(RELOAD_OK, "0 while the last change of the configuration file was rejected, else 1.");
     describe_gauge!(KEYS, "Live keys of a keyed resource, its shared keys (no value, overflow) included.");
     describe_counter!(KEYS_DROPPED, "Keys of a keyed resource dropped after their idle timeout.");
@@ -165,6 +171,11 @@ pub fn record_reload(ok: bool) {
 
 pub fn record_shed(listener: &str) {
     counter!(SHED, "listener" => listener.to_owned()).increment(1);
+}
+
+/// One ShouldRateLimit call answered: `domain` is a configured domain's name, or `None`.
+pub fn record_rls(domain: Option<&str>, code: &'static str) {
+    counter!(RLS_CALLS, "domain" => domain.unwrap_or("unknown").to_owned(), "code" => code).increment(1);
 }
 
 pub fn record_rpc(method: &'static str, ok: bool) {

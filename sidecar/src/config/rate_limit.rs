@@ -1,0 +1,93 @@
+//! The `rate_limit_service` section: its envoyproxy/ratelimit files read and checked, and each
+//! limit of their domains made a resource of the sidecar's own kind — fixed, or keyed by what its
+//! descriptor's open entries match — so that leasing, fallbacks, reloads, metrics and the status
+//! page treat them as any other resource.
+
+use std::{collections::HashSet, path::Path, sync::Arc};
+
+use sluice_client::defaults::MAX_RESOURCES_PER_REQUEST;
+use sluice_ratelimit::Domain;
+
+use super::{
+    Burst, KeyAttribute, KeySpec, RateLimitService, Resource,
+    document::{FallbackDoc, RateLimitServiceDoc},
+    validate::duration,
+};
+use crate::{
+    core::{Capacity, Fallback, Kind},
+    defaults,
+};
+
+/// The service and its limits' resources; relative file names are read from `base`, the folder
+/// of the configuration file that names them.
+pub(super) fn rate_limit_service(
+    doc: RateLimitServiceDoc,
+    base: &Path,
+    standalone: bool,
+) -> Result<(RateLimitService, Vec<Resource>), String> {
+    let at = |field: &str| format!("rate_limit_service.{field}");
+    if doc.files.is_empty() {
+        return Err(format!("{}: at least one envoyproxy/ratelimit file is required", at("files")));
+    }
+    let max_requests = match doc.max_requests {
+        Some(n) if n == 0 || n > defaults::MAX_REQUESTS_LIMIT => {
+            return Err(format!("{}: must be from 1 to {}", at("max_requests"), defaults::MAX_REQUESTS_LIMIT));
+        }
+        n => n.unwrap_or(defaults::MAX_REQUESTS),
+    };
+    let max_keys = match doc.max_keys {
+        Some(n) if n == 0 || n > MAX_RESOURCES_PER_REQUEST => {
+            return Err(format!("{}: must be from 1 to {MAX_RESOURCES_PER_REQUEST}", at("max_keys")));
+        }
+        n => n.unwrap_or(defaults::MAX_KEYS),
+    };
+    let idle_timeout =
+        doc.idle_timeout.as_deref().map_or(Ok(defaults::KEY_IDLE_TIMEOUT), |t| duration(t, &at("idle_timeout")))?;
+    let when_unreachable = match doc.when_unreachable {
+        FallbackDoc::Safe => Fallback::Safe,
+        FallbackDoc::Optimistic => Fallback::Optimistic,
+        FallbackDoc::Pessimistic => Fallback::Pessimistic,
+    };
+    let mut domains = Vec::with_capacity(doc.files.len());
+    let mut names = HashSet::new();
+    let mut resources = Vec::new();
+    for (i, file) in doc.files.iter().enumerate() {
+        let here = format!("{}[{i}] ({})", at("files"), file.display());
+        let text = std::fs::read_to_string(base.join(file)).map_err(|e| format!("{here}: cannot read: {e}"))?;
+        let domain = Domain::parse(&text).map_err(|e| format!("{here}: {e}"))?;
+        if !names.insert(domain.name.clone()) {
+            return Err(format!("{here}: domain {:?} is in an earlier file too", domain.name));
+        }
+        for limit in &domain.limits {
+            let Some(quota) = limit.quota else { continue };
+            let rate = Capacity::new(quota.rate()).expect("a u32 over a positive unit is a capacity");
+            if limit.detailed && limit.keyed && max_keys > defaults::MAX_KEYS_WITH_SERIES {
+                return Err(format!(
+                    "{here}: limit {:?} has detailed_metric: max_keys must be at most {} for series per value",
+                    limit.id,
+                    defaults::MAX_KEYS_WITH_SERIES
+                ));
+            }
+            resources.push(Resource {
+                id: limit.id.clone(),
+                kind: Kind::Rate,
+                capacity: standalone.then_some(rate),
+                burst: Burst::Window(quota.window()),
+                priority: 0,
+                when_unreachable,
+                // Until a server names a safe capacity, each sidecar holds the whole limit alone,
+                // as one envoyproxy/ratelimit instance would.
+                safe_capacity: Some(rate),
+                key: limit.keyed.then(|| KeySpec {
+                    per: KeyAttribute::Descriptor,
+                    max_keys,
+                    idle_timeout,
+                    per_key_metrics: limit.detailed,
+                }),
+            });
+        }
+        domains.push(Arc::new(domain));
+    }
+    let service = RateLimitService { address: doc.address, files: doc.files, domains, max_requests };
+    Ok((service, resources))
+}
