@@ -3,7 +3,12 @@
 //! descriptor's open entries match — so that leasing, fallbacks, reloads, metrics and the status
 //! page treat them as any other resource.
 
-use std::{collections::HashSet, path::Path, sync::Arc};
+use std::{
+    collections::HashSet,
+    io::{self, Read},
+    path::Path,
+    sync::Arc,
+};
 
 use sluice_client::defaults::MAX_RESOURCES_PER_REQUEST;
 use sluice_ratelimit::Domain;
@@ -53,7 +58,7 @@ pub(super) fn rate_limit_service(
     let mut resources = Vec::new();
     for (i, file) in doc.files.iter().enumerate() {
         let here = format!("{}[{i}] ({})", at("files"), file.display());
-        let text = std::fs::read_to_string(base.join(file)).map_err(|e| format!("{here}: cannot read: {e}"))?;
+        let text = read(&base.join(file)).map_err(|e| format!("{here}: cannot read: {e}"))?;
         let domain = Domain::parse(&text).map_err(|e| format!("{here}: {e}"))?;
         if !names.insert(domain.name.clone()) {
             return Err(format!("{here}: domain {:?} is in an earlier file too", domain.name));
@@ -90,4 +95,16 @@ pub(super) fn rate_limit_service(
     }
     let service = RateLimitService { address: doc.address, files: doc.files, domains, max_requests };
     Ok((service, resources))
+}
+
+/// A file's text, refused beyond [`defaults::MAX_RATE_LIMIT_FILE_BYTES`] (a path to a device or a
+/// runaway file must not take the memory).
+fn read(path: &Path) -> io::Result<String> {
+    let limit = defaults::MAX_RATE_LIMIT_FILE_BYTES;
+    let mut text = String::new();
+    std::fs::File::open(path)?.take(limit as u64 + 1).read_to_string(&mut text)?;
+    if text.len() > limit {
+        return Err(io::Error::other(format!("larger than {limit} bytes")));
+    }
+    Ok(text)
 }

@@ -41,10 +41,11 @@ pub async fn decide(limits: Option<&DomainLimits>, call: &RateLimitRequest) -> R
     // A limit another applying limit replaces is not applied.
     let replaced: HashSet<&str> = (met.iter())
         .filter_map(|m| match m {
-            Met::Limit(limit, _) | Met::TooLong(limit) => Some(limit.replaces.iter().map(String::as_str)),
-            Met::Nothing => None,
+            Met::Limit(limit, _) | Met::TooLong(limit) if !limit.replaces.is_empty() => Some(&limit.replaces),
+            _ => None,
         })
         .flatten()
+        .map(String::as_str)
         .collect();
     let mut charged: Vec<(Arc<Gate>, Cost)> = Vec::new();
     let mut outcomes = Vec::with_capacity(met.len());
