@@ -4,8 +4,9 @@
 //!
 //! A file is one `domain` and a tree of `descriptors`. Each node with a `rate_limit` is a
 //! [`Limit`]; the resource it becomes is named by the domain and the path of `key` or
-//! `key=value` steps that leads to it, each part percent-encoded (every byte but `A-Z a-z 0-9 -
-//! . _ ~`), joined by `/`: `edge/generic_key=demo`, `edge/remote_address`. A node without a value,
+//! `key=value` steps that leads to it (`key=` for a descriptor without a value), each part
+//! percent-encoded (every byte but `A-Z a-z 0-9 - . _ ~`), joined by `/`:
+//! `edge/generic_key=demo`, `edge/remote_address=`. A node without a value,
 //! or with a wildcard value (`foo*`), matches many values, each with a limit of its own, as in
 //! envoyproxy/ratelimit: such a limit is a keyed resource whose key is the values those nodes
 //! matched ([`Found::key`]).
@@ -237,7 +238,9 @@ fn nodes(
             },
         };
         let step = match &value {
-            Value::Any => component(&d.key),
+            // `=` with nothing after it: every value. A key of a keyed limit never holds `=`
+            // (the sidecar percent-encodes it), so no key of a limit is a nested limit's id.
+            Value::Any => format!("{}=", component(&d.key)),
             Value::Exact(v) => format!("{}={}", component(&d.key), component(v)),
             Value::Prefix(p) => format!("{}={}", component(&d.key), component(&format!("{p}*"))),
         };

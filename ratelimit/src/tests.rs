@@ -46,11 +46,11 @@ fn limits_become_resources_named_by_domain_and_path() {
         ids,
         [
             ("edge/generic_key=demo", false),
-            ("edge/remote_address", true),
+            ("edge/remote_address=", true),
             ("edge/path=%2Fapi%2F%2A", true),
             ("edge/path=%2Fapi%2Fhealth", false),
-            ("edge/client_id/plan=gold", true),
-            ("edge/tenant=acme/user", true),
+            ("edge/client_id=/plan=gold", true),
+            ("edge/tenant=acme/user=", true),
         ]
     );
     let gold = &d.limits[4];
@@ -79,7 +79,7 @@ fn matching_prefers_exact_then_wildcard_then_any_value() {
     assert_eq!(find(&d, &[("generic_key", "other")]), None);
     assert_eq!(
         find(&d, &[("remote_address", "10.0.0.1")]),
-        Some(("edge/remote_address".into(), Some("10.0.0.1".into())))
+        Some(("edge/remote_address=".into(), Some("10.0.0.1".into())))
     );
     assert_eq!(find(&d, &[("path", "/api/health")]), Some(("edge/path=%2Fapi%2Fhealth".into(), None)));
     assert_eq!(
@@ -91,12 +91,12 @@ fn matching_prefers_exact_then_wildcard_then_any_value() {
     assert_eq!(find(&d, &[("client_id", "c1")]), None);
     assert_eq!(
         find(&d, &[("client_id", "c1"), ("plan", "gold")]),
-        Some(("edge/client_id/plan=gold".into(), Some("c1".into())))
+        Some(("edge/client_id=/plan=gold".into(), Some("c1".into())))
     );
     assert_eq!(find(&d, &[("client_id", "c1"), ("plan", "gold"), ("x", "y")]), None);
     assert_eq!(
         find(&d, &[("tenant", "acme"), ("user", "u/1")]),
-        Some(("edge/tenant=acme/user".into(), Some("u/1".into())))
+        Some(("edge/tenant=acme/user=".into(), Some("u/1".into())))
     );
     assert_eq!(find(&d, &[]), None);
 }

@@ -200,7 +200,8 @@ fn a_rate_limit_service_makes_its_limits_resources() {
     let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
     write(
         "edge.yaml",
-        "domain: edge\ndescriptors:\n  - {key: ip, rate_limit: {unit: minute, requests_per_unit: 120}}\n  - {key: k, value: v, rate_limit: {unit: day, requests_per_unit: 8640, name: daily}}\n  - {key: k, value: free, rate_limit: {unlimited: true}}\n",
+        "domain: edge\ndescriptors:\n  - {key: ip, rate_limit: {unit: minute, requests_per_unit: 120}, \
+         descriptors: [{key: path, rate_limit: {unit: second, requests_per_unit: 1}}]}\n  - {key: k, value: v, rate_limit: {unit: day, requests_per_unit: 8640, name: daily}}\n  - {key: k, value: free, rate_limit: {unlimited: true}}\n",
     );
     write("again.yaml", "domain: edge\n");
     write("bad.yaml", "domain: x\ndescriptors:\n  - {key: k, rate_limit: {unit: week}}\n");
@@ -214,7 +215,11 @@ fn a_rate_limit_service_makes_its_limits_resources() {
         .collect();
     assert_eq!(
         made,
-        [("edge/ip", Some(2.0), Burst::Window(60.0), true), ("edge/k=v", Some(0.1), Burst::Window(86_400.0), false)]
+        [
+            ("edge/ip=", Some(2.0), Burst::Window(60.0), true),
+            ("edge/ip=/path=", Some(1.0), Burst::Window(1.0), true),
+            ("edge/k=v", Some(0.1), Burst::Window(86_400.0), false)
+        ]
     );
     let service = config.rate_limit_service.as_ref().unwrap();
     assert_eq!((service.domains.len(), service.max_requests), (1, defaults::MAX_REQUESTS));

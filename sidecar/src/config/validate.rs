@@ -9,7 +9,7 @@ use sluice_client::defaults::{MAX_ID_BYTES, MAX_RESOURCES_PER_REQUEST};
 use super::{document::*, rate_limit::rate_limit_service, *};
 use crate::{
     canonical,
-    core::{Capacity, Cost, Fallback, Kind, MAX_AMOUNT},
+    core::{Capacity, Cost, Fallback, Kind, MAX_AMOUNT, could_be_key},
     defaults,
 };
 
@@ -262,7 +262,8 @@ fn key_spec(per: &PerDoc, doc: &ResourceDoc, at: &dyn Fn(&str) -> String) -> Res
 fn keyed_ids(resources: &[Resource], leasing: bool) -> Result<(), String> {
     for keyed in resources.iter().filter(|r| r.key.is_some()) {
         let prefix = format!("{}/", keyed.id);
-        if let Some(other) = resources.iter().find(|r| r.id.starts_with(&prefix)) {
+        let key_of_it = |r: &&Resource| r.id.strip_prefix(&prefix).is_some_and(could_be_key);
+        if let Some(other) = resources.iter().find(key_of_it) {
             return Err(format!("resources ({}).id: could be a key of the keyed resource {:?}", other.id, keyed.id));
         }
     }

@@ -18,6 +18,12 @@ pub const MISSING: &str = "!missing";
 /// The key shared by the values that found the table full.
 pub const OVERFLOW: &str = "!overflow";
 
+/// Whether `text` could be a key of a keyed resource: a shared key, or a value's, which holds
+/// only unreserved bytes and escapes.
+pub fn could_be_key(text: &str) -> bool {
+    text == MISSING || text == OVERFLOW || text.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~%".contains(&b))
+}
+
 /// A value made safe as the last part of an id: RFC 3986 unreserved characters
 /// (`A-Z a-z 0-9 - . _ ~`) stay, every other byte is `%XX`, so the encoding is one-to-one and
 /// holds no control character, space or glob character; and at most the room it was made for.

@@ -17,7 +17,7 @@ mod limiter;
 
 pub use amount::{Capacity, Cost, MAX_AMOUNT};
 pub use demand::HEADROOM;
-pub use keys::{Key, KeyTable, MISSING, OVERFLOW, Placed, SafeKey, TooLong};
+pub use keys::{Key, KeyTable, MISSING, OVERFLOW, Placed, SafeKey, TooLong, could_be_key};
 pub use lease::{Answer, Applied, Effective, Fallback, LeaseClient, Mode, ResourceSpec};
 pub use limiter::{Kind, Limiter, MAX_QUEUED, Offer, Ticket};
 

@@ -148,7 +148,7 @@ fn each_value_of_an_open_descriptor_has_its_own_limit() {
     assert_eq!(codes(&call(&plan, "edge", user("ann"), 0).unwrap()), (OK, vec![OK]));
     assert_eq!(codes(&call(&plan, "edge", user("ann"), 0).unwrap()), (OVER, vec![OVER]));
     assert_eq!(codes(&call(&plan, "edge", user("bob"), 0).unwrap()), (OK, vec![OK]));
-    assert!(plan.lease_gate("edge/user/bob").is_some());
+    assert!(plan.lease_gate("edge/user=/bob").is_some());
     // A value too long for an id is refused, as an HTTP request's would be.
     let long = "x".repeat(2000);
     assert_eq!(codes(&call(&plan, "edge", user(&long), 0).unwrap()), (OVER, vec![OVER]));
