@@ -1,7 +1,8 @@
 //! Hot reload of a configuration file: polled for changes and re-read on SIGHUP. A valid file
 //! goes into force atomically; an invalid or unreadable one is logged and counted, and the
 //! configuration in force stays. Shared by the server and the sidecar, which differ only in how
-//! a file's text is applied.
+//! a file's text is applied. The files a configuration names can be watched with it
+//! ([`Reloader::also_watching`]).
 //! [`Watch`], the polling itself, also keeps TLS settings up to date as their files rotate
 //! ([`rotating`]).
 
@@ -68,12 +69,19 @@ pub type Apply = Box<dyn FnMut(&str) -> Result<String, String> + Send>;
 /// Records the outcome of one attempt (`true`: applied), e.g. in a metric.
 pub type Record = fn(bool);
 
+/// The files a configuration's text names and its [`Apply`] reads (see
+/// [`Reloader::also_watching`]).
+pub type Named = Box<dyn Fn(&str) -> Vec<PathBuf> + Send>;
+
 pub struct Reloader {
     path: PathBuf,
     apply: Apply,
     record: Record,
     status: SharedConfigStatus,
     watch: Watch,
+    /// The files the configuration names, watched apart from it: while one cannot be read, a
+    /// change of the configuration is still seen.
+    named: Option<(Named, Watch)>,
 }
 
 /// Files polled for a change, which is reported once it has settled: a poll reports a change
@@ -127,7 +135,21 @@ impl Reloader {
     /// `loaded` is the content the process started with; `status` what the status pages show.
     pub fn new(path: PathBuf, loaded: Vec<u8>, apply: Apply, record: Record, status: SharedConfigStatus) -> Reloader {
         let watch = Watch::new(vec![path.clone()], Ok(vec![loaded]));
-        Reloader { path, apply, record, status, watch }
+        Reloader { path, apply, record, status, watch, named: None }
+    }
+
+    /// Also watches the files that `named` says the configuration's text names: a settled change
+    /// of one re-applies the configuration's text (whose [`Apply`] reads them again). The files
+    /// are those of the text read last, so that a file a rejected text names is watched too,
+    /// and taken to hold what they hold when this is called.
+    pub fn also_watching(mut self, named: Named) -> Reloader {
+        let text = match &self.watch.last {
+            Ok(files) => String::from_utf8_lossy(&files[0]).into_owned(),
+            Err(_) => String::new(),
+        };
+        let watch = named_watch(&named, &text);
+        self.named = Some((named, watch));
+        self
     }
 
     /// Checks the file every `interval` (> 0) and on every SIGHUP, until the process ends.
@@ -155,10 +177,21 @@ impl Reloader {
     /// Applies the file if it changed and has stayed so since the last poll, or in any case when
     /// `forced`.
     fn check(&mut self, forced: bool) {
-        let Some(content) = self.watch.changed(forced) else { return };
-        let outcome = content
-            .and_then(|mut files| String::from_utf8(files.remove(0)).map_err(|_| "the file is not UTF-8".to_owned()))
-            .and_then(|text| (self.apply)(&text));
+        let changed = self.watch.changed(forced);
+        // Both polled, so that each settles on its own.
+        let named_changed = self.named.as_mut().is_some_and(|(_, watch)| watch.changed(forced).is_some());
+        let content = match changed {
+            Some(content) => content,
+            None if named_changed => self.watch.last.clone(),
+            None => return,
+        };
+        let text = content
+            .and_then(|mut files| String::from_utf8(files.remove(0)).map_err(|_| "the file is not UTF-8".to_owned()));
+        if let (Ok(text), Some((named, watch))) = (&text, &mut self.named) {
+            // Read before `apply` reads them, so that a change in between is seen at the next poll.
+            *watch = named_watch(named, text);
+        }
+        let outcome = text.and_then(|text| (self.apply)(&text));
         (self.record)(outcome.is_ok());
         {
             let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
@@ -174,6 +207,13 @@ impl Reloader {
             }
         }
     }
+}
+
+/// A watch of the files `text` names, as they are now.
+fn named_watch(named: &Named, text: &str) -> Watch {
+    let paths = named(text);
+    let loaded = Watch::read(&paths);
+    Watch::new(paths, loaded)
 }
 
 /// Settings that `build` makes from the content of `paths`, kept up to date as the files rotate:
@@ -248,5 +288,62 @@ mod tests {
         std::fs::write(&path, "c").unwrap();
         reloader.check(true);
         assert_eq!(applied(), ["b: [1]", "c"]);
+    }
+
+    #[test]
+    fn a_change_of_a_file_the_configuration_names_reapplies_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+        let path = dir.path().join("config");
+        write("config", "a");
+        write("a", "1");
+        // The configuration is the name of the file it reads; applying it reads that file.
+        let applied = Arc::new(Mutex::new(Vec::new()));
+        let apply: Apply = Box::new({
+            let (applied, dir) = (applied.clone(), dir.path().to_owned());
+            move |text: &str| {
+                let named = std::fs::read_to_string(dir.join(text)).map_err(|e| e.to_string())?;
+                applied.lock().unwrap().push(format!("{text}:{named}"));
+                Ok(String::new())
+            }
+        });
+        let named: Named = Box::new({
+            let dir = dir.path().to_owned();
+            move |text: &str| vec![dir.join(text)]
+        });
+        let status = ConfigStatus::shared(None);
+        let mut reloader = Reloader::new(path, b"a".to_vec(), apply, |_| {}, status.clone()).also_watching(named);
+        let applied = || applied.lock().unwrap().clone();
+        let rejected = || ConfigStatus::now(&status).rejected.is_some();
+        let settle = |reloader: &mut Reloader| (0..2).for_each(|_| reloader.check(false));
+        reloader.check(false);
+        assert!(applied().is_empty(), "unchanged");
+        // Only the named file changes: applied once it has settled, once.
+        write("a", "2");
+        reloader.check(false);
+        assert!(applied().is_empty(), "still changing");
+        reloader.check(false);
+        assert_eq!(applied(), ["a:2"]);
+        reloader.check(false);
+        assert_eq!(applied().len(), 1, "applied once");
+        // The configuration names a file that is not there yet: rejected, and the file watched.
+        write("config", "b");
+        settle(&mut reloader);
+        assert!(rejected());
+        write("b", "x");
+        settle(&mut reloader);
+        assert_eq!(applied(), ["a:2", "b:x"]);
+        assert!(!rejected());
+        // While a named file cannot be read, a change of the configuration is still seen.
+        std::fs::remove_file(dir.path().join("b")).unwrap();
+        settle(&mut reloader);
+        assert!(rejected());
+        write("config", "a");
+        settle(&mut reloader);
+        assert_eq!(applied(), ["a:2", "b:x", "a:2"]);
+        // SIGHUP does not wait.
+        write("a", "3");
+        reloader.check(true);
+        assert_eq!(applied(), ["a:2", "b:x", "a:2", "a:3"]);
     }
 }

@@ -3,6 +3,7 @@
 
 use std::{
     future::Future,
+    path::Path,
     pin::Pin,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
@@ -45,7 +46,9 @@ use crate::{
 pub async fn run(args: Args) -> Result<(), Failure> {
     telemetry::init(args.log_format, &args.log).map_err(Failure::Usage)?;
     let (source, text) = read_config(args.config.as_deref(), EMBEDDED_CONFIG)?;
-    let repository = config::parse(&text).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
+    // Where the files it names are found: beside it; the embedded default's, in the working directory.
+    let dir = args.config.as_deref().and_then(Path::parent).unwrap_or(Path::new("")).to_owned();
+    let repository = config::parse(&text, &dir).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
     let tls = args
         .tls()
         .map(|files| {
@@ -102,14 +105,16 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let hangup = signal(SignalKind::hangup()).map_err(|e| Failure::Runtime(format!("SIGHUP handler: {e}")))?;
     match args.config.clone() {
         Some(path) => {
-            let state = state.clone();
+            let (state, at) = (state.clone(), dir.clone());
             let apply = Box::new(move |text: &str| {
-                let repository = config::parse(text)?;
+                let repository = config::parse(text, &at)?;
                 let summary = format!("{} templates", repository.templates().len());
                 state.publish(repository);
                 Ok(summary)
             });
-            let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload, config_status);
+            // A change of only a rate limit file re-applies the configuration, which reads it.
+            let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload, config_status)
+                .also_watching(Box::new(move |text| config::named_files(text, &dir)));
             tokio::spawn(reloader.run(args.config_poll_interval, hangup));
         }
         None => {

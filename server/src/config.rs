@@ -1,14 +1,38 @@
 //! The server's configuration file: Doorman's YAML form of `ResourceRepository`, loaded unchanged
-//! and validated into a [`Repository`].
+//! and validated into a [`Repository`], with a template for each limit of the envoyproxy/ratelimit
+//! files it names. Those files are thus the one source of their limits' capacities, for the
+//! sidecars that enforce them and the server that shares them (docs/server.md).
+
+use std::{
+    cmp::Reverse,
+    collections::HashMap,
+    fs::File,
+    io::Read,
+    path::{Path, PathBuf},
+};
 
 use serde::Deserialize;
+use sluice_ratelimit::{Domain, Limit, Quota, Unit};
 
-use crate::core::{Algorithm, Kind, Parameter, Repository, Template};
+use crate::{
+    core::{Algorithm, Kind, Parameter, Repository, Template, check_algorithm},
+    defaults::{MAX_RATE_LIMIT_FILE_BYTES, MAX_RATE_LIMIT_FILES, RATE_LIMIT_LEASE_LENGTH, RATE_LIMIT_REFRESH_INTERVAL},
+};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Document {
+    rate_limits: Option<RateLimitsDoc>,
     resources: Vec<TemplateDoc>,
+}
+
+/// envoyproxy/ratelimit's files, each limit of which becomes a template.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateLimitsDoc {
+    files: Vec<PathBuf>,
+    /// Every such template's; FAIR_SHARE by default.
+    algorithm: Option<AlgorithmDoc>,
 }
 
 #[derive(Deserialize)]
@@ -52,38 +76,141 @@ struct ParameterDoc {
     value: Option<String>,
 }
 
-/// Parses and validates a configuration; the error is one line naming what is wrong and where.
-pub fn parse(text: &str) -> Result<Repository, String> {
+/// Parses and validates a configuration, reading the files it names; the error is one line
+/// naming what is wrong and where. Relative paths are resolved against `dir`, the directory of
+/// the configuration's file (`Path::new("")`: the working directory).
+pub fn parse(text: &str, dir: &Path) -> Result<Repository, String> {
     let doc: Document = yaml_serde::from_str(text).map_err(|e| e.to_string().replace('\n', " "))?;
-    let templates = doc
-        .resources
-        .into_iter()
-        .map(|t| Template {
-            identifier_glob: t.identifier_glob,
-            capacity: t.capacity,
-            safe_capacity: t.safe_capacity,
-            description: t.description,
-            algorithm: Algorithm {
-                kind: match t.algorithm.kind {
-                    KindDoc::NoAlgorithm => Kind::NoAlgorithm,
-                    KindDoc::Static => Kind::Static,
-                    KindDoc::ProportionalShare => Kind::ProportionalShare,
-                    KindDoc::FairShare => Kind::FairShare,
-                },
-                lease_length: t.algorithm.lease_length,
-                refresh_interval: t.algorithm.refresh_interval,
-                parameters: t
-                    .algorithm
-                    .parameters
-                    .into_iter()
-                    .map(|p| Parameter { name: p.name, value: p.value })
-                    .collect(),
-                learning_mode_duration: t.algorithm.learning_mode_duration,
-            },
-        })
-        .collect();
+    let templates: Vec<Template> = doc.resources.into_iter().map(template).collect();
+    let Some(rate_limits) = doc.rate_limits else {
+        return repository(templates);
+    };
+    // Checked alone first, so that an error names one of them by its index in `resources`.
+    repository(templates.clone())?;
+    let mut made = from_files(rate_limits, dir, &templates)?;
+    made.extend(templates);
+    repository(made)
+}
+
+/// The files a configuration names (`rate_limits.files`), resolved as [`parse`] resolves them,
+/// even if the rest of it is invalid: what a reload watches besides the configuration itself.
+pub fn named_files(text: &str, dir: &Path) -> Vec<PathBuf> {
+    #[derive(Deserialize)]
+    struct Named {
+        rate_limits: Option<Files>,
+    }
+    #[derive(Deserialize)]
+    struct Files {
+        files: Vec<PathBuf>,
+    }
+    let named = yaml_serde::from_str::<Named>(text).ok().and_then(|n| n.rate_limits);
+    named.map_or_else(Vec::new, |r| r.files.iter().take(MAX_RATE_LIMIT_FILES).map(|f| dir.join(f)).collect())
+}
+
+fn repository(templates: Vec<Template>) -> Result<Repository, String> {
     // A glob's error quotes the character it choked on, which may be a line break.
     Repository::new(templates).map_err(|e| e.to_string().replace('\n', "\\n").replace('\r', "\\r"))
+}
+
+fn template(t: TemplateDoc) -> Template {
+    Template {
+        identifier_glob: t.identifier_glob,
+        capacity: t.capacity,
+        safe_capacity: t.safe_capacity,
+        description: t.description,
+        algorithm: algorithm(t.algorithm),
+    }
+}
+
+fn algorithm(a: AlgorithmDoc) -> Algorithm {
+    Algorithm {
+        kind: match a.kind {
+            KindDoc::NoAlgorithm => Kind::NoAlgorithm,
+            KindDoc::Static => Kind::Static,
+            KindDoc::ProportionalShare => Kind::ProportionalShare,
+            KindDoc::FairShare => Kind::FairShare,
+        },
+        lease_length: a.lease_length,
+        refresh_interval: a.refresh_interval,
+        parameters: a.parameters.into_iter().map(|p| Parameter { name: p.name, value: p.value }).collect(),
+        learning_mode_duration: a.learning_mode_duration,
+    }
+}
+
+/// A template for each limit with a quota in the files: a fixed limit's glob is its id, a keyed
+/// limit's `<id>/*`, for its keys. None of their globs may be one of `own`'s.
+fn from_files(section: RateLimitsDoc, dir: &Path, own: &[Template]) -> Result<Vec<Template>, String> {
+    if section.files.len() > MAX_RATE_LIMIT_FILES {
+        return Err(format!("rate_limits.files: at most {MAX_RATE_LIMIT_FILES} files, got {}", section.files.len()));
+    }
+    let algorithm = section.algorithm.map_or_else(
+        || Algorithm {
+            kind: Kind::FairShare,
+            lease_length: RATE_LIMIT_LEASE_LENGTH,
+            refresh_interval: RATE_LIMIT_REFRESH_INTERVAL,
+            parameters: Vec::new(),
+            learning_mode_duration: None,
+        },
+        algorithm,
+    );
+    check_algorithm(&algorithm).map_err(|(field, why)| format!("rate_limits.algorithm.{field}: {why}"))?;
+    let own: HashMap<&str, usize> = own.iter().enumerate().map(|(i, t)| (t.identifier_glob.as_str(), i)).collect();
+    let mut domains = HashMap::new();
+    let mut made = Vec::new();
+    for (i, file) in section.files.iter().enumerate() {
+        let at = format!("rate_limits.files[{i}] ({})", file.display());
+        let domain = read(&dir.join(file)).and_then(|text| Domain::parse(&text)).map_err(|e| format!("{at}: {e}"))?;
+        if let Some(first) = domains.insert(domain.name.clone(), i) {
+            let other = section.files[first].display();
+            return Err(format!("{at}: domain {:?} is also rate_limits.files[{first}]'s ({other})", domain.name));
+        }
+        for limit in &domain.limits {
+            let Some(quota) = limit.quota else { continue };
+            let glob = if limit.keyed { format!("{}/*", limit.id) } else { limit.id.clone() };
+            if let Some(j) = own.get(glob.as_str()) {
+                return Err(format!("{at}: {}'s template {glob:?} is also resources[{j}]'s glob", limit.id));
+            }
+            made.push(Template {
+                identifier_glob: glob,
+                capacity: quota.rate(),
+                safe_capacity: None,
+                description: Some(describe(file, limit, quota)),
+                algorithm: algorithm.clone(),
+            });
+        }
+    }
+    // The first glob that matches wins and `*` spans `/`: a keyed limit nested in another's
+    // (`edge/ip/path/*` in `edge/ip/*`) comes first, so that its keys get its own capacity.
+    made.sort_by_key(|t| Reverse(t.identifier_glob.matches('/').count()));
+    Ok(made)
+}
+
+/// A file's text, if it is at most [`MAX_RATE_LIMIT_FILE_BYTES`].
+fn read(path: &Path) -> Result<String, String> {
+    let mut text = String::new();
+    File::open(path)
+        .and_then(|f| f.take(MAX_RATE_LIMIT_FILE_BYTES as u64 + 1).read_to_string(&mut text))
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if text.len() > MAX_RATE_LIMIT_FILE_BYTES {
+        return Err(format!("larger than {} MiB", MAX_RATE_LIMIT_FILE_BYTES >> 20));
+    }
+    Ok(text)
+}
+
+/// What a template made from `limit` says of it: `ratelimit.yaml: edge/generic_key=demo, 20 per
+/// second`.
+fn describe(file: &Path, limit: &Limit, quota: Quota) -> String {
+    let unit = match quota.unit {
+        Unit::Second => "second",
+        Unit::Minute => "minute",
+        Unit::Hour => "hour",
+        Unit::Day => "day",
+        Unit::Month => "month",
+        Unit::Year => "year",
+    };
+    let name = limit.name.as_ref().map_or_else(String::new, |n| format!(" ({n})"));
+    let each = if limit.keyed { " per key" } else { "" };
+    format!("{}: {}{name}, {} per {unit}{each}", file.display(), limit.id, quota.requests_per_unit)
 }
 
 #[cfg(test)]
@@ -91,17 +218,22 @@ mod tests {
     use super::*;
     use crate::defaults::EMBEDDED_CONFIG;
 
+    /// A configuration without a file: what it names is found from the working directory.
+    fn parse_text(text: &str) -> Result<Repository, String> {
+        parse(text, Path::new(""))
+    }
+
     #[test]
     fn an_error_is_one_line_whatever_the_glob() {
         let text = "resources:\n  - identifier_glob: \"[e-\\n]\"\n    capacity: 1\n    \
                     algorithm: {kind: STATIC, lease_length: 60, refresh_interval: 5}\n";
-        let error = parse(text).expect_err("a malformed glob");
+        let error = parse_text(text).expect_err("a malformed glob");
         assert!(error.contains("malformed glob") && !error.contains('\n'), "{error:?}");
     }
 
     #[test]
     fn doormans_example_loads_unchanged() {
-        let repo = parse(
+        let repo = parse_text(
             r#"
 resources:
   - identifier_glob: fair
@@ -130,26 +262,202 @@ resources:
 
     #[test]
     fn the_example_in_deploy_is_valid() {
-        let repo = parse(include_str!("../../deploy/examples/server.yaml")).unwrap();
+        let repo = parse_text(include_str!("../../deploy/examples/server.yaml")).unwrap();
         assert_eq!(repo.find("orders/write").capacity, 500.0);
     }
 
     #[test]
     fn the_embedded_default_is_valid() {
-        assert_eq!(parse(EMBEDDED_CONFIG).unwrap().templates().len(), 1);
+        assert_eq!(parse_text(EMBEDDED_CONFIG).unwrap().templates().len(), 1);
     }
 
     #[test]
     fn errors_say_where() {
         let unknown_key = "resources:\n  - identifier_glob: '*'\n    capacity: 1\n    colour: red\n    algorithm: {kind: STATIC, lease_length: 1, refresh_interval: 1}\n";
-        let e = parse(unknown_key).unwrap_err();
+        let e = parse_text(unknown_key).unwrap_err();
         assert!(e.contains("resources[0]") && e.contains("unknown field `colour`"), "{e}");
         let bad_kind = "resources:\n  - identifier_glob: '*'\n    capacity: 1\n    algorithm: {kind: FAIRER, lease_length: 1, refresh_interval: 1}\n";
-        let e = parse(bad_kind).unwrap_err();
+        let e = parse_text(bad_kind).unwrap_err();
         assert!(e.contains("resources[0].algorithm.kind") && e.contains("unknown variant `FAIRER`"), "{e}");
         let negative = "resources:\n  - identifier_glob: '*'\n    capacity: -1\n    algorithm: {kind: STATIC, lease_length: 1, refresh_interval: 1}\n";
-        assert_eq!(parse(negative).unwrap_err(), "resources[0] (\"*\"): capacity: must be finite and ≥ 0, got -1");
-        assert!(parse("").is_err());
-        assert!(!parse("resources: [").unwrap_err().contains('\n'));
+        assert_eq!(parse_text(negative).unwrap_err(), "resources[0] (\"*\"): capacity: must be finite and ≥ 0, got -1");
+        assert!(parse_text("").is_err());
+        assert!(!parse_text("resources: [").unwrap_err().contains('\n'));
+    }
+
+    const EDGE: &str = "\
+domain: edge
+descriptors:
+  - key: generic_key
+    value: demo
+    rate_limit: {unit: second, requests_per_unit: 20}
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 600}
+    descriptors:
+      - key: path
+        rate_limit: {unit: day, requests_per_unit: 172800, name: paths}
+  - key: generic_key
+    value: free
+    rate_limit: {unlimited: true}
+";
+
+    const OWN: &str = "\
+resources:
+  - identifier_glob: \"orders/*\"
+    capacity: 5
+    algorithm: {kind: STATIC, lease_length: 60, refresh_interval: 5}
+  - identifier_glob: \"*\"
+    capacity: 100
+    algorithm: {kind: FAIR_SHARE, lease_length: 60, refresh_interval: 5}
+";
+
+    /// A directory holding `files` (name, text).
+    fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            let path = dir.path().join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        dir
+    }
+
+    /// [`OWN`] with `rate_limits` (YAML flow) in front.
+    fn with_rate_limits(rate_limits: &str) -> String {
+        format!("rate_limits: {rate_limits}\n{OWN}")
+    }
+
+    #[test]
+    fn each_limit_of_a_rate_limit_file_is_a_template_before_the_files_own() {
+        let dir = dir_with(&[("ratelimit.yaml", EDGE)]);
+        let repo = parse(&with_rate_limits("{files: [ratelimit.yaml]}"), dir.path()).unwrap();
+        let templates: Vec<(&str, f64, &str)> = repo
+            .templates()
+            .iter()
+            .map(|t| (t.identifier_glob.as_str(), t.capacity, t.description.as_deref().unwrap_or("")))
+            .collect();
+        assert_eq!(
+            templates,
+            [
+                // Deepest first, so that the nested keyed limit keeps its keys.
+                (
+                    "edge/remote_address/path/*",
+                    2.0,
+                    "ratelimit.yaml: edge/remote_address/path (paths), 172800 per day per key"
+                ),
+                ("edge/remote_address/*", 10.0, "ratelimit.yaml: edge/remote_address, 600 per minute per key"),
+                ("edge/generic_key=demo", 20.0, "ratelimit.yaml: edge/generic_key=demo, 20 per second"),
+                ("orders/*", 5.0, ""),
+                ("*", 100.0, ""),
+            ],
+            "the unlimited one makes none"
+        );
+        let default = Algorithm {
+            kind: Kind::FairShare,
+            lease_length: RATE_LIMIT_LEASE_LENGTH,
+            refresh_interval: RATE_LIMIT_REFRESH_INTERVAL,
+            parameters: Vec::new(),
+            learning_mode_duration: None,
+        };
+        assert_eq!(repo.templates()[0].algorithm, default);
+        assert_eq!(repo.find("edge/remote_address/10.0.0.1").capacity, 10.0);
+        assert_eq!(repo.find("edge/remote_address/!overflow").capacity, 10.0);
+        assert_eq!(repo.find("edge/remote_address/path/10.0.0.1/%2Fapi").capacity, 2.0);
+        assert_eq!(repo.find("edge/generic_key=free").capacity, 100.0, "unlimited: the catch-all's");
+    }
+
+    #[test]
+    fn the_algorithm_of_rate_limits_is_every_such_templates_and_is_checked() {
+        let dir = dir_with(&[("ratelimit.yaml", EDGE)]);
+        let algorithm = "{kind: PROPORTIONAL_SHARE, lease_length: 20, refresh_interval: 5, learning_mode_duration: 0}";
+        let text = with_rate_limits(&format!("{{files: [ratelimit.yaml], algorithm: {algorithm}}}"));
+        let repo = parse(&text, dir.path()).unwrap();
+        for t in &repo.templates()[..3] {
+            let a = &t.algorithm;
+            assert_eq!(
+                (a.kind, a.lease_length, a.refresh_interval, a.learning_mode_duration),
+                (Kind::ProportionalShare, 20, 5, Some(0))
+            );
+        }
+        let text = with_rate_limits(
+            "{files: [ratelimit.yaml], algorithm: {kind: FAIR_SHARE, lease_length: 20, refresh_interval: 0}}",
+        );
+        assert_eq!(parse(&text, dir.path()).unwrap_err(), "rate_limits.algorithm.refresh_interval: must be ≥ 1, got 0");
+    }
+
+    #[test]
+    fn errors_name_the_file_and_where_in_it() {
+        let dir = dir_with(&[
+            ("ratelimit.yaml", EDGE),
+            (
+                "bad.yaml",
+                "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+            ),
+            (
+                "orders.yaml",
+                "domain: orders\ndescriptors:\n  - {key: all, rate_limit: {unit: second, requests_per_unit: 1}}\n",
+            ),
+        ]);
+        let error = |files: &str| parse(&with_rate_limits(&format!("{{files: {files}}}")), dir.path()).unwrap_err();
+        let missing = error("[missing.yaml]");
+        let expected =
+            format!("rate_limits.files[0] (missing.yaml): cannot read {}: ", dir.path().join("missing.yaml").display());
+        assert!(missing.starts_with(&expected) && !missing.contains('\n'), "{missing}");
+        assert_eq!(
+            error("[ratelimit.yaml, bad.yaml]"),
+            "rate_limits.files[1] (bad.yaml): descriptors[0].rate_limit.unit: \"fortnight\" is not one of second, minute, hour, day, month, year"
+        );
+        assert_eq!(
+            error("[ratelimit.yaml, orders.yaml, ratelimit.yaml]"),
+            "rate_limits.files[2] (ratelimit.yaml): domain \"edge\" is also rate_limits.files[0]'s (ratelimit.yaml)"
+        );
+        let own = OWN.replace("orders/*", "edge/generic_key=demo");
+        let text = format!("rate_limits: {{files: [ratelimit.yaml]}}\n{own}");
+        assert_eq!(
+            parse(&text, dir.path()).unwrap_err(),
+            "rate_limits.files[0] (ratelimit.yaml): edge/generic_key=demo's template \"edge/generic_key=demo\" is also resources[0]'s glob"
+        );
+        // The file's own templates are named by their own index, whatever comes before them.
+        let text = with_rate_limits("{files: [ratelimit.yaml]}").replace("capacity: 100", "capacity: -1");
+        assert_eq!(
+            parse(&text, dir.path()).unwrap_err(),
+            "resources[1] (\"*\"): capacity: must be finite and ≥ 0, got -1"
+        );
+        let many = format!("[{}]", vec!["ratelimit.yaml"; MAX_RATE_LIMIT_FILES + 1].join(", "));
+        assert_eq!(
+            error(&many),
+            format!("rate_limits.files: at most {MAX_RATE_LIMIT_FILES} files, got {}", MAX_RATE_LIMIT_FILES + 1)
+        );
+    }
+
+    #[test]
+    fn relative_paths_are_found_beside_the_configuration() {
+        let dir = dir_with(&[("limits/edge.yaml", EDGE)]);
+        let elsewhere = dir_with(&[(
+            "orders.yaml",
+            "domain: orders\ndescriptors:\n  - {key: tier, value: gold, rate_limit: {unit: hour, requests_per_unit: 7200}}\n",
+        )]);
+        let absolute = elsewhere.path().join("orders.yaml");
+        let text = with_rate_limits(&format!("{{files: [limits/edge.yaml, {:?}]}}", absolute.display().to_string()));
+        assert_eq!(named_files(&text, dir.path()), [dir.path().join("limits/edge.yaml"), absolute.clone()]);
+        let repo = parse(&text, dir.path()).unwrap();
+        assert_eq!(repo.find("orders/tier=gold").capacity, 2.0, "its own, ahead of orders/*");
+        assert_eq!(repo.find("edge/generic_key=demo").capacity, 20.0);
+        assert!(
+            parse(&text, elsewhere.path())
+                .unwrap_err()
+                .starts_with("rate_limits.files[0] (limits/edge.yaml): cannot read")
+        );
+        assert_eq!(named_files(OWN, dir.path()), Vec::<PathBuf>::new());
+        assert_eq!(
+            named_files("rate_limits: {files: [a]}\nresources: [", dir.path()),
+            Vec::<PathBuf>::new(),
+            "not YAML"
+        );
+        assert_eq!(
+            named_files("rate_limits: {files: [a]}\nresources: 3", dir.path()),
+            [dir.path().join("a")],
+            "an invalid configuration's too"
+        );
     }
 }

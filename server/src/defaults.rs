@@ -22,6 +22,19 @@ pub const CONFIG_POLL_INTERVAL: &str = "2s";
 /// demo and a single-pod setup.
 pub const EMBEDDED_CONFIG: &str = include_str!("default_config.yaml");
 
+/// The algorithm of the templates made from envoyproxy/ratelimit files when the configuration
+/// gives none (`rate_limits.algorithm`): FAIR_SHARE with the embedded default's lease length and
+/// refresh interval, in seconds; learning mode lasts a lease.
+pub const RATE_LIMIT_LEASE_LENGTH: i64 = 10;
+pub const RATE_LIMIT_REFRESH_INTERVAL: i64 = 2;
+
+/// Most files `rate_limits.files` may name: each is read at every reload and polled for changes.
+pub const MAX_RATE_LIMIT_FILES: usize = 64;
+
+/// Largest envoyproxy/ratelimit file read: room for the most descriptors a file may hold
+/// (10,000) with long keys and values.
+pub const MAX_RATE_LIMIT_FILE_BYTES: usize = 16 << 20;
+
 /// Most resources a server keeps at once (`--max-resources`): every resource costs memory and
 /// five metric series, and clients choose resource ids freely.
 pub const MAX_RESOURCES: usize = 100_000;

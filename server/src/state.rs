@@ -223,7 +223,8 @@ mod tests {
     use crate::config;
 
     fn state(election_key: Option<&str>) -> State {
-        let repository = config::parse(crate::defaults::EMBEDDED_CONFIG).expect("embedded config");
+        let repository =
+            config::parse(crate::defaults::EMBEDDED_CONFIG, std::path::Path::new("")).expect("embedded config");
         State::new(
             repository,
             "me:7777".into(),

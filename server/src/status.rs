@@ -489,7 +489,8 @@ mod tests {
 
     #[test]
     fn sampling_keeps_the_busiest_resources_with_ties_by_id() {
-        let repository = config::parse(crate::defaults::EMBEDDED_CONFIG).expect("embedded config");
+        let repository =
+            config::parse(crate::defaults::EMBEDDED_CONFIG, std::path::Path::new("")).expect("embedded config");
         let mut ledger = Ledger::new(Arc::new(repository), 0);
         for (id, wants) in [("d", 1.0), ("c", 5.0), ("b", 1.0), ("a", 0.0), ("e", 9.0)] {
             ledger.claim(100, "client", id, &Claim::single(0, wants, None));

@@ -236,10 +236,11 @@ impl Scenario {
         Ok(scenario)
     }
 
-    /// The root's configuration, through the server's own loader and validation.
+    /// The root's configuration, through the server's own loader and validation (files it names
+    /// are found from the working directory).
     pub fn repository(&self) -> Result<Arc<Repository>, String> {
         let text = yaml_serde::to_string(&self.repository).map_err(|e| e.to_string())?;
-        sluice_server::config::parse(&text).map(Arc::new).map_err(|e| format!("repository: {e}"))
+        sluice_server::config::parse(&text, Path::new("")).map(Arc::new).map_err(|e| format!("repository: {e}"))
     }
 
     pub fn client_count(&self) -> usize {

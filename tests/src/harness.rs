@@ -114,13 +114,16 @@ pub fn run(name: &str, args: &[&str]) -> Output {
     child.wait_with_output().expect("output")
 }
 
-/// Starts `binary` with `--admin-addr` on a free port, `config` (YAML) as `--config` and `args`,
-/// and waits until `ready` on the admin listener answers 200.
-fn spawn(binary: &Path, config: Option<&str>, args: &[String], ready: &str) -> Process {
+/// Starts `binary` with `--admin-addr` on a free port, `config` (YAML) as `--config`, `files`
+/// (name, text) beside it, and `args`, and waits until `ready` on the admin listener answers 200.
+fn spawn(binary: &Path, config: Option<&str>, files: &[(String, String)], args: &[String], ready: &str) -> Process {
     let dir = tempfile::tempdir().expect("temporary directory");
     let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let config_path = dir.path().join("config.yaml");
     let log_path = dir.path().join("process.log");
+    for (name, text) in files {
+        fs::write(dir.path().join(name), text).expect("write a file beside the config");
+    }
     let mut command = Command::new(binary);
     command.args(["--admin-addr", &admin.to_string()]);
     if let Some(yaml) = config {
@@ -130,7 +133,7 @@ fn spawn(binary: &Path, config: Option<&str>, args: &[String], ready: &str) -> P
     let log = fs::File::create(&log_path).expect("log file");
     command.args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
     let child = command.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
-    let mut process = Process { child, admin, config_path, log_path, _dir: dir };
+    let mut process = Process { child, admin, config_path, log_path, dir };
     process.wait_ready(ready);
     process
 }
@@ -139,17 +142,24 @@ fn spawn(binary: &Path, config: Option<&str>, args: &[String], ready: &str) -> P
 pub struct ServerLaunch {
     binary: PathBuf,
     config: Option<String>,
+    files: Vec<(String, String)>,
     args: Vec<String>,
 }
 
 impl ServerLaunch {
     /// A launch of `binary` (another build, e.g. a release build for measurements).
     pub fn of(binary: PathBuf) -> Self {
-        ServerLaunch { binary, config: None, args: Vec::new() }
+        ServerLaunch { binary, config: None, files: Vec::new(), args: Vec::new() }
     }
 
     pub fn config(mut self, config: &ServerConfig) -> Self {
         self.config = Some(config.yaml());
+        self
+    }
+
+    /// A file beside the configuration, named `name`, that it names (an envoyproxy/ratelimit file).
+    pub fn file(mut self, name: &str, text: &str) -> Self {
+        self.files.push((name.into(), text.into()));
         self
     }
 
@@ -166,7 +176,7 @@ impl ServerLaunch {
     /// Starts the server with its gRPC listener on `grpc` (e.g. to restart one in place).
     pub fn start_at(mut self, grpc: SocketAddr) -> Server {
         self.args.extend(["--grpc-addr".into(), grpc.to_string()]);
-        let process = spawn(&self.binary, self.config.as_deref(), &self.args, "/readyz");
+        let process = spawn(&self.binary, self.config.as_deref(), &self.files, &self.args, "/readyz");
         Server { process, grpc }
     }
 }
@@ -192,7 +202,7 @@ impl SidecarLaunch {
 
     /// Starts the sidecar and waits until `/ready` answers 200.
     pub fn start(self) -> Sidecar {
-        let process = spawn(&self.binary, Some(&self.config), &self.args, "/ready");
+        let process = spawn(&self.binary, Some(&self.config), &[], &self.args, "/ready");
         Sidecar { process, listeners: self.listeners }
     }
 }
@@ -204,7 +214,8 @@ pub struct Process {
     pub admin: SocketAddr,
     config_path: PathBuf,
     log_path: PathBuf,
-    _dir: TempDir,
+    /// Where the configuration, the files beside it and the log are.
+    dir: TempDir,
 }
 
 impl Process {
@@ -223,9 +234,12 @@ impl Process {
 
     /// [`Process::write_config`] with text as it is, for tests of files the binaries refuse to read.
     pub fn write_raw_config(&self, text: &str) {
-        let aside = self.config_path.with_extension("new");
-        fs::write(&aside, text).expect("write config");
-        fs::rename(&aside, &self.config_path).expect("replace config");
+        replace(&self.config_path, text);
+    }
+
+    /// Replaces the file `name` beside the configuration as [`Process::write_config`] does.
+    pub fn write_file(&self, name: &str, text: &str) {
+        replace(&self.dir.path().join(name), text);
     }
 
     /// Sends a signal by name (e.g. "HUP", "TERM", "KILL").
@@ -270,6 +284,13 @@ impl Process {
             thread::sleep(Duration::from_millis(25));
         }
     }
+}
+
+/// Writes `text` aside, then renames it over `path`, as tools replace a file.
+fn replace(path: &Path, text: &str) {
+    let aside = path.with_extension("new");
+    fs::write(&aside, text).unwrap_or_else(|e| panic!("write {}: {e}", aside.display()));
+    fs::rename(&aside, path).unwrap_or_else(|e| panic!("replace {}: {e}", path.display()));
 }
 
 impl Drop for Process {

@@ -28,4 +28,4 @@ pub use parent::Parent;
 pub use priority::{Bands, PriorityMode, SubtreeWants, Wants};
 pub use resource::{Claim, Grant, ParentLease, Resource, Supply};
 pub use store::{Holds, LeaseStore, LeaseView, UnixSeconds};
-pub use template::{Repository, Template, TemplateError};
+pub use template::{Repository, Template, TemplateError, check_algorithm};

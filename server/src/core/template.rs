@@ -69,47 +69,7 @@ impl Repository {
             {
                 return Err(fail("safe_capacity", format!("must be −1 (unlimited) or finite and ≥ 0, got {safe}")));
             }
-            let a = &t.algorithm;
-            if a.refresh_interval < 1 {
-                return Err(fail("algorithm.refresh_interval", format!("must be ≥ 1, got {}", a.refresh_interval)));
-            }
-            if a.lease_length < a.refresh_interval {
-                return Err(fail(
-                    "algorithm.lease_length",
-                    format!("must be ≥ refresh_interval ({}), got {}", a.refresh_interval, a.lease_length),
-                ));
-            }
-            if let Some(d) = a.learning_mode_duration
-                && d < 0
-            {
-                return Err(fail("algorithm.learning_mode_duration", format!("must be ≥ 0, got {d}")));
-            }
-            let durations =
-                [("lease_length", Some(a.lease_length)), ("learning_mode_duration", a.learning_mode_duration)];
-            if let Some((field, Some(value))) =
-                durations.into_iter().find(|(_, v)| v.is_some_and(|v| v > MAX_TEMPLATE_SECONDS))
-            {
-                return Err(fail(
-                    &format!("algorithm.{field}"),
-                    format!("must be at most {MAX_TEMPLATE_SECONDS} s (a year), got {value}"),
-                ));
-            }
-            // A misspelt or repeated parameter would silently leave the default in force.
-            let known: [(&str, CheckValue); 2] = [
-                (PriorityMode::NAME, |v| PriorityMode::parse(v).map(drop)),
-                (SubtreeWants::NAME, |v| SubtreeWants::parse(v).map(drop)),
-            ];
-            for (j, p) in a.parameters.iter().enumerate() {
-                let field = format!("algorithm.parameters[{j}]");
-                let Some((_, check)) = known.iter().find(|(name, _)| *name == p.name) else {
-                    let names = known.map(|(name, _)| name).join(", ");
-                    return Err(fail(&field, format!("unknown parameter {:?} (known: {names})", p.name)));
-                };
-                if a.parameters[..j].iter().any(|q| q.name == p.name) {
-                    return Err(fail(&field, format!("{} is given twice", p.name)));
-                }
-                check(p.value.as_deref()).map_err(|why| fail(&format!("{field}.value"), why))?;
-            }
+            check_algorithm(&t.algorithm).map_err(|(field, why)| fail(&format!("algorithm.{field}"), why))?;
             let glob = GlobBuilder::new(&t.identifier_glob)
                 .literal_separator(false)
                 .backslash_escape(true)
@@ -148,6 +108,48 @@ impl Repository {
     pub fn templates(&self) -> &[Arc<Template>] {
         &self.templates
     }
+}
+
+/// Checks an algorithm's settings (SPEC §3.1): `Err` names the field (`lease_length`,
+/// `parameters[0].value`) and says what is wrong.
+pub fn check_algorithm(a: &Algorithm) -> Result<(), (String, String)> {
+    let fail = |field: &str, why: String| Err((field.to_owned(), why));
+    if a.refresh_interval < 1 {
+        return fail("refresh_interval", format!("must be ≥ 1, got {}", a.refresh_interval));
+    }
+    if a.lease_length < a.refresh_interval {
+        return fail(
+            "lease_length",
+            format!("must be ≥ refresh_interval ({}), got {}", a.refresh_interval, a.lease_length),
+        );
+    }
+    if let Some(d) = a.learning_mode_duration
+        && d < 0
+    {
+        return fail("learning_mode_duration", format!("must be ≥ 0, got {d}"));
+    }
+    let durations = [("lease_length", Some(a.lease_length)), ("learning_mode_duration", a.learning_mode_duration)];
+    if let Some((field, Some(value))) = durations.into_iter().find(|(_, v)| v.is_some_and(|v| v > MAX_TEMPLATE_SECONDS))
+    {
+        return fail(field, format!("must be at most {MAX_TEMPLATE_SECONDS} s (a year), got {value}"));
+    }
+    // A misspelt or repeated parameter would silently leave the default in force.
+    let known: [(&str, CheckValue); 2] = [
+        (PriorityMode::NAME, |v| PriorityMode::parse(v).map(drop)),
+        (SubtreeWants::NAME, |v| SubtreeWants::parse(v).map(drop)),
+    ];
+    for (j, p) in a.parameters.iter().enumerate() {
+        let field = format!("parameters[{j}]");
+        let Some((_, check)) = known.iter().find(|(name, _)| *name == p.name) else {
+            let names = known.map(|(name, _)| name).join(", ");
+            return fail(&field, format!("unknown parameter {:?} (known: {names})", p.name));
+        };
+        if a.parameters[..j].iter().any(|q| q.name == p.name) {
+            return fail(&field, format!("{} is given twice", p.name));
+        }
+        check(p.value.as_deref()).map_err(|why| (format!("{field}.value"), why))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

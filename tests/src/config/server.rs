@@ -8,12 +8,27 @@ use super::{ConfigFile, yaml};
 /// template whose glob is its id, else the first that matches it; the catch-all `*` comes last.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ServerConfig {
+    rate_limits: Option<RateLimits>,
     resources: Vec<Template>,
+}
+
+/// envoyproxy/ratelimit files, each of whose limits is a template ahead of `resources`.
+#[derive(Clone, Debug, Serialize)]
+struct RateLimits {
+    files: Vec<String>,
+    algorithm: Option<Algorithm>,
 }
 
 impl ServerConfig {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Takes the limits of `files` (relative: beside the configuration) as templates, each with
+    /// `algorithm` (`None`: the server's default).
+    pub fn rate_limits(mut self, files: &[&str], algorithm: Option<Algorithm>) -> Self {
+        self.rate_limits = Some(RateLimits { files: files.iter().map(|f| (*f).to_owned()).collect(), algorithm });
+        self
     }
 
     pub fn template(mut self, template: Template) -> Self {
