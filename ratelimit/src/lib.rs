@@ -20,7 +20,11 @@ mod encode;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashSet;
+use std::{
+    collections::{HashMap, HashSet},
+    io::{self, Read},
+    path::{Path, PathBuf},
+};
 
 use document::{DescriptorDoc, FileDoc, RateLimitDoc};
 pub use encode::component;
@@ -29,6 +33,11 @@ pub use encode::component;
 pub const MAX_DEPTH: usize = 16;
 /// Descriptors a file may hold, over all levels.
 pub const MAX_DESCRIPTORS: usize = 10_000;
+/// Files a configuration may name.
+pub const MAX_FILES: usize = 64;
+/// A file's bytes at most: the most descriptors a file may hold with long keys and values; a
+/// path to a device or a runaway file must not take the memory.
+pub const MAX_FILE_BYTES: usize = 16 << 20;
 /// A resource id's bytes at most (the capacity servers' bound).
 pub const MAX_ID_BYTES: usize = 1024;
 /// A keyed limit's id's bytes at most, so that `/` and a key of at least 64 bytes fit in an id.
@@ -71,6 +80,30 @@ impl Unit {
             _ => return None,
         })
     }
+}
+
+/// The files a configuration's text names in its `section`'s `files`, resolved against `dir`, at
+/// most [`MAX_FILES`]: what a reload watches. Read leniently, so that a text invalid in any other
+/// way still names them.
+pub fn named_files(text: &str, section: &str, dir: &Path) -> Vec<PathBuf> {
+    #[derive(serde::Deserialize)]
+    struct Files {
+        #[serde(default)]
+        files: Vec<PathBuf>,
+    }
+    let doc: HashMap<String, yaml_serde::Value> = yaml_serde::from_str(text).unwrap_or_default();
+    let files = doc.get(section).and_then(|v| yaml_serde::from_value::<Files>(v.clone()).ok());
+    files.map_or_else(Vec::new, |f| f.files.iter().take(MAX_FILES).map(|f| dir.join(f)).collect())
+}
+
+/// A file's text, refused beyond [`MAX_FILE_BYTES`].
+pub fn read(path: &Path) -> io::Result<String> {
+    let mut text = String::new();
+    std::fs::File::open(path)?.take(MAX_FILE_BYTES as u64 + 1).read_to_string(&mut text)?;
+    if text.len() > MAX_FILE_BYTES {
+        return Err(io::Error::other(format!("larger than {} MiB", MAX_FILE_BYTES >> 20)));
+    }
+    Ok(text)
 }
 
 /// One `rate_limit` of a domain.

@@ -1,3 +1,5 @@
+use std::path::{Path, PathBuf};
+
 use proptest::prelude::*;
 
 use super::*;
@@ -184,4 +186,15 @@ proptest! {
         };
         prop_assert_eq!(decoded, text.as_bytes());
     }
+}
+
+#[test]
+fn named_files_are_read_leniently_and_resolved() {
+    let dir = Path::new("/etc/sluice");
+    let text = "rate_limit_service: {files: [a.yaml, /abs/b.yaml], colour: red}\nlisteners: 7\n";
+    assert_eq!(named_files(text, "rate_limit_service", dir), [dir.join("a.yaml"), PathBuf::from("/abs/b.yaml")]);
+    assert!(named_files(text, "rate_limits", dir).is_empty());
+    assert!(named_files("[", "rate_limit_service", dir).is_empty());
+    let many = format!("s: {{files: [{}]}}\n", vec!["f"; MAX_FILES + 5].join(", "));
+    assert_eq!(named_files(&many, "s", dir).len(), MAX_FILES);
 }

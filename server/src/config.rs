@@ -6,17 +6,15 @@
 use std::{
     cmp::Reverse,
     collections::HashMap,
-    fs::File,
-    io::Read,
     path::{Path, PathBuf},
 };
 
 use serde::Deserialize;
-use sluice_ratelimit::{Domain, Limit, Quota, Unit};
+use sluice_ratelimit::{Domain, Limit, MAX_FILES, Quota, Unit};
 
 use crate::{
     core::{Algorithm, Kind, Parameter, Repository, Template, check_algorithm},
-    defaults::{MAX_RATE_LIMIT_FILE_BYTES, MAX_RATE_LIMIT_FILES, RATE_LIMIT_LEASE_LENGTH, RATE_LIMIT_REFRESH_INTERVAL},
+    defaults::{RATE_LIMIT_LEASE_LENGTH, RATE_LIMIT_REFRESH_INTERVAL},
 };
 
 #[derive(Deserialize)]
@@ -95,16 +93,7 @@ pub fn parse(text: &str, dir: &Path) -> Result<Repository, String> {
 /// The files a configuration names (`rate_limits.files`), resolved as [`parse`] resolves them,
 /// even if the rest of it is invalid: what a reload watches besides the configuration itself.
 pub fn named_files(text: &str, dir: &Path) -> Vec<PathBuf> {
-    #[derive(Deserialize)]
-    struct Named {
-        rate_limits: Option<Files>,
-    }
-    #[derive(Deserialize)]
-    struct Files {
-        files: Vec<PathBuf>,
-    }
-    let named = yaml_serde::from_str::<Named>(text).ok().and_then(|n| n.rate_limits);
-    named.map_or_else(Vec::new, |r| r.files.iter().take(MAX_RATE_LIMIT_FILES).map(|f| dir.join(f)).collect())
+    sluice_ratelimit::named_files(text, "rate_limits", dir)
 }
 
 fn repository(templates: Vec<Template>) -> Result<Repository, String> {
@@ -140,8 +129,8 @@ fn algorithm(a: AlgorithmDoc) -> Algorithm {
 /// A template for each limit with a quota in the files: a fixed limit's glob is its id, a keyed
 /// limit's `<id>/*`, for its keys. None of their globs may be one of `own`'s.
 fn from_files(section: RateLimitsDoc, dir: &Path, own: &[Template]) -> Result<Vec<Template>, String> {
-    if section.files.len() > MAX_RATE_LIMIT_FILES {
-        return Err(format!("rate_limits.files: at most {MAX_RATE_LIMIT_FILES} files, got {}", section.files.len()));
+    if section.files.len() > MAX_FILES {
+        return Err(format!("rate_limits.files: at most {MAX_FILES} files, got {}", section.files.len()));
     }
     let algorithm = section.algorithm.map_or_else(
         || Algorithm {
@@ -159,7 +148,11 @@ fn from_files(section: RateLimitsDoc, dir: &Path, own: &[Template]) -> Result<Ve
     let mut made = Vec::new();
     for (i, file) in section.files.iter().enumerate() {
         let at = format!("rate_limits.files[{i}] ({})", file.display());
-        let domain = read(&dir.join(file)).and_then(|text| Domain::parse(&text)).map_err(|e| format!("{at}: {e}"))?;
+        let path = dir.join(file);
+        let domain = sluice_ratelimit::read(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))
+            .and_then(|text| Domain::parse(&text))
+            .map_err(|e| format!("{at}: {e}"))?;
         if let Some(first) = domains.insert(domain.name.clone(), i) {
             let other = section.files[first].display();
             return Err(format!("{at}: domain {:?} is also rate_limits.files[{first}]'s ({other})", domain.name));
@@ -180,21 +173,9 @@ fn from_files(section: RateLimitsDoc, dir: &Path, own: &[Template]) -> Result<Ve
         }
     }
     // The first glob that matches wins and `*` spans `/`: a keyed limit nested in another's
-    // (`edge/ip/path/*` in `edge/ip/*`) comes first, so that its keys get its own capacity.
+    // (`edge/ip=/path=/*` in `edge/ip=/*`) comes first, so that its keys get its own capacity.
     made.sort_by_key(|t| Reverse(t.identifier_glob.matches('/').count()));
     Ok(made)
-}
-
-/// A file's text, if it is at most [`MAX_RATE_LIMIT_FILE_BYTES`].
-fn read(path: &Path) -> Result<String, String> {
-    let mut text = String::new();
-    File::open(path)
-        .and_then(|f| f.take(MAX_RATE_LIMIT_FILE_BYTES as u64 + 1).read_to_string(&mut text))
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if text.len() > MAX_RATE_LIMIT_FILE_BYTES {
-        return Err(format!("larger than {} MiB", MAX_RATE_LIMIT_FILE_BYTES >> 20));
-    }
-    Ok(text)
 }
 
 /// What a template made from `limit` says of it: `ratelimit.yaml: edge/generic_key=demo, 20 per
@@ -341,11 +322,11 @@ resources:
             [
                 // Deepest first, so that the nested keyed limit keeps its keys.
                 (
-                    "edge/remote_address/path/*",
+                    "edge/remote_address=/path=/*",
                     2.0,
-                    "ratelimit.yaml: edge/remote_address/path (paths), 172800 per day per key"
+                    "ratelimit.yaml: edge/remote_address=/path= (paths), 172800 per day per key"
                 ),
-                ("edge/remote_address/*", 10.0, "ratelimit.yaml: edge/remote_address, 600 per minute per key"),
+                ("edge/remote_address=/*", 10.0, "ratelimit.yaml: edge/remote_address=, 600 per minute per key"),
                 ("edge/generic_key=demo", 20.0, "ratelimit.yaml: edge/generic_key=demo, 20 per second"),
                 ("orders/*", 5.0, ""),
                 ("*", 100.0, ""),
@@ -360,9 +341,9 @@ resources:
             learning_mode_duration: None,
         };
         assert_eq!(repo.templates()[0].algorithm, default);
-        assert_eq!(repo.find("edge/remote_address/10.0.0.1").capacity, 10.0);
-        assert_eq!(repo.find("edge/remote_address/!overflow").capacity, 10.0);
-        assert_eq!(repo.find("edge/remote_address/path/10.0.0.1/%2Fapi").capacity, 2.0);
+        assert_eq!(repo.find("edge/remote_address=/10.0.0.1").capacity, 10.0);
+        assert_eq!(repo.find("edge/remote_address=/!overflow").capacity, 10.0);
+        assert_eq!(repo.find("edge/remote_address=/path=/10.0.0.1/%2Fapi").capacity, 2.0);
         assert_eq!(repo.find("edge/generic_key=free").capacity, 100.0, "unlimited: the catch-all's");
     }
 
@@ -423,11 +404,8 @@ resources:
             parse(&text, dir.path()).unwrap_err(),
             "resources[1] (\"*\"): capacity: must be finite and ≥ 0, got -1"
         );
-        let many = format!("[{}]", vec!["ratelimit.yaml"; MAX_RATE_LIMIT_FILES + 1].join(", "));
-        assert_eq!(
-            error(&many),
-            format!("rate_limits.files: at most {MAX_RATE_LIMIT_FILES} files, got {}", MAX_RATE_LIMIT_FILES + 1)
-        );
+        let many = format!("[{}]", vec!["ratelimit.yaml"; MAX_FILES + 1].join(", "));
+        assert_eq!(error(&many), format!("rate_limits.files: at most {MAX_FILES} files, got {}", MAX_FILES + 1));
     }
 
     #[test]

@@ -28,13 +28,6 @@ pub const EMBEDDED_CONFIG: &str = include_str!("default_config.yaml");
 pub const RATE_LIMIT_LEASE_LENGTH: i64 = 10;
 pub const RATE_LIMIT_REFRESH_INTERVAL: i64 = 2;
 
-/// Most files `rate_limits.files` may name: each is read at every reload and polled for changes.
-pub const MAX_RATE_LIMIT_FILES: usize = 64;
-
-/// Largest envoyproxy/ratelimit file read: room for the most descriptors a file may hold
-/// (10,000) with long keys and values.
-pub const MAX_RATE_LIMIT_FILE_BYTES: usize = 16 << 20;
-
 /// Most resources a server keeps at once (`--max-resources`): every resource costs memory and
 /// five metric series, and clients choose resource ids freely.
 pub const MAX_RESOURCES: usize = 100_000;

@@ -219,10 +219,6 @@ pub const REVIEW_SHOWN_CHARS: usize = 253;
 /// the parser refuses documents nested deeper than this anyway.
 pub const MAX_FLOW_DEPTH: usize = 128;
 
-/// An envoyproxy/ratelimit file's bytes at most: 10,000 descriptors (the most a file may hold)
-/// of about 100 bytes each fit.
-pub const MAX_RATE_LIMIT_FILE_BYTES: usize = 4 << 20;
-
 /// Descriptors one rate limit service call may carry: Envoy sends one per `rate_limits` action
 /// list that applies to a request, a handful in practice.
 pub const RLS_MAX_DESCRIPTORS: usize = 64;

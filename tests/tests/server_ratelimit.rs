@@ -54,9 +54,9 @@ async fn capacities_come_from_the_rate_limit_file_and_follow_it() {
         .start();
     let mut client = server.client().await;
     assert_eq!(capacity(&mut client, "edge/generic_key=demo").await, 20.0);
-    assert_eq!(capacity(&mut client, "edge/remote_address/10.0.0.1").await, 10.0, "a keyed limit: each key");
+    assert_eq!(capacity(&mut client, "edge/remote_address=/10.0.0.1").await, 10.0, "a keyed limit: each key");
     assert_eq!(capacity(&mut client, "other").await, 100.0, "the catch-all's");
-    assert_eq!(status(&server).pointer("/templates/0/identifier_glob"), Some(&Value::from("edge/remote_address/*")));
+    assert_eq!(status(&server).pointer("/templates/0/identifier_glob"), Some(&Value::from("edge/remote_address=/*")));
 
     // Only the rate limit file changes: the server follows it.
     let successes = || server.metric("sluice_server_config_reloads_total{result=\"success\"}");

@@ -14,6 +14,7 @@ use http::{Method, Uri};
 use serde::Deserialize;
 use sluice_ratelimit::Domain;
 
+pub use rate_limit::named_files;
 pub use validate::{parse, parse_with};
 
 use crate::core::{Capacity, Cost, Fallback, Kind};

@@ -3,15 +3,10 @@
 //! descriptor's open entries match — so that leasing, fallbacks, reloads, metrics and the status
 //! page treat them as any other resource.
 
-use std::{
-    collections::HashSet,
-    io::{self, Read},
-    path::Path,
-    sync::Arc,
-};
+use std::{collections::HashSet, path::Path, sync::Arc};
 
 use sluice_client::defaults::MAX_RESOURCES_PER_REQUEST;
-use sluice_ratelimit::Domain;
+use sluice_ratelimit::{Domain, MAX_FILES};
 
 use super::{
     Burst, KeyAttribute, KeySpec, RateLimitService, Resource,
@@ -23,6 +18,11 @@ use crate::{
     defaults,
 };
 
+/// The files a configuration's text names, resolved against `base`: what a reload watches.
+pub fn named_files(text: &str, base: &Path) -> Vec<std::path::PathBuf> {
+    sluice_ratelimit::named_files(text, "rate_limit_service", base)
+}
+
 /// The service and its limits' resources; relative file names are read from `base`, the folder
 /// of the configuration file that names them.
 pub(super) fn rate_limit_service(
@@ -31,8 +31,12 @@ pub(super) fn rate_limit_service(
     standalone: bool,
 ) -> Result<(RateLimitService, Vec<Resource>), String> {
     let at = |field: &str| format!("rate_limit_service.{field}");
-    if doc.files.is_empty() {
-        return Err(format!("{}: at least one envoyproxy/ratelimit file is required", at("files")));
+    if doc.files.is_empty() || doc.files.len() > MAX_FILES {
+        return Err(format!(
+            "{}: from 1 to {MAX_FILES} envoyproxy/ratelimit files, got {}",
+            at("files"),
+            doc.files.len()
+        ));
     }
     let max_requests = match doc.max_requests {
         Some(n) if n == 0 || n > defaults::MAX_REQUESTS_LIMIT => {
@@ -58,7 +62,7 @@ pub(super) fn rate_limit_service(
     let mut resources = Vec::new();
     for (i, file) in doc.files.iter().enumerate() {
         let here = format!("{}[{i}] ({})", at("files"), file.display());
-        let text = read(&base.join(file)).map_err(|e| format!("{here}: cannot read: {e}"))?;
+        let text = sluice_ratelimit::read(&base.join(file)).map_err(|e| format!("{here}: cannot read: {e}"))?;
         let domain = Domain::parse(&text).map_err(|e| format!("{here}: {e}"))?;
         if !names.insert(domain.name.clone()) {
             return Err(format!("{here}: domain {:?} is in an earlier file too", domain.name));
@@ -95,16 +99,4 @@ pub(super) fn rate_limit_service(
     }
     let service = RateLimitService { address: doc.address, files: doc.files, domains, max_requests };
     Ok((service, resources))
-}
-
-/// A file's text, refused beyond [`defaults::MAX_RATE_LIMIT_FILE_BYTES`] (a path to a device or a
-/// runaway file must not take the memory).
-fn read(path: &Path) -> io::Result<String> {
-    let limit = defaults::MAX_RATE_LIMIT_FILE_BYTES;
-    let mut text = String::new();
-    std::fs::File::open(path)?.take(limit as u64 + 1).read_to_string(&mut text)?;
-    if text.len() > limit {
-        return Err(io::Error::other(format!("larger than {limit} bytes")));
-    }
-    Ok(text)
 }

@@ -230,7 +230,10 @@ fn a_rate_limit_service_makes_its_limits_resources() {
     assert_eq!(leasing.resources[0].capacity, None, "with a server, the servers say the capacity");
     assert_eq!(leasing.resources[0].safe_capacity.map(|c| c.get()), Some(2.0));
     let cases = [
-        ("rate_limit_service: {address: 127.0.0.1:8081, files: []}\n", "rate_limit_service.files: at least one"),
+        (
+            "rate_limit_service: {address: 127.0.0.1:8081, files: []}\n",
+            "rate_limit_service.files: from 1 to 64 envoyproxy/ratelimit files, got 0",
+        ),
         (
             "rate_limit_service: {address: 127.0.0.1:8081, files: [none.yaml]}\n",
             "rate_limit_service.files[0] (none.yaml): cannot read",

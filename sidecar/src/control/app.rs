@@ -97,9 +97,16 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     tokio::spawn(ca_rotation::run(live.clone(), applying.clone(), cue.clone(), args.config_poll_interval));
     match args.config.clone() {
         Some(path) => {
-            let apply =
-                reload(live.clone(), applying, leasing.clone(), cue.clone(), args.server_addresses.clone(), base);
-            let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload, config_status);
+            let apply = reload(
+                live.clone(),
+                applying,
+                leasing.clone(),
+                cue.clone(),
+                args.server_addresses.clone(),
+                base.clone(),
+            );
+            let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload, config_status)
+                .also_watching(Box::new(move |text| config::named_files(text, &base)));
             tokio::spawn(reloader.run(args.config_poll_interval, hangup));
         }
         None => {
@@ -139,10 +146,10 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         for task in serving {
             let _ = task.await;
         }
-        if let Some(task) = rls_task {
-            if let Ok(Err(e)) = task.await {
-                tracing::error!(error = %e, "rate limit service");
-            }
+        if let Some(task) = rls_task
+            && let Ok(Err(e)) = task.await
+        {
+            tracing::error!(error = %e, "rate limit service");
         }
     };
     tokio::select! {
