@@ -22,6 +22,7 @@ pub mod pki;
 pub mod prometheus;
 pub mod raw;
 pub mod relay;
+pub mod rlqs;
 pub mod soak;
 pub mod spelling;
 pub mod upstream;
