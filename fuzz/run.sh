@@ -14,7 +14,7 @@ export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4
 -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing"
 cargo build --release --locked --target "$host" --bins
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(h1_head h1_chunked sidecar_config server_config rules server_requests ledger admission_review)
+[ ${#targets[@]} -gt 0 ] || targets=(h1_head h1_chunked sidecar_config server_config ratelimit_file rules server_requests ledger admission_review)
 passed=0
 for name in "${targets[@]}"; do
   corpus=target/corpus/$name artifacts=target/artifacts/$name log=target/logs/$name.log

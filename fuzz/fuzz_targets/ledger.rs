@@ -57,7 +57,7 @@ impl Input<'_> {
 
 /// Parsed once: parsing and compiling the globs would cost more than a run.
 static REPOSITORY_PARSED: LazyLock<Arc<Repository>> =
-    LazyLock::new(|| Arc::new(config::parse(REPOSITORY).expect("valid")));
+    LazyLock::new(|| Arc::new(config::parse(REPOSITORY, std::path::Path::new("")).expect("valid")));
 
 fuzz_target!(|data: &[u8]| {
     let mut ledger = Ledger::new(REPOSITORY_PARSED.clone(), 0).with_seed(u64::from(data.first().copied().unwrap_or(0)));

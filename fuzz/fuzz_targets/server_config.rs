@@ -9,7 +9,7 @@ use sluice_server::config;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
-    match config::parse(text) {
+    match config::parse(text, std::path::Path::new("")) {
         Err(reason) => assert!(!reason.contains('\n'), "one line: {reason:?}"),
         Ok(repository) => {
             let templates = repository.templates();

@@ -48,7 +48,7 @@ fn valid_claims(claims: &[(&str, Claim)]) {
 
 /// Parsed once: parsing and compiling the globs would cost more than a run.
 static REPOSITORY_PARSED: LazyLock<Arc<Repository>> =
-    LazyLock::new(|| Arc::new(config::parse(REPOSITORY).expect("valid")));
+    LazyLock::new(|| Arc::new(config::parse(REPOSITORY, std::path::Path::new("")).expect("valid")));
 
 fuzz_target!(|data: &[u8]| {
     let Some((&kind, message)) = data.split_first() else { return };

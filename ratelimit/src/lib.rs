@@ -96,8 +96,12 @@ pub fn named_files(text: &str, section: &str, dir: &Path) -> Vec<PathBuf> {
     files.map_or_else(Vec::new, |f| f.files.iter().take(MAX_FILES).map(|f| dir.join(f)).collect())
 }
 
-/// A file's text, refused beyond [`MAX_FILE_BYTES`].
+/// A file's text, refused beyond [`MAX_FILE_BYTES`], or if it is not a regular file (a FIFO or a
+/// terminal would hold the reload up for ever).
 pub fn read(path: &Path) -> io::Result<String> {
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(io::Error::other("not a regular file"));
+    }
     let mut text = String::new();
     std::fs::File::open(path)?.take(MAX_FILE_BYTES as u64 + 1).read_to_string(&mut text)?;
     if text.len() > MAX_FILE_BYTES {

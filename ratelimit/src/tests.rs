@@ -198,3 +198,16 @@ fn named_files_are_read_leniently_and_resolved() {
     let many = format!("s: {{files: [{}]}}\n", vec!["f"; MAX_FILES + 5].join(", "));
     assert_eq!(named_files(&many, "s", dir).len(), MAX_FILES);
 }
+
+#[test]
+fn a_file_is_read_only_if_regular_and_bounded() {
+    assert_eq!(read(Path::new("/dev/zero")).unwrap_err().to_string(), "not a regular file");
+    let dir = std::env::temp_dir().join(format!("sluice-ratelimit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let big = dir.join("big.yaml");
+    std::fs::File::create(&big).unwrap().set_len(MAX_FILE_BYTES as u64 + 1).unwrap();
+    assert_eq!(read(&big).unwrap_err().to_string(), "larger than 16 MiB");
+    std::fs::write(&big, "domain: d\n").unwrap();
+    assert_eq!(read(&big).unwrap(), "domain: d\n");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
