@@ -55,6 +55,8 @@ pub async fn decide(limits: Option<&DomainLimits>, call: &RateLimitRequest) -> R
             Met::Nothing => Outcome::Free,
             Met::Limit(limit, _) if limit.name.as_deref().is_some_and(|n| replaced.contains(n)) => Outcome::Free,
             Met::Limit(_, None) => Outcome::Unlimited,
+            // In shadow mode a key that does not fit is counted nowhere and answered OK.
+            Met::TooLong(limit) if limit.shadow => Outcome::Free,
             Met::TooLong(limit) => Outcome::Over(limit, None),
             Met::Limit(limit, Some(gate)) => {
                 let cost = hits(call, d);
