@@ -1,7 +1,9 @@
 //! The wire protocols Sluice speaks: Doorman's capacity protocol (the messages and the
 //! `doorman.Capacity` service, generated from `doorman.proto`, proto2, field numbers identical to
-//! Doorman's) at the top, and under [`envoy`] the part of Envoy's rate limit service (RLS v3) that
-//! the sidecar serves to Envoy's `ratelimit` filter, with Envoy's package, names and numbers.
+//! Doorman's) at the top, and under [`envoy`] the parts of Envoy's rate limit service (RLS v3) and
+//! rate limit quota service (RLQS v3) that the sidecar serves to Envoy's `ratelimit` and
+//! `rate_limit_quota` filters, with Envoy's package, names and numbers (RLQS's as Envoy 1.40
+//! really uses them: see `docs/rlqs.md`).
 #![forbid(unsafe_code)]
 
 tonic::include_proto!("doorman");
@@ -15,6 +17,11 @@ pub mod envoy {
         pub mod ratelimit {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+        pub mod rate_limit_quota {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.rate_limit_quota.v3");
             }
         }
     }
@@ -40,6 +47,6 @@ pub mod envoy {
         }
     }
 
-    /// The encoded `FileDescriptorSet` of the RLS protocol, for gRPC reflection.
+    /// The encoded `FileDescriptorSet` of the RLS and RLQS protocols, for gRPC reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("envoy_rls_descriptor");
 }

@@ -233,3 +233,35 @@ pub const RLS_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Streams one rate limit service connection may have open at once.
 pub const RLS_MAX_STREAMS: u32 = 1024;
+
+/// RLQS: how long an assignment pushed to Envoy lasts (`assignment_time_to_live`; Envoy 1.40
+/// takes it in whole seconds and expires an unset or sub-second one at once). Three re-pushes
+/// fit in it, so a stream that stalls twice keeps its assignments; a sidecar gone for longer
+/// leaves Envoy to its `expired_assignment_behavior`.
+pub const RLQS_ASSIGNMENT_TTL: Duration = Duration::from_secs(15);
+
+/// RLQS: an assignment that did not change is pushed again this long after its last push, so
+/// that it never runs out while the stream lasts (the same token bucket again keeps Envoy's
+/// tokens).
+pub const RLQS_REPUSH_AFTER: Duration = Duration::from_secs(5);
+
+/// RLQS: how often a stream spreads the load its reports told of onto the gates.
+pub const RLQS_TICK: Duration = Duration::from_millis(100);
+
+/// RLQS: how often a stream looks whether an assignment moved: a lease that changed reaches
+/// Envoy within this.
+pub const RLQS_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+
+/// RLQS: buckets one stream may report (the `max_keys` of a keyed resource, per Envoy).
+pub const RLQS_MAX_BUCKETS: usize = 1_000;
+
+/// RLQS: a bucket not reported for this long is charged nothing more (Envoy 1.40 reports every
+/// bucket every 5 s).
+pub const RLQS_STALE_AFTER: Duration = Duration::from_secs(15);
+
+/// RLQS: a usage report's bytes at most: 1,000 buckets of a few hundred bytes each fit.
+pub const RLQS_MAX_REPORT_BYTES: usize = 1024 * 1024;
+
+/// RLQS: the longest `fill_interval` of a token bucket pushed (a rate under one request an
+/// hour gets one token an hour).
+pub const RLQS_MAX_FILL_SECONDS: u64 = 3_600;

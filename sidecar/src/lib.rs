@@ -25,6 +25,7 @@ mod listener;
 mod metrics;
 pub mod plan;
 mod refusal;
+mod rlqs;
 pub mod rls;
 mod stack;
 mod upstream;

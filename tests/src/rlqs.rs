@@ -23,25 +23,7 @@ use tonic::{Request, Response, Status, Streaming, transport::server::TcpIncoming
 
 use crate::harness::free_port;
 
-/// The generated messages and server, under Envoy's package names.
-pub mod pb {
-    pub mod envoy {
-        pub mod service {
-            pub mod rate_limit_quota {
-                pub mod v3 {
-                    tonic::include_proto!("envoy.service.rate_limit_quota.v3");
-                }
-            }
-        }
-        pub mod r#type {
-            pub mod v3 {
-                tonic::include_proto!("envoy.r#type.v3");
-            }
-        }
-    }
-}
-
-use pb::envoy::{
+use sluice_proto::envoy::{
     service::rate_limit_quota::v3::{
         BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
         rate_limit_quota_response::{

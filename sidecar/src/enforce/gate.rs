@@ -141,12 +141,7 @@ impl Gate {
     /// Asks to pass `cost`, waiting in FIFO order up to `max_wait`. `Ok` carries the time
     /// waited.
     pub async fn admit(&self, cost: Cost, max_wait: Duration) -> Result<Duration, Denied> {
-        if !self.used.load(Ordering::Relaxed)
-            && !self.used.swap(true, Ordering::Relaxed)
-            && let Some(cue) = &self.cue
-        {
-            let _ = cue.send(self.id.clone());
-        }
+        self.first_use();
         let (ticket, receiver, answers) = {
             let mut state = self.lock();
             let now = self.now();
@@ -181,6 +176,27 @@ impl Gate {
         let now = self.now();
         let max_debt = max_debt.map_or_else(|| state.limiter.burst(), Cost::get);
         state.limiter.charge(now, cost.get(), max_debt);
+    }
+
+    /// Load that was let through (or refused) elsewhere: by Envoy's own token buckets, as its
+    /// RLQS usage reports tell. It counts as demand, as arrivals do, so the lease client asks
+    /// for it (the first report tells it the resource is in use, as a first request does), and
+    /// is taken from this gate's bucket down to empty at most — no debt — so that callers of
+    /// the same resource through this gate share what is left and the bucket is whole again
+    /// once the load stops.
+    pub fn report(&self, cost: Cost) {
+        self.first_use();
+        self.charge(cost, Some(Cost::default()));
+    }
+
+    /// The resource's first use tells the lease client (once).
+    fn first_use(&self) {
+        if !self.used.load(Ordering::Relaxed)
+            && !self.used.swap(true, Ordering::Relaxed)
+            && let Some(cue) = &self.cue
+        {
+            let _ = cue.send(self.id.clone());
+        }
     }
 
     /// An admitted concurrency request finished.

@@ -2,7 +2,8 @@
 //! answered at once from the gates of the resources the configured domains' limits became
 //! ([`decide`]), so a call costs no round trip beyond Envoy's own to the sidecar; at most
 //! `max_requests` calls are answered at once, the next refused at once (UNAVAILABLE), as the
-//! HTTP listeners shed load.
+//! HTTP listeners shed load. The same server serves Envoy's rate limit quota service (RLQS,
+//! [`crate::rlqs`]) from the same domains and gates.
 
 mod decide;
 
@@ -14,11 +15,14 @@ use sluice_proto::envoy::service::ratelimit::v3::{
     rate_limit_response::Code,
     rate_limit_service_server::{RateLimitService, RateLimitServiceServer},
 };
-use tokio::{net::TcpListener, sync::Semaphore};
+use tokio::{
+    net::TcpListener,
+    sync::{Semaphore, watch},
+};
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status, transport::Server};
 
-use crate::{defaults, metrics, plan::Plan};
+use crate::{defaults, metrics, plan::Plan, rlqs};
 
 struct Service {
     live: Arc<ArcSwap<Plan>>,
@@ -52,7 +56,9 @@ impl RateLimitService for Service {
     }
 }
 
-/// Serves the rate limit service on `listener` until `stopped` resolves.
+/// Serves the rate limit service and the rate limit quota service on `listener` until `stopped`
+/// resolves (RLQS streams end then); at most `max_requests` RLS calls and as many RLQS streams
+/// at once.
 pub async fn serve(
     listener: TcpListener,
     live: Arc<ArcSwap<Plan>>,
@@ -60,12 +66,19 @@ pub async fn serve(
     stopped: impl Future<Output = ()>,
 ) -> Result<(), String> {
     let address: Option<SocketAddr> = listener.local_addr().ok();
+    let (stop, stopping) = watch::channel(false);
+    let quota = rlqs::service(live.clone(), max_requests, stopping);
     let service = Service { live, in_flight: Arc::new(Semaphore::new(max_requests)) };
+    let stopped = async move {
+        stopped.await;
+        let _ = stop.send(true);
+    };
     Server::builder()
         .timeout(defaults::RLS_CALL_TIMEOUT)
         .max_concurrent_streams(defaults::RLS_MAX_STREAMS)
         .tcp_nodelay(true)
         .add_service(RateLimitServiceServer::new(service).max_decoding_message_size(defaults::RLS_MAX_REQUEST_BYTES))
+        .add_service(quota)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)
         .await
         .map_err(|e| format!("rate limit service on {address:?}: {e}"))
