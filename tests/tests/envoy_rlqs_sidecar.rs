@@ -80,6 +80,23 @@ impl Sidecar {
     }
 }
 
+impl Sidecar {
+    /// SIGTERM, then how long it took to exit (`None`: not within `limit`).
+    fn terminate(&mut self, limit: Duration) -> Option<Duration> {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill").args(["-s", "TERM", &pid]).status().expect("kill runs");
+        assert!(status.success(), "kill -s TERM failed");
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if self.child.try_wait().expect("wait").is_some() {
+                return Some(start.elapsed());
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
 impl Drop for Sidecar {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -99,7 +116,7 @@ fn envoy_enforces_the_token_bucket_the_sidecar_assigns_from_its_limit() {
         return;
     };
     let upstream = UpstreamProcess::start(None);
-    let sidecar = Sidecar::start();
+    let mut sidecar = Sidecar::start();
     let mut filter = QuotaFilter::new("edge", sidecar.rls);
     filter.from_headers = vec![("tenant".into(), "x-tenant".into())];
     filter.reporting_interval = Duration::from_secs(1);
@@ -139,4 +156,9 @@ fn envoy_enforces_the_token_bucket_the_sidecar_assigns_from_its_limit() {
     let (passed, denied, _) = drive(&envoy, "/", &[("x-tenant", "a")], 60, Duration::from_secs(2));
     println!("after the time to live: {passed} passed, {denied} denied in 2 s");
     assert!((40..=80).contains(&passed), "{passed} passed in 2 s, expected 20 + 2 × 20");
+
+    // Envoy's stream stays open as long as the sidecar lets it: stopping, the sidecar ends it
+    // rather than wait for it through its drain.
+    let took = sidecar.terminate(Duration::from_secs(5));
+    assert!(took.is_some(), "the sidecar did not stop within 5 s with a stream open; log:\n{}", sidecar.logs());
 }

@@ -14,7 +14,11 @@ use sluice_proto::envoy::{
 use tonic::Code;
 
 use super::{assign, session::Session};
-use crate::{config, plan::Plan};
+use crate::{
+    config,
+    core::{Applied, Capacity},
+    plan::Plan,
+};
 
 const LIMITS: &str = r#"
 domain: edge
@@ -31,6 +35,9 @@ descriptors:
   - key: name
     value: free
     rate_limit: {unlimited: true}
+  - key: name
+    value: fixed
+    rate_limit: {unit: minute, requests_per_unit: 600}
 "#;
 
 fn plan(capacity: &str) -> (Plan, tempfile::TempDir) {
@@ -143,4 +150,42 @@ fn bad_input_ends_the_stream() {
     session.report(&report("edge", vec![usage(&[("name", "a")], 1, 0)]), now, &plan).unwrap();
     assert_eq!(code(&mut session, report("other", vec![])), Code::InvalidArgument);
     assert_eq!(code(&mut session, report("edge", vec![usage(&[("name", "b")], 1, 0)])), Code::ResourceExhausted);
+}
+
+#[test]
+fn a_lease_that_moves_is_pushed_at_the_next_look() {
+    let (plan, _dir) = plan("20");
+    let mut session = Session::new(10);
+    let start = Instant::now();
+    let fixed = || report("edge", vec![usage(&[("name", "fixed")], 1, 0)]);
+    let first = session.report(&fixed(), start, &plan).unwrap();
+    // 600 a minute: 10 a second, a minute's worth deep.
+    assert_eq!(strategies(&first), [assign::strategy(10.0, 60.0)]);
+    let gate = plan.gates.iter().find(|g| g.id.contains("fixed")).expect("the fixed limit's gate").clone();
+    let lease = |capacity: f64| Applied { capacity: Capacity::saturating(capacity), mode: "leased", expiry: None };
+    gate.apply(lease(5.0));
+    let moved = session.tick(start + Duration::from_millis(500), &plan);
+    assert_eq!(strategies(&moved), [assign::strategy(5.0, 60.0)]);
+    gate.apply(lease(0.0));
+    // Within the look's interval nothing is looked at; at the next look, the lease of 0.
+    assert!(session.tick(start + Duration::from_millis(600), &plan).is_empty());
+    assert_eq!(strategies(&session.tick(start + Duration::from_secs(1), &plan)), [assign::deny_all()]);
+}
+
+#[test]
+fn a_reconnected_buckets_counts_are_spread_over_their_time_elapsed() {
+    let (plan, _dir) = plan("20");
+    let mut session = Session::new(10);
+    let start = Instant::now();
+    let mut again = usage(&[("name", "fixed")], 50, 0);
+    again.time_elapsed = Some(prost_types::Duration { seconds: 5, nanos: 0 });
+    session.report(&report("edge", vec![again]), start, &plan).unwrap();
+    let gate = plan.gates.iter().find(|g| g.id.contains("fixed")).expect("the fixed limit's gate").clone();
+    // Not charged at once: the bucket is still full.
+    let (full, _) = gate.level();
+    assert_eq!(full, 600.0);
+    // 50 over 5 s: 10 a second from then on, so 10 in the next second.
+    session.tick(start + Duration::from_secs(1), &plan);
+    let (level, _) = gate.level();
+    assert!((level - 590.0).abs() < 1.0, "{level}");
 }
