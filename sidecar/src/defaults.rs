@@ -255,8 +255,8 @@ pub const RLQS_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 /// RLQS: buckets one stream may report (the `max_keys` of a keyed resource, per Envoy).
 pub const RLQS_MAX_BUCKETS: usize = 1_000;
 
-/// RLQS: a bucket not reported for this long is charged nothing more (Envoy 1.40 reports every
-/// bucket every 5 s).
+/// RLQS: a bucket not reported for this long is forgotten: charged nothing more, no longer
+/// pushed (Envoy 1.40 reports every bucket it holds every 5 s).
 pub const RLQS_STALE_AFTER: Duration = Duration::from_secs(15);
 
 /// RLQS: a usage report's bytes at most: 1,000 buckets of a few hundred bytes each fit.

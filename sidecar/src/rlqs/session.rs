@@ -103,11 +103,15 @@ impl Session {
         Ok(new)
     }
 
-    /// Every [`defaults::RLQS_TICK`]: the load reported is charged up to `now`; every
+    /// Every [`defaults::RLQS_TICK`]: the load reported is charged up to `now` and buckets not
+    /// reported for [`defaults::RLQS_STALE_AFTER`] are forgotten; every
     /// [`defaults::RLQS_CHECK_INTERVAL`] the assignments that moved, or are due again, are
     /// answered.
     pub fn tick(&mut self, now: Instant, plan: &Plan) -> Vec<BucketAction> {
         self.buckets.values_mut().for_each(|bucket| bucket.charge(now));
+        // Envoy 1.40 reports every bucket it holds every 5 s: one it stopped reporting is gone
+        // from it. Forgotten here too (its key may then be swept); reported again, it is new.
+        self.buckets.retain(|_, bucket| now.saturating_duration_since(bucket.reported_at) < defaults::RLQS_STALE_AFTER);
         if self.checked_at.is_some_and(|at| now.duration_since(at) < defaults::RLQS_CHECK_INTERVAL) {
             return Vec::new();
         }

@@ -189,3 +189,16 @@ fn a_reconnected_buckets_counts_are_spread_over_their_time_elapsed() {
     let (level, _) = gate.level();
     assert!((level - 590.0).abs() < 1.0, "{level}");
 }
+
+#[test]
+fn a_bucket_no_longer_reported_is_forgotten() {
+    let (plan, _dir) = plan("20");
+    let mut session = Session::new(1);
+    let start = Instant::now();
+    let fixed = || report("edge", vec![usage(&[("name", "fixed")], 1, 0)]);
+    assert_eq!(session.report(&fixed(), start, &plan).unwrap().len(), 1);
+    let later = start + crate::defaults::RLQS_STALE_AFTER;
+    assert!(session.tick(later, &plan).is_empty(), "forgotten, not pushed again");
+    // Reported again, it is new (and fits the bound of one bucket again).
+    assert_eq!(session.report(&fixed(), later, &plan).unwrap().len(), 1);
+}
