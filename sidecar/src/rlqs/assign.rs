@@ -47,11 +47,13 @@ pub fn deny_all() -> RateLimitStrategy {
 
 /// What a bucket that met `met` gets, and the gate its reported load is charged to (if any).
 /// No limit, an `unlimited` one or a shadow one: `ALLOW_ALL` (a shadow limit's gate still
-/// hears of the load). A key too long for a resource id: `DENY_ALL`, as the RLS refuses it.
+/// hears of the load). A key too long for a resource id: `DENY_ALL`, as the RLS refuses it
+/// (`ALLOW_ALL` for a shadow limit).
 /// Otherwise the token bucket of the rate in force (the lease, or the fallback).
 pub fn assignment(met: Met) -> (Option<Arc<Gate>>, RateLimitStrategy) {
     match met {
         Met::Nothing | Met::Limit(_, None) => (None, allow_all()),
+        Met::TooLong(limit) if limit.shadow => (None, allow_all()),
         Met::TooLong(_) => (None, deny_all()),
         Met::Limit(limit, Some(gate)) if limit.shadow => (Some(gate), allow_all()),
         Met::Limit(limit, Some(gate)) => {
