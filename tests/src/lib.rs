@@ -4,6 +4,7 @@
 //! patience) and `spelling` (the spellings of one value that keys must not tell apart).
 #![forbid(unsafe_code)]
 
+pub mod bench_rls;
 pub mod bench_sidecar;
 pub mod browser;
 pub mod cli;
@@ -11,6 +12,7 @@ pub mod config;
 pub mod connections;
 pub mod demo;
 pub mod docker;
+pub mod envoy;
 pub mod etcd;
 pub mod faults;
 pub mod harness;

@@ -116,12 +116,12 @@ impl Target {
 
 /// What wrk reports for one pass; latencies in µs.
 #[derive(Debug, PartialEq)]
-struct Pass {
-    requests: u64,
-    requests_per_sec: f64,
-    p50_us: f64,
-    p99_us: f64,
-    non_2xx: u64,
+pub(crate) struct Pass {
+    pub(crate) requests: u64,
+    pub(crate) requests_per_sec: f64,
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) non_2xx: u64,
 }
 
 struct Measurement {
@@ -289,7 +289,9 @@ fn check_installed(program: &Path, args: &[&str]) -> Result<(), String> {
     }
 }
 
-fn wrk(wrk: &Path, addr: SocketAddr, connections: u32, secs: u64) -> Result<Pass, String> {
+/// One wrk pass of `secs` seconds over `connections` connections, one thread, against `addr`'s `/`
+/// (also the rate limit service benchmark's).
+pub(crate) fn wrk(wrk: &Path, addr: SocketAddr, connections: u32, secs: u64) -> Result<Pass, String> {
     let output = Command::new(wrk)
         .args(["-t1", &format!("-c{connections}"), &format!("-d{secs}s"), "--latency", &format!("http://{addr}/")])
         .stdin(Stdio::null())

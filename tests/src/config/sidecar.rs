@@ -18,6 +18,7 @@ pub struct SidecarConfig {
     resources: Vec<Resource>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     rules: Vec<Rule>,
+    rate_limit_service: Option<RateLimitService>,
 }
 
 impl SidecarConfig {
@@ -65,6 +66,12 @@ impl SidecarConfig {
         self
     }
 
+    /// Envoy's rate limit service (`docs/envoy.md`); `listeners` may then be empty.
+    pub fn rate_limit_service(mut self, service: RateLimitService) -> Self {
+        self.rate_limit_service = Some(service);
+        self
+    }
+
     /// Where the listeners listen, in order.
     pub fn addresses(&self) -> Vec<SocketAddr> {
         self.listeners.iter().map(|l| l.address).collect()
@@ -91,6 +98,53 @@ pub struct ServerTls {
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
     pub server_name: Option<String>,
+}
+
+/// Envoy's rate limit service (RLS v3) on `address`, its limits read from envoyproxy/ratelimit's
+/// `files` (relative names from the configuration file's folder).
+#[derive(Clone, Debug, Serialize)]
+pub struct RateLimitService {
+    address: SocketAddr,
+    files: Vec<PathBuf>,
+    max_requests: Option<usize>,
+    max_keys: Option<usize>,
+    idle_timeout: Option<String>,
+    when_unreachable: Option<Fallback>,
+}
+
+impl RateLimitService {
+    pub fn new(address: SocketAddr, files: impl IntoIterator<Item = impl Into<PathBuf>>) -> Self {
+        RateLimitService {
+            address,
+            files: files.into_iter().map(Into::into).collect(),
+            max_requests: None,
+            max_keys: None,
+            idle_timeout: None,
+            when_unreachable: None,
+        }
+    }
+
+    /// Calls answered at once; beyond it a call is refused at once.
+    pub fn max_requests(mut self, n: usize) -> Self {
+        self.max_requests = Some(n);
+        self
+    }
+
+    /// Keys of each keyed limit (a descriptor without value, or with a wildcard).
+    pub fn max_keys(mut self, n: usize) -> Self {
+        self.max_keys = Some(n);
+        self
+    }
+
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = span(timeout);
+        self
+    }
+
+    pub fn when_unreachable(mut self, fallback: Fallback) -> Self {
+        self.when_unreachable = Some(fallback);
+        self
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]

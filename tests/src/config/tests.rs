@@ -71,3 +71,25 @@ fn the_sidecar_reads_every_setting_as_written() {
         panic!("{e}:\n{}", config.yaml());
     }
 }
+
+/// The rate limit service's settings as the sidecar reads them, with no listeners.
+#[test]
+fn the_sidecar_reads_the_rate_limit_service_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ratelimit.yaml");
+    let limits =
+        "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 60}\n";
+    std::fs::write(&file, limits).unwrap();
+    let service = RateLimitService::new(SocketAddr::from(([127, 0, 0, 1], 8081)), [&file])
+        .max_requests(50)
+        .max_keys(10)
+        .idle_timeout(Duration::from_secs(60))
+        .when_unreachable(Fallback::Pessimistic);
+    let config =
+        SidecarConfig::new().leasing_from([SocketAddr::from(([127, 0, 0, 1], 7777))]).rate_limit_service(service);
+    let parsed = sluice_sidecar::config::parse(&config.yaml()).unwrap_or_else(|e| panic!("{e}:\n{}", config.yaml()));
+    let service = parsed.rate_limit_service.expect("the service");
+    assert_eq!((service.address.port(), service.max_requests), (8081, 50));
+    let resource = parsed.resources.iter().find(|r| r.id == "edge/remote_address=").expect("the keyed limit");
+    assert_eq!(resource.key.as_ref().map(|k| k.max_keys), Some(10));
+}
