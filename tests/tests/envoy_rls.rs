@@ -479,3 +479,39 @@ async fn hostile_callers_leave_the_service_bounded_and_answering() {
     );
     assert!(matches!(sidecar.get("/live").0, 200));
 }
+
+/// deploy/examples/envoy is what the binaries and Envoy take as it is.
+#[test]
+fn the_envoy_example_is_what_the_sidecar_the_server_and_envoy_take() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/envoy");
+    let sidecar = std::fs::read_to_string(example.join("sluice.yaml")).unwrap();
+    let config =
+        sluice_sidecar::config::parse_with(&sidecar, &[], &example).unwrap_or_else(|e| panic!("sluice.yaml: {e}"));
+    assert!(config.listeners.is_empty() && config.rate_limit_service.is_some());
+    assert!(config.resources.iter().any(|r| r.id == "edge/generic_key=demo"));
+    // The server, on free ports: ready means its configuration and the file it names were taken.
+    let (grpc, admin) = (loopback(), loopback());
+    let mut server = std::process::Command::new(sluice_tests::harness::binary("sluice-server"))
+        .arg("--config")
+        .arg(example.join("server.yaml"))
+        .args(["--grpc-addr", &grpc.to_string(), "--admin-addr", &admin.to_string()])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    sluice_tests::wait::eventually_blocking("the example server ready", || {
+        assert!(server.try_wait().unwrap().is_none(), "the server refused deploy/examples/envoy/server.yaml");
+        matches!(sluice_tests::harness::http_get(admin, "/readyz"), Ok((200, _)))
+    });
+    let capacity = sluice_tests::harness::http_get(admin, "/debug/status.json").unwrap().1;
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(capacity.contains("\"master\""), "{capacity}");
+    if let Some(binary) = envoy::required("the Envoy example check") {
+        let out = std::process::Command::new(binary)
+            .args(["--mode", "validate", "--base-id", &free_port().to_string(), "-c"])
+            .arg(example.join("envoy.yaml"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "envoy --mode validate: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
