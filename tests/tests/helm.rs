@@ -10,10 +10,11 @@ use std::{fs, process::Command};
 
 use serde_json::Value;
 use sluice_tests::{
-    harness::binary,
+    harness::{binary, free_port, http_get},
     kube::{
         chart, container, documents, find, helm, pod_template, render, repo, run_with_input, tools_ready, validate,
     },
+    wait::eventually_blocking,
 };
 
 fn ci_values() -> Vec<String> {
@@ -22,7 +23,7 @@ fn ci_values() -> Vec<String> {
         .map(|e| e.expect("entry").path().display().to_string())
         .collect();
     files.sort();
-    assert_eq!(files.len(), 3, "a root only, a tree with TLS, the webhook: {files:?}");
+    assert_eq!(files.len(), 4, "a root only, the rate limit service, a tree with TLS, the webhook: {files:?}");
     files
 }
 
@@ -59,7 +60,7 @@ fn the_chart_lints_and_every_rendering_validates_strictly() {
         );
     }
     // What each ci file is for is there.
-    let tree = documents(&render(&chart(), &["--values", &ci_values()[1]]).unwrap());
+    let tree = documents(&render(&chart(), &["--values", &ci_values()[2]]).unwrap());
     let leaf = container(pod_template(find(&tree, "StatefulSet", "sluice-leaf")), "server");
     let args: Vec<&str> = leaf["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
     for expected in [
@@ -75,7 +76,7 @@ fn the_chart_lints_and_every_rendering_validates_strictly() {
     let root = container(pod_template(find(&tree, "StatefulSet", "sluice-root")), "server");
     assert!(root["args"].as_array().unwrap().contains(&"--tls-client-ca=/etc/sluice/tls/ca.crt".into()));
     assert_eq!(find(&tree, "StatefulSet", "sluice-root")["spec"]["replicas"], 3);
-    let webhook = documents(&render(&chart(), &["--values", &ci_values()[2]]).unwrap());
+    let webhook = documents(&render(&chart(), &["--values", &ci_values()[3]]).unwrap());
     for kind in ["MutatingWebhookConfiguration", "Certificate", "PodMonitor", "ServiceMonitor", "PrometheusRule"] {
         assert!(kinds(&webhook).iter().any(|k| k == kind), "webhook values: no {kind}");
     }
@@ -99,6 +100,90 @@ fn the_generated_webhook_ca_is_the_webhook_configurations_ca_bundle() {
         .expect("valid");
 }
 
+#[test]
+fn the_rate_limit_service_runs_the_sidecar_on_the_files_the_root_tier_loads_too() {
+    if !tools_ready("the rate limit service chart test") {
+        return;
+    }
+    // Off by default: no object of its own, and the tiers' ConfigMaps hold their server.yaml only.
+    let defaults = documents(&render(&chart(), &[]).unwrap());
+    let own = |objects: &[Value]| {
+        objects
+            .iter()
+            .filter(|o| o["metadata"]["labels"]["app.kubernetes.io/component"] == "rate-limit-service")
+            .count()
+    };
+    assert_eq!(own(&defaults), 0);
+    let data = find(&defaults, "ConfigMap", "sluice-root")["data"].as_object().unwrap().clone();
+    assert_eq!(data.keys().collect::<Vec<_>>(), ["server.yaml"]);
+
+    let values = ci_values().into_iter().find(|f| f.ends_with("rls-values.yaml")).expect("ci/rls-values.yaml");
+    let objects = documents(&render(&chart(), &["--values", &values]).unwrap());
+    assert_eq!(own(&objects), 4, "ConfigMap, Service, Deployment, PodDisruptionBudget");
+    let service = &find(&objects, "Service", "sluice-rls")["spec"]["ports"][0];
+    assert_eq!((service["port"].as_u64(), service["appProtocol"].as_str()), (Some(8081), Some("grpc")));
+    let deployment = find(&objects, "Deployment", "sluice-rls");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let template = pod_template(deployment);
+    assert_eq!(template["metadata"]["labels"]["sluice.io/sidecar"], "rate-limit-service");
+    let container = container(template, "rate-limit-service");
+    let args: Vec<&str> = container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    assert_eq!(
+        args,
+        [
+            "--config=/etc/sluice/sidecar.yaml",
+            "--admin-addr=$(POD_IP):9901",
+            "--server-addresses=sluice-root.sluice.svc:7777"
+        ]
+    );
+    let selector = &find(&objects, "PodMonitor", "sluice-sidecars")["spec"]["selector"]["matchExpressions"][0];
+    assert!(selector["values"].as_array().unwrap().contains(&"rate-limit-service".into()));
+
+    // What the pods read is a configuration the sidecar takes, with the file beside it; the root
+    // tier has the same file beside its server.yaml.
+    let config = find(&objects, "ConfigMap", "sluice-rls")["data"].as_object().unwrap().clone();
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in &config {
+        fs::write(dir.path().join(name), text.as_str().unwrap()).unwrap();
+    }
+    let sidecar_yaml = config["sidecar.yaml"].as_str().unwrap();
+    let parsed = sluice_sidecar::config::parse_with(sidecar_yaml, &["sluice-root.sluice.svc:7777".into()], dir.path())
+        .unwrap_or_else(|e| panic!("{e}:\n{sidecar_yaml}"));
+    let service = parsed.rate_limit_service.expect("the rate limit service");
+    assert_eq!(service.address.port(), 8081);
+    assert!(parsed.listeners.is_empty());
+    assert!(parsed.resources.iter().any(|r| r.id == "edge/generic_key=demo"), "the file's limits are resources");
+    let root = find(&objects, "ConfigMap", "sluice-root")["data"].as_object().unwrap().clone();
+    assert_eq!(root["ratelimit.yaml"], config["ratelimit.yaml"]);
+    assert!(root["server.yaml"].as_str().unwrap().contains("files: [ratelimit.yaml]"));
+    // And the server takes that configuration with the file beside it: it comes up ready.
+    let server_dir = tempfile::tempdir().unwrap();
+    for (name, text) in &root {
+        fs::write(server_dir.path().join(name), text.as_str().unwrap()).unwrap();
+    }
+    let (grpc, admin) = (free_port(), free_port());
+    let mut server = Command::new(binary("sluice-server"))
+        .arg("--config")
+        .arg(server_dir.path().join("server.yaml"))
+        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}"), "--admin-addr", &format!("127.0.0.1:{admin}")])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = eventually_blocking("the server on the root tier's configuration", || {
+        server.try_wait().unwrap().is_some()
+            || matches!(http_get(([127, 0, 0, 1], admin).into(), "/readyz"), Ok((200, _)))
+    });
+    let exited = server.try_wait().unwrap();
+    let _ = server.kill();
+    let out = server.wait_with_output().unwrap();
+    assert!(
+        exited.is_none(),
+        "the server refused the root tier's configuration: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("the server took the root tier's configuration, ready in {ready:?}");
+}
+
 /// `helm template` with `values` must fail, saying `expected`. The values are written by hand:
 /// they are what the chart's checks refuse, and their tiers' `config: 'resources: []'` is a
 /// placeholder the chart passes on unread, never a server's configuration in use.
@@ -116,6 +201,13 @@ fn refused(values: &str, expected: &str) {
 #[test]
 fn a_misspelt_value_is_refused() {
     refused("injectr:\n  enabled: true\n", "additional properties 'injectr' not allowed");
+}
+
+#[test]
+fn a_rate_limit_service_with_an_unknown_fallback_or_a_path_for_a_file_name_is_refused() {
+    refused("rateLimitService:\n  enabled: true\n  whenUnreachable: never\n", "at '/rateLimitService/whenUnreachable'");
+    // A file's name is a ConfigMap key and a name beside the configuration, never a path.
+    refused("rateLimitService:\n  files:\n    ../limits.yaml: 'domain: x'\n", "invalid propertyName '../limits.yaml'");
 }
 
 #[test]
