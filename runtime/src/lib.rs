@@ -6,6 +6,7 @@
 //! - [`reload`]: configuration files and TLS files polled and put into force when they change;
 //! - [`admin`]: the HTTP admin listener on a thread of its own;
 //! - [`process`]: start-up failures, the configuration file, termination signals;
+//! - [`procstat`]: the process's CPU, memory and file descriptors, and its build, for /metrics;
 //! - [`html`], [`when`], [`chart`], [`history`]: what the status pages are drawn with — escaping,
 //!   dates and ages, small SVG charts, and the bounded history of samples they chart;
 //! - [`clock`]: the wall clock in the protocol's terms.
@@ -19,6 +20,7 @@ pub mod defaults;
 pub mod history;
 pub mod html;
 pub mod process;
+pub mod procstat;
 pub mod reload;
 pub mod telemetry;
 pub mod when;

@@ -10,7 +10,10 @@ use hyper::{
     body::{Bytes, Incoming},
 };
 use metrics_exporter_prometheus::PrometheusHandle;
-use sluice_runtime::admin::{json, query, reply, serve};
+use sluice_runtime::{
+    admin::{json, query, reply, serve},
+    procstat,
+};
 
 use crate::{
     defaults::STATUS_LEASES_SHOWN,
@@ -40,7 +43,8 @@ fn route(
         "/metrics" => {
             let snapshot = status_of(state);
             metrics::publish(&snapshot);
-            reply(StatusCode::OK, "text/plain; version=0.0.4", handle.render())
+            let page = handle.render() + &procstat::exposition("sluice-server", env!("CARGO_PKG_VERSION"));
+            reply(StatusCode::OK, "text/plain; version=0.0.4", page)
         }
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
         "/readyz" if state.is_ready() => reply(StatusCode::OK, "text/plain", "ready\n".into()),

@@ -64,6 +64,9 @@ pub const MIN_KEY_BYTES: usize = 64;
 /// Keys listed per keyed resource on `/debug/status`: the busiest by recent demand.
 pub const STATUS_BUSIEST_KEYS: usize = 10;
 
+/// Characters of the capacity servers' last error kept for `/debug/status`.
+pub const STATUS_ERROR_CHARS: usize = 300;
+
 /// Time allowed for a client to send a request's headers (slowloris protection).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -16,12 +16,16 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use sluice_runtime::{
     admin::{json, reply, serve},
     clock::precise_now,
+    procstat,
     reload::{ConfigStatus, SharedConfigStatus},
 };
 
 use sluice_http::sync;
 
-use super::status::{self, GateHistory};
+use super::{
+    leasing::Leasing,
+    status::{self, GateHistory},
+};
 use crate::{
     metrics::{self, KeyFamilies},
     plan::Plan,
@@ -40,6 +44,8 @@ pub struct Admin {
     pub draining: AtomicBool,
     /// The charts' samples.
     pub history: Mutex<GateHistory>,
+    /// `None` in standalone mode.
+    pub leasing: Option<Arc<Leasing>>,
 }
 
 impl Admin {
@@ -64,7 +70,14 @@ impl Admin {
     }
 
     fn status(&self, now: f64) -> status::SidecarStatus {
-        status::snapshot(&self.live.load(), &self.client_id, ConfigStatus::now(&self.config), now.floor() as i64)
+        let contact = self.leasing.as_ref().map(|l| l.contact());
+        status::snapshot(
+            &self.live.load(),
+            &self.client_id,
+            ConfigStatus::now(&self.config),
+            contact,
+            now.floor() as i64,
+        )
     }
 }
 
@@ -81,7 +94,9 @@ fn route(req: &Request<Incoming>, admin: &Admin) -> Response<Full<Bytes>> {
             plan.keyed.iter().for_each(|keyed| keyed.show_metrics(&mut keys));
             metrics::publish_config(&ConfigStatus::now(&admin.config));
             admin.handle.run_upkeep();
-            reply(StatusCode::OK, "text/plain; version=0.0.4", metrics::render(&admin.handle, keys))
+            let page = metrics::render(&admin.handle, keys)
+                + &procstat::exposition("sluice-sidecar", env!("CARGO_PKG_VERSION"));
+            reply(StatusCode::OK, "text/plain; version=0.0.4", page)
         }
         "/live" => reply(StatusCode::OK, "text/plain", "live\n".into()),
         "/ready" if admin.is_ready() => reply(StatusCode::OK, "text/plain", "ready\n".into()),

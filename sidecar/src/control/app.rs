@@ -86,6 +86,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         started: false.into(),
         draining: false.into(),
         history: Mutex::new(History::new(HISTORY_LENGTH, args.history_interval.as_secs_f64(), HISTORY_RESOURCES)),
+        leasing: leasing.clone(),
     });
     admin::spawn(admin_listener, admin.clone()).map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
     tokio::spawn(admin.clone().record_history(args.history_interval));

@@ -8,6 +8,7 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
+use serde::Serialize;
 use sluice_client::{discovery::Servers, tls::ClientTlsFiles};
 use sluice_proto::ReleaseCapacityRequest;
 use sluice_runtime::clock::precise_now;
@@ -28,6 +29,41 @@ use crate::{
 pub struct Leasing {
     client: Mutex<LeaseClient>,
     servers: Arc<Servers>,
+    contact: Mutex<Contact>,
+}
+
+/// How the capacity servers answer GetCapacity, for the status page: a sidecar that cannot
+/// reach them lives on its fallbacks, which its page must say.
+#[derive(Serialize, Clone, Default, Debug)]
+pub struct Contact {
+    /// Unix time of the last answer; `null`: none since the sidecar started.
+    pub last_answer: Option<i64>,
+    /// Calls failed in a row since (0: the last one was answered).
+    pub failed_calls: u32,
+    /// Unix time of the first of them.
+    pub failing_since: Option<i64>,
+    /// The last one's error, at most [`defaults::STATUS_ERROR_CHARS`] characters.
+    pub error: Option<String>,
+}
+
+impl Contact {
+    /// Returns the calls that had failed in a row before this answer.
+    fn answered(&mut self, now: f64) -> u32 {
+        let failed = self.failed_calls;
+        *self = Contact { last_answer: Some(now.floor() as i64), ..Contact::default() };
+        failed
+    }
+
+    fn failed(&mut self, now: f64, error: &str) {
+        self.failed_calls = self.failed_calls.saturating_add(1);
+        self.failing_since.get_or_insert(now.floor() as i64);
+        // The servers' own message is part of it: bounded, as everything the page shows.
+        let error = match error.char_indices().nth(defaults::STATUS_ERROR_CHARS) {
+            Some((end, _)) => format!("{}…", &error[..end]),
+            None => error.to_owned(),
+        };
+        self.error = Some(error);
+    }
 }
 
 impl Leasing {
@@ -41,7 +77,7 @@ impl Leasing {
         });
         let servers = Servers::with_tls_files(server.addresses.clone(), files, metrics::record_rpc, poll, "server.tls")
             .map_err(|e| format!("server.tls: {e}"))?;
-        Ok(Leasing { client: Mutex::new(LeaseClient::new(client_id, seed)), servers })
+        Ok(Leasing { client: Mutex::new(LeaseClient::new(client_id, seed)), servers, contact: Mutex::default() })
     }
 
     fn lock(&self) -> MutexGuard<'_, LeaseClient> {
@@ -50,6 +86,10 @@ impl Leasing {
 
     pub fn client_id(&self) -> String {
         self.lock().client_id().to_owned()
+    }
+
+    pub fn contact(&self) -> Contact {
+        sync::lock(&self.contact).clone()
     }
 
     /// Takes a plan's resources, the live keys of its keyed resources included; returns those
@@ -112,8 +152,6 @@ impl Leasing {
         mut cues: UnboundedReceiver<Arc<str>>,
         mut stop: watch::Receiver<bool>,
     ) {
-        // Failed attempts since the last answer: the first is a warning, the rest are not news.
-        let mut failing: u32 = 0;
         'refresh: loop {
             if self.servers.renewed_since_failure() {
                 self.lock().retry_now();
@@ -163,9 +201,9 @@ impl Leasing {
                 let now = precise_now();
                 match answer {
                     Ok(response) => {
+                        let failing = sync::lock(&self.contact).answered(now);
                         if failing > 0 {
                             tracing::info!(failed_attempts = failing, "the capacity servers answer again");
-                            failing = 0;
                         }
                         for r in &response.response {
                             let (capacity, refresh) = (r.gets.capacity, r.gets.refresh_interval);
@@ -179,12 +217,14 @@ impl Leasing {
                         }
                     }
                     Err(error) => {
+                        // The first failure in a row is a warning, the rest are not news.
+                        let failing = sync::lock(&self.contact).failed_calls;
                         if failing == 0 {
                             tracing::warn!(%error, "no lease from the capacity servers; current leases stay until they expire");
                         } else {
                             tracing::debug!(%error, failed_attempts = failing + 1, "still no lease from the capacity servers");
                         }
-                        failing = failing.saturating_add(1);
+                        sync::lock(&self.contact).failed(now, &error);
                         let untried = self.servers.move_on();
                         self.lock().on_error(now, untried);
                     }

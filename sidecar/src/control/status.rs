@@ -15,6 +15,7 @@ use sluice_runtime::{
 
 use std::sync::Arc;
 
+use super::leasing::Contact;
 use crate::{
     config::KeyAttribute,
     core::Kind,
@@ -24,14 +25,18 @@ use crate::{
 };
 
 /// What is charted per resource, in this order: the capacity enforced (NaN: no limit), then the
-/// requests admitted at once, delayed and refused so far; the chart draws the counts' rates.
-pub type GateHistory = History<4>;
+/// requests admitted at once, delayed, refused and refused under shadow mode so far; the chart
+/// draws the counts' rates.
+pub type GateHistory = History<5>;
+
+/// Refusals under shadow mode: they pass, so not the refused red.
+const SHADOW_COLOR: &str = "#9467bd";
 
 /// A resource's figures for [`GateHistory`].
-pub fn figures(gate: &Gate) -> [f64; 4] {
+pub fn figures(gate: &Gate) -> [f64; 5] {
     let capacity = gate.applied().capacity;
-    let [admitted, delayed, refused] = gate.metrics.decisions();
-    [if capacity.is_limited() { capacity.get() } else { f64::NAN }, admitted as f64, delayed as f64, refused as f64]
+    let [admitted, delayed, refused, shadow] = gate.metrics.decisions().map(|n| n as f64);
+    [if capacity.is_limited() { capacity.get() } else { f64::NAN }, admitted, delayed, refused, shadow]
 }
 
 #[derive(Serialize)]
@@ -41,6 +46,8 @@ pub struct SidecarStatus {
     pub client_id: String,
     /// The capacity servers; empty in standalone mode.
     pub servers: Vec<String>,
+    /// How they answer; `null` in standalone mode.
+    pub contact: Option<Contact>,
     pub config: ConfigStatus,
     pub listeners: Vec<ListenerStatus>,
     /// The fixed resources.
@@ -64,6 +71,7 @@ pub struct KeyedStatus {
     pub admitted: u64,
     pub delayed: u64,
     pub refused: u64,
+    pub shadow: u64,
     /// The busiest keys by recent demand (wants), busiest first.
     pub busiest: Vec<ResourceStatus>,
 }
@@ -90,13 +98,21 @@ pub struct ResourceStatus {
     pub queued: usize,
     pub used: bool,
     /// Requests since the resource's gate was made (a reload keeps it unless the kind
-    /// changes): admitted at once, delayed, and refused (shadow refusals included).
+    /// changes): admitted at once, delayed, refused, and let through under shadow mode that
+    /// would have been refused.
     pub admitted: u64,
     pub delayed: u64,
     pub refused: u64,
+    pub shadow: u64,
 }
 
-pub fn snapshot(plan: &Plan, client_id: &str, config_status: ConfigStatus, now: i64) -> SidecarStatus {
+pub fn snapshot(
+    plan: &Plan,
+    client_id: &str,
+    config_status: ConfigStatus,
+    contact: Option<Contact>,
+    now: i64,
+) -> SidecarStatus {
     let config = &plan.config;
     let listeners = config
         .listeners
@@ -123,6 +139,7 @@ pub fn snapshot(plan: &Plan, client_id: &str, config_status: ConfigStatus, now: 
         now,
         client_id: client_id.to_owned(),
         servers: config.server.as_ref().map_or_else(Vec::new, |s| s.addresses.clone()),
+        contact,
         config: config_status,
         listeners,
         resources,
@@ -140,7 +157,7 @@ fn kind(kind: Kind) -> &'static str {
 fn resource(g: &Gate) -> ResourceStatus {
     let applied = g.applied();
     let (in_flight, queued) = g.load();
-    let [admitted, delayed, refused] = g.metrics.decisions();
+    let [admitted, delayed, refused, shadow] = g.metrics.decisions();
     ResourceStatus {
         id: g.id.to_string(),
         kind: kind(g.kind),
@@ -154,6 +171,7 @@ fn resource(g: &Gate) -> ResourceStatus {
         admitted,
         delayed,
         refused,
+        shadow,
     }
 }
 
@@ -166,7 +184,7 @@ fn keyed(k: &Keyed) -> KeyedStatus {
     by_demand.truncate(busiest);
     by_demand.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
     let figures = k.figures();
-    let [admitted, delayed, refused] = figures.decisions;
+    let [admitted, delayed, refused, shadow] = figures.decisions;
     let spec = k.settings.key.as_ref().expect("a keyed resource");
     KeyedStatus {
         id: k.id.to_string(),
@@ -187,6 +205,7 @@ fn keyed(k: &Keyed) -> KeyedStatus {
         admitted,
         delayed,
         refused,
+        shadow,
         busiest: by_demand.iter().map(|(_, g)| resource(g)).collect(),
     }
 }
@@ -197,13 +216,22 @@ pub fn html(status: &SidecarStatus, history: &GateHistory, end: f64) -> String {
     let mut page = format!(
         "<!doctype html><html><head><meta charset=\"utf-8\">\
          <meta http-equiv=\"refresh\" content=\"{STATUS_REFRESH_SECONDS}\"><title>sluice-sidecar</title>\
-         <style>body{{font-family:sans-serif}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px}}{CHART_STYLE}</style>\
+         <style>body{{font-family:sans-serif}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px}}\
+         .unreachable{{background:#d62728;color:#fff;padding:4px 8px}}{CHART_STYLE}</style>\
          </head><body><h1>sluice-sidecar</h1>"
     );
+    if let Some(contact) = status.contact.as_ref().filter(|c| c.failed_calls > 0) {
+        page.push_str(&unreachable(contact, status.now));
+    }
     let servers = if status.servers.is_empty() { "standalone".to_owned() } else { status.servers.join(", ") };
+    let last_answer = match status.contact.as_ref().map(|c| c.last_answer) {
+        Some(Some(at)) => format!(" (last answer {})", date_and_age(at, status.now)),
+        Some(None) => " (no answer yet)".to_owned(),
+        None => String::new(),
+    };
     let _ = write!(
         page,
-        "<p>client id <b>{}</b>; capacity servers: {} · page made {}</p>",
+        "<p>client id <b>{}</b>; capacity servers: {}{last_answer} · page made {}</p>",
         escape(&status.client_id),
         escape(&servers),
         date(status.now)
@@ -243,7 +271,7 @@ pub fn html(status: &SidecarStatus, history: &GateHistory, end: f64) -> String {
         let _ = write!(
             page,
             "<h2>Keyed resource {}</h2><p>{} · per {} · {} keys live (max_keys {}), {} dropped · \
-             admitted {}, delayed {}, refused {}</p>",
+             admitted {}, delayed {}, refused {}, refused under shadow mode (let through) {}</p>",
             escape(&k.id),
             k.kind,
             escape(&k.per),
@@ -252,12 +280,26 @@ pub fn html(status: &SidecarStatus, history: &GateHistory, end: f64) -> String {
             k.dropped,
             k.admitted,
             k.delayed,
-            k.refused
+            k.refused,
+            k.shadow
         );
         resource_table(&mut page, "The busiest keys", &k.busiest, status.now);
     }
     page.push_str("<p><a href=\"/debug/status.json\">JSON</a> · <a href=\"/metrics\">metrics</a></p></body></html>");
     page
+}
+
+/// The line atop the page while the capacity servers do not answer: the resources live on
+/// their leases until they expire, then on their fallbacks.
+fn unreachable(contact: &Contact, now: i64) -> String {
+    let since = contact.failing_since.map_or_else(String::new, |at| format!(" since {}", date_and_age(at, now)));
+    let last = contact.last_answer.map_or_else(|| "none yet".to_owned(), |at| date_and_age(at, now));
+    format!(
+        "<p class=\"unreachable\"><b>The capacity servers do not answer</b>: {} calls failed in a row{since}; \
+         last answer {last}; last error: {}</p>",
+        contact.failed_calls,
+        escape(contact.error.as_deref().unwrap_or(""))
+    )
 }
 
 /// A table of resources (or keys) under heading `title`.
@@ -266,7 +308,7 @@ fn resource_table(page: &mut String, title: &str, resources: &[ResourceStatus], 
         page,
         "<h2>{}</h2><table><tr><th>id</th><th>kind</th><th>mode</th><th>capacity</th>\
          <th>lease expires</th><th>wants</th><th>in flight</th><th>queued</th><th>admitted</th><th>delayed</th>\
-         <th>refused</th></tr>",
+         <th>refused</th><th>shadow</th></tr>",
         escape(title)
     );
     for r in resources {
@@ -275,7 +317,7 @@ fn resource_table(page: &mut String, title: &str, resources: &[ResourceStatus], 
         let _ = write!(
             page,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{capacity}</td><td>{expiry}</td><td>{:.2}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td>{}</td></tr>",
+             <td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(&r.id),
             r.kind,
             r.mode,
@@ -284,15 +326,17 @@ fn resource_table(page: &mut String, title: &str, resources: &[ResourceStatus], 
             r.queued,
             r.admitted,
             r.delayed,
-            r.refused
+            r.refused,
+            r.shadow
         );
     }
     page.push_str("</table>");
 }
 
 /// A resource's chart: requests per second admitted at once, delayed and refused, against the
-/// capacity for a rate (a concurrency limit is not a rate: it is left out).
-fn chart(id: &str, kind: &str, ring: &Ring<Sample<4>>, window: f64, end: f64) -> String {
+/// capacity for a rate (a concurrency limit is not a rate: it is left out); those refused under
+/// shadow mode, which pass, apart and only if there were any.
+fn chart(id: &str, kind: &str, ring: &Ring<Sample<5>>, window: f64, end: f64) -> String {
     let mut lines = Vec::new();
     if kind == "rate" {
         let points = ring.iter().map(|s| (s.at, s.values[0])).collect();
@@ -301,6 +345,9 @@ fn chart(id: &str, kind: &str, ring: &Ring<Sample<4>>, window: f64, end: f64) ->
     for (k, label, color) in [(1, "admitted", "#1f77b4"), (2, "delayed", "#ff7f0e"), (3, "refused", "#d62728")] {
         lines.push(Line { label: label.into(), color, dashed: false, points: rates(ring, k) });
     }
+    if ring.iter().any(|s| s.values[4] > 0.0) {
+        lines.push(Line { label: "shadow".into(), color: SHADOW_COLOR, dashed: false, points: rates(ring, 4) });
+    }
     let title =
         format!("{id}: requests per second admitted, delayed and refused over the last {}", span(window as u64));
     Chart { title: &title, unit: "/s", end, window, lines }.svg()
@@ -308,8 +355,8 @@ fn chart(id: &str, kind: &str, ring: &Ring<Sample<4>>, window: f64, end: f64) ->
 
 /// The rate of counter `k` between consecutive samples, at the later one's time; a gap where
 /// the counter went back (the gate was made anew) or the clock did not move.
-fn rates(ring: &Ring<Sample<4>>, k: usize) -> Vec<(f64, f64)> {
-    let samples: Vec<&Sample<4>> = ring.iter().collect();
+fn rates(ring: &Ring<Sample<5>>, k: usize) -> Vec<(f64, f64)> {
+    let samples: Vec<&Sample<5>> = ring.iter().collect();
     samples
         .windows(2)
         .map(|pair| {
@@ -328,10 +375,87 @@ mod tests {
     fn rates_come_from_counter_differences_with_gaps_at_resets() {
         let mut ring = Ring::new(5);
         for (at, count) in [(0.0, 0.0), (5.0, 50.0), (10.0, 60.0), (15.0, 2.0), (15.0, 3.0)] {
-            ring.push(Sample { at, values: [1.0, count, 0.0, 0.0] });
+            ring.push(Sample { at, values: [1.0, count, 0.0, 0.0, 0.0] });
         }
         let rates = rates(&ring, 1);
         assert_eq!(rates[..2], [(5.0, 10.0), (10.0, 2.0)]);
         assert!(rates[2].1.is_nan() && rates[3].1.is_nan(), "a reset, then no time: {rates:?}");
+    }
+
+    fn sample(contact: Option<Contact>) -> SidecarStatus {
+        let resource = ResourceStatus {
+            id: "orders".into(),
+            kind: "rate",
+            mode: "leased",
+            capacity: Some(5.0),
+            lease_expiry: None,
+            wants: 1.0,
+            in_flight: 0.0,
+            queued: 0,
+            used: true,
+            admitted: 7,
+            delayed: 0,
+            refused: 2,
+            shadow: 3,
+        };
+        SidecarStatus {
+            now: 1_000,
+            client_id: "pod-1".into(),
+            servers: vec!["10.0.0.1:5101".into()],
+            contact,
+            config: ConfigStatus { path: None, applied_at: 900, rejected: None },
+            listeners: Vec::new(),
+            resources: vec![resource],
+            keyed: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn servers_that_do_not_answer_head_the_page_and_the_json() {
+        let failing = Contact {
+            last_answer: Some(890),
+            failed_calls: 4,
+            failing_since: Some(940),
+            error: Some("GetCapacity: Unavailable: <refused>".into()),
+        };
+        let status = sample(Some(failing));
+        let page = html(&status, &GateHistory::new(2, 1.0, 1), 1_000.0);
+        let line = "<h1>sluice-sidecar</h1><p class=\"unreachable\"><b>The capacity servers do not answer</b>: \
+                    4 calls failed in a row since 1970-01-01T00:15:40Z (60 s ago); last answer \
+                    1970-01-01T00:14:50Z (110 s ago); last error: GetCapacity: Unavailable: &lt;refused&gt;</p>";
+        assert!(page.contains(line), "{page}");
+        assert!(page.contains("capacity servers: 10.0.0.1:5101 (last answer 1970-01-01T00:14:50Z (110 s ago))"));
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["contact"]["failed_calls"], 4);
+        assert_eq!(json["contact"]["failing_since"], 940);
+        assert_eq!(json["contact"]["error"], "GetCapacity: Unavailable: <refused>");
+
+        let answered = Contact { last_answer: Some(999), ..Contact::default() };
+        let page = html(&sample(Some(answered)), &GateHistory::new(2, 1.0, 1), 1_000.0);
+        assert!(!page.contains("class=\"unreachable\""), "answering: {page}");
+        let page = html(&sample(None), &GateHistory::new(2, 1.0, 1), 1_000.0);
+        assert!(!page.contains("class=\"unreachable\"") && !page.contains("last answer"), "standalone: {page}");
+        assert_eq!(serde_json::to_value(sample(None)).unwrap()["contact"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn shadow_refusals_are_shown_apart_from_refusals() {
+        let status = sample(None);
+        let page = html(&status, &GateHistory::new(2, 1.0, 1), 1_000.0);
+        assert!(page.contains("<th>refused</th><th>shadow</th>"), "{page}");
+        assert!(page.contains("<td>7</td><td>0</td><td>2</td><td>3</td></tr>"), "{page}");
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!((&json["resources"][0]["refused"], &json["resources"][0]["shadow"]), (&2.into(), &3.into()));
+
+        // Charted in a colour of their own, only where there are some.
+        let mut ring = Ring::new(3);
+        for (at, shadow) in [(0.0, 0.0), (1.0, 0.0), (2.0, 4.0)] {
+            ring.push(Sample { at, values: [5.0, at, 0.0, 1.0, shadow] });
+        }
+        let svg = chart("orders", "rate", &ring, 3.0, 2.0);
+        assert!(svg.contains("shadow <tspan") && svg.contains(SHADOW_COLOR), "{svg}");
+        let mut quiet = Ring::new(2);
+        quiet.push(Sample { at: 0.0, values: [5.0, 0.0, 0.0, 1.0, 0.0] });
+        assert!(!chart("orders", "rate", &quiet, 3.0, 2.0).contains("shadow"));
     }
 }

@@ -38,8 +38,9 @@ pub struct Keyed {
     /// that the data path reads no clock for it.
     clock: AtomicU64,
     metrics: KeyedMetrics,
-    /// Decisions of the keys dropped so far (admitted at once, delayed, refused), for totals.
-    retired: [AtomicU64; 3],
+    /// Decisions of the keys dropped so far (admitted at once, delayed, refused, refused under
+    /// shadow mode), for totals.
+    retired: [AtomicU64; 4],
     dropped: AtomicU64,
 }
 
@@ -53,8 +54,9 @@ struct State {
 pub struct KeyedFigures {
     pub live: usize,
     pub dropped: u64,
-    /// Admitted at once, delayed, refused: over every key, dropped ones included.
-    pub decisions: [u64; 3],
+    /// Admitted at once, delayed, refused, refused under shadow mode: over every key, dropped
+    /// ones included.
+    pub decisions: [u64; 4],
 }
 
 impl Keyed {

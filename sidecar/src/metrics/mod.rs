@@ -196,8 +196,9 @@ pub struct GateMetrics {
     /// counter shows the whole units of the sum rather than each cost rounded.
     cost_sum: AtomicU64,
     /// The same decisions counted where the status page can read them back (a `Counter` is
-    /// write-only): admitted at once, delayed, refused (shadow refusals included).
-    decisions: [AtomicU64; 3],
+    /// write-only): admitted at once, delayed, refused, and let through under shadow mode that
+    /// would have been refused.
+    decisions: [AtomicU64; 4],
     resource: Arc<str>,
     lease: Mutex<LeaseTimes>,
     /// Whether the resource's gauges are set: not for the keys of a keyed resource, whose
@@ -303,11 +304,11 @@ impl GateMetrics {
             true => self.shadow_rejected.increment(1),
             false => self.rejected.increment(1),
         }
-        self.decisions[2].fetch_add(1, Ordering::Relaxed);
+        self.decisions[if shadow { 3 } else { 2 }].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Requests admitted at once, delayed and refused since the gate was made.
-    pub fn decisions(&self) -> [u64; 3] {
+    /// Requests admitted at once, delayed, refused and shadow-refused since the gate was made.
+    pub fn decisions(&self) -> [u64; 4] {
         self.decisions.each_ref().map(|d| d.load(Ordering::Relaxed))
     }
 
