@@ -34,7 +34,10 @@ fuzz:
 	FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh $(FUZZ_TARGETS)
 
 # A capacity server, a demo upstream and sidecars under load, with live output (Ctrl-C stops).
-demo: build
+# Builds only what the demo and the README's tour run (not the simulator, benchmarks or soak tool).
+demo:
+	$(CARGO) build -p sluice-server -p sluice-sidecar --bins
+	$(CARGO) build -p sluice-tests --bin sluice-demo --bin sluice-upstream
 	./target/debug/sluice-demo
 
 bench: bench-server bench-sidecar bench-rls
