@@ -4,6 +4,7 @@
 use std::{
     fmt,
     io::{self, Write},
+    path::PathBuf,
     process::ExitCode,
     time::Duration,
 };
@@ -16,6 +17,14 @@ use crate::defaults::MIN_POLL_INTERVAL;
 pub enum LogFormat {
     Text,
     Json,
+}
+
+/// `check`'s flags: the server and the sidecar check their files alike (`process::check`).
+#[derive(Debug, clap::Args)]
+pub struct Check {
+    /// Configuration file to check.
+    #[arg(long)]
+    pub config: PathBuf,
 }
 
 /// The flags of the binary `name` (the server, the sidecar and the test tools alike): `Err`

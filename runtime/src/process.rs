@@ -1,7 +1,7 @@
 //! A process's start and end: why it failed to start, the configuration file it reads, and
 //! the signals that end it.
 
-use std::fmt;
+use std::{fmt, path::Path, process::ExitCode};
 
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -40,6 +40,25 @@ pub fn read_config(path: Option<&std::path::Path>, embedded: &str) -> Result<(St
             Ok((path.display().to_string(), text))
         }
         None => Ok(("embedded default configuration".to_owned(), embedded.to_owned())),
+    }
+}
+
+/// `check --config FILE`: `summarize` validates the file's text as a start would, relative paths
+/// leading to the file's folder, and says what it holds. Exits 0 saying `FILE: ok: <summary>` on
+/// standard output, else 64 (as a start would) saying `FILE: <why>` on standard error; one line
+/// either way, and nothing bound or dialled.
+pub fn check(path: &Path, summarize: impl FnOnce(&str, &Path) -> Result<String, String>) -> ExitCode {
+    let dir = path.parent().unwrap_or(Path::new(""));
+    let name = path.display();
+    match std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}")).and_then(|t| summarize(&t, dir)) {
+        Ok(summary) => {
+            let _ = crate::outln!("{name}: ok: {summary}");
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            let _ = crate::errln!("{name}: {}", why.replace('\n', " "));
+            ExitCode::from(Failure::Usage(why).exit_code())
+        }
     }
 }
 

@@ -1,17 +1,35 @@
-//! Command-line flags; each can also come from a `SLUICE_*` environment variable.
+//! Command-line flags; each of the server's own can also come from a `SLUICE_*` environment
+//! variable. Without a subcommand the binary is the server; `check` validates a configuration.
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use sluice_client::{id, tls::ClientTlsFiles};
-use sluice_runtime::cli::{LogFormat, host_port, poll_interval, positive_duration};
+use sluice_runtime::cli::{Check, LogFormat, host_port, poll_interval, positive_duration};
 
 use crate::{defaults, election, tls::TlsFiles};
 
 /// Sluice capacity server: shares each resource's capacity among its clients with Doorman's
 /// protocol and algorithms.
 #[derive(Debug, Parser)]
-#[command(name = "sluice-server", version)]
+#[command(name = "sluice-server", version, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub server: Args,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validates a configuration file as the server's start would, without binding or dialling
+    /// anything: exits 0 with a summary, or 64 with the first error found.
+    Check(Check),
+}
+
+/// The server's own flags.
+#[derive(Debug, clap::Args)]
 pub struct Args {
     /// Configuration file (Doorman's YAML ResourceRepository); reloaded when it changes and on
     /// SIGHUP. Without it, the embedded default applies.

@@ -78,16 +78,30 @@ struct ParameterDoc {
 /// naming what is wrong and where. Relative paths are resolved against `dir`, the directory of
 /// the configuration's file (`Path::new("")`: the working directory).
 pub fn parse(text: &str, dir: &Path) -> Result<Repository, String> {
+    parse_counting(text, dir).map(|(repository, _)| repository)
+}
+
+/// What `sluice-server check` says of a valid configuration, validated as [`parse`] does.
+pub fn summary(text: &str, dir: &Path) -> Result<String, String> {
+    let (repository, from_files) = parse_counting(text, dir)?;
+    let templates = repository.templates().len();
+    let plural = if templates == 1 { "" } else { "s" };
+    Ok(format!("{templates} template{plural} ({from_files} from rate limit files)"))
+}
+
+/// [`parse`], and how many of the templates the rate limit files made.
+fn parse_counting(text: &str, dir: &Path) -> Result<(Repository, usize), String> {
     let doc: Document = yaml_serde::from_str(text).map_err(|e| e.to_string().replace('\n', " "))?;
     let templates: Vec<Template> = doc.resources.into_iter().map(template).collect();
     let Some(rate_limits) = doc.rate_limits else {
-        return repository(templates);
+        return Ok((repository(templates)?, 0));
     };
     // Checked alone first, so that an error names one of them by its index in `resources`.
     repository(templates.clone())?;
     let mut made = from_files(rate_limits, dir, &templates)?;
+    let from_files = made.len();
     made.extend(templates);
-    repository(made)
+    Ok((repository(made)?, from_files))
 }
 
 /// The files a configuration names (`rate_limits.files`), resolved as [`parse`] resolves them,

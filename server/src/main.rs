@@ -1,14 +1,20 @@
-//! `sluice-server`: parses flags, starts the runtime and runs the server.
+//! `sluice-server`: parses flags, starts the runtime and runs the server, or checks a
+//! configuration (`check`).
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 
-use sluice_runtime::{cli, errln};
-use sluice_server::{app, cli::Args};
+use sluice_runtime::{cli, errln, process};
+use sluice_server::{
+    app,
+    cli::{Cli, Command},
+    config,
+};
 
 fn main() -> ExitCode {
-    let args: Args = match cli::parse("sluice-server") {
-        Ok(args) => args,
+    let args = match cli::parse::<Cli>("sluice-server") {
+        Ok(Cli { command: Some(Command::Check(check)), .. }) => return process::check(&check.config, config::summary),
+        Ok(Cli { server, .. }) => server,
         Err(code) => return code,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

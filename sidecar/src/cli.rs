@@ -1,12 +1,12 @@
 //! Command-line flags; each of the sidecar's own can also come from a `SLUICE_SIDECAR_*`
 //! environment variable. Without a subcommand the binary is the sidecar; `inject` and
-//! `webhook` put it into Kubernetes pods (`crate::kube`).
+//! `webhook` put it into Kubernetes pods (`crate::kube`); `check` validates a configuration.
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand};
 use sluice_client::id;
-use sluice_runtime::cli::{LogFormat, host_port, poll_interval, positive_duration};
+use sluice_runtime::cli::{Check, LogFormat, host_port, poll_interval, positive_duration};
 
 use crate::{
     defaults,
@@ -37,6 +37,10 @@ pub enum Command {
     /// The same injection as a Kubernetes mutating admission webhook (AdmissionReview v1 over
     /// TLS), for pods labelled, or in a namespace labelled, `sluice.io/inject: enabled`.
     Webhook(webhook::Args),
+    /// Validates a configuration file as the sidecar's start would (the files it names
+    /// included), without binding or dialling anything: exits 0 with a summary, or 64 with the
+    /// first error found.
+    Check(Check),
 }
 
 #[derive(Debug, clap::Args)]

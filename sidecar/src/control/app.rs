@@ -4,6 +4,7 @@
 use std::{
     path::{Path, PathBuf},
     sync::{Arc, Mutex, atomic::Ordering},
+    time::Duration,
 };
 
 use arc_swap::ArcSwap;
@@ -163,6 +164,38 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// What `sluice-sidecar check` says of a valid configuration, checked as [`run`] checks it at
+/// start (the TLS and CA files it names read too), without binding or dialling anything.
+pub fn check(text: &str, base: &Path) -> Result<String, String> {
+    let config = config::parse_with(text, &[], base)?;
+    // Watching `server.tls`'s files takes a runtime, where the watch is spawned and never runs.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let _entered = runtime.enter();
+    if let Some(server) = &config.server {
+        Leasing::new(default_client_id(&config), server, Duration::MAX)?;
+    }
+    let config = Plan::build(config, None, None)?.config;
+    let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    let mut summary = [
+        count(config.listeners.len(), "listener"),
+        count(config.upstreams.len(), "upstream"),
+        count(config.resources.len(), "resource"),
+        count(config.rules.len(), "rule"),
+    ]
+    .join(", ");
+    if let Some(service) = &config.rate_limit_service {
+        summary += &format!(", rate limit service with {}", count(service.domains.len(), "domain"));
+    }
+    summary += &match &config.server {
+        Some(server) => format!(", leasing from {}", count(server.addresses.len(), "server")),
+        None => ", standalone".to_owned(),
+    };
+    Ok(summary)
 }
 
 /// How a reload applies a new file: validate it, build its plan from the one in force, release
