@@ -5,7 +5,8 @@
 # base.sh. Prints the image's size and user.
 #
 # Usage: deploy/image/build.sh BIN_DIR
-#   IMAGE   tag of the image (default: sluice:latest)
+#   IMAGE   tag of the image (default: sluice:latest and sluice:VERSION, the crate version: the
+#           image `sluice-sidecar inject` and the chart's appVersion name)
 #   BASE    runtime base image (default: sluice-base:local, made by base.sh)
 #   DOCKER  the docker client to use (default: docker)
 set -euo pipefail
@@ -13,6 +14,12 @@ bins=${1:?usage: deploy/image/build.sh BIN_DIR}
 here=$(cd "$(dirname "$0")" && pwd)
 docker=${DOCKER:-docker}
 image=${IMAGE:-sluice:latest}
+tags=(-t "$image")
+# The default also under the crate version: the tag `inject` and the chart default to.
+if [ "$image" = sluice:latest ]; then
+  version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$here/../../Cargo.toml" | head -n 1)
+  tags+=(-t "sluice:${version:?no version in Cargo.toml}")
+fi
 base=${BASE:-}
 
 context=$(mktemp -d)
@@ -25,5 +32,5 @@ if [ -z "$base" ]; then
   base=sluice-base:local
   DOCKER=$docker "$here/base.sh" "$base"
 fi
-"$docker" build -q --network none -f "$here/../Dockerfile" --target prebuilt --build-arg "BASE=$base" -t "$image" "$context" >/dev/null
+"$docker" build -q --network none -f "$here/../Dockerfile" --target prebuilt --build-arg "BASE=$base" "${tags[@]}" "$context" >/dev/null
 "$docker" image inspect -f "image $image: {{.Size}} bytes, user {{.Config.User}}" "$image"

@@ -1,10 +1,10 @@
 //! `sluice-sidecar`: parses flags, starts the runtime and runs the sidecar, or one of its
-//! subcommands (`inject`, `webhook`, `check`).
+//! subcommands (`inject`, `webhook`).
 #![forbid(unsafe_code)]
 
 use std::{io::Read, process::ExitCode};
 
-use sluice_runtime::{errln, outln, process};
+use sluice_runtime::{errln, outln};
 use sluice_sidecar::{
     cli::{self, Command},
     control::app,
@@ -19,7 +19,6 @@ fn main() -> ExitCode {
     match cli.command {
         None => sidecar(cli.sidecar),
         Some(Command::Inject(args)) => run_inject(args),
-        Some(Command::Check(check)) => process::check(&check.config, app::check),
         Some(Command::Webhook(args)) => {
             let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(runtime) => runtime,
@@ -34,7 +33,8 @@ fn main() -> ExitCode {
 }
 
 /// `inject`: the file (or standard input) with the sidecar in every pod template, on standard
-/// output; a file that cannot be read or injected exits 1, naming what is wrong.
+/// output, and a line per object on standard error; a file that cannot be read or injected exits
+/// 1, a pod that already uses what the sidecar adds 64, naming what is wrong.
 fn run_inject(args: cli::Inject) -> ExitCode {
     let mut text = String::new();
     let read = if args.file.as_os_str() == "-" {
@@ -48,11 +48,14 @@ fn run_inject(args: cli::Inject) -> ExitCode {
     }
     match inject::documents(&text, &args.settings, &args.config_map) {
         // A reader that went away has taken what it wanted.
-        Ok(out) => {
+        Ok((out, report)) => {
             let _ = outln!("{}", out.trim_end());
+            for line in report {
+                let _ = errln!("{line}");
+            }
             ExitCode::SUCCESS
         }
-        Err(e) => fail(&format!("inject: {name}: {e}"), 1),
+        Err(e) => fail(&format!("inject: {name}: {e}"), if e.clash { 64 } else { 1 }),
     }
 }
 

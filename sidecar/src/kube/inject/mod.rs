@@ -10,6 +10,7 @@
 //! a pod (its [`Shape`]); `inject` applies them to the YAML, the webhook sends them as a JSON
 //! Patch, so the webhook never holds more of a pod than that shape.
 
+mod checks;
 mod nesting;
 pub mod review;
 
@@ -20,6 +21,7 @@ use serde::{Serialize, ser::SerializeMap};
 use sluice_runtime::cli::host_port;
 use yaml_serde::{Mapping, Value};
 
+pub use self::checks::{config_map_name, image_reference, opted_out, quantity};
 use crate::defaults::MAX_FLOW_DEPTH;
 
 /// The injected container's name, which an injection again replaces.
@@ -62,7 +64,7 @@ pub const DEFAULT_IMAGE: &str = concat!("sluice:", env!("CARGO_PKG_VERSION"));
 #[derive(Clone, Debug, Args)]
 pub struct Settings {
     /// Image of the injected container (it holds /usr/local/bin/sluice-sidecar).
-    #[arg(long, default_value = DEFAULT_IMAGE)]
+    #[arg(long, default_value = DEFAULT_IMAGE, value_parser = image_reference)]
     pub image: String,
 
     /// Capacity servers (comma-separated host:port), in place of the configuration's
@@ -93,51 +95,71 @@ pub struct Settings {
     pub memory_limit: String,
 }
 
-/// A Kubernetes resource quantity such as `100m`, `0.5`, `64Mi` or `1e3`.
-pub fn quantity(text: &str) -> Result<String, String> {
-    let number_end = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
-    let (number, suffix) = text.split_at(number_end);
-    let digits = number.replace('.', "");
-    let number_ok = !digits.is_empty() && number.matches('.').count() <= 1;
-    let exponent_ok = |e: &str| {
-        let e = e.strip_prefix(['+', '-']).unwrap_or(e);
-        !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())
-    };
-    let suffix_ok =
-        matches!(suffix, "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei")
-            || suffix.strip_prefix(['e', 'E']).is_some_and(exponent_ok);
-    if number_ok && suffix_ok {
-        Ok(text.to_owned())
-    } else {
-        Err(format!("{text:?} is not a Kubernetes quantity (e.g. 100m, 0.5, 64Mi)"))
+/// What injection did with one object.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Done {
+    Injected,
+    /// Injected before with the same settings: nothing changed.
+    Unchanged,
+    /// Refused by its `sluice.io/inject: disabled`.
+    OptedOut,
+    /// A kind without pods.
+    NotAWorkload,
+}
+
+impl fmt::Display for Done {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Done::Injected => f.write_str("injected"),
+            Done::Unchanged => f.write_str("already injected"),
+            Done::OptedOut => write!(f, "skipped ({INJECT}: disabled)"),
+            Done::NotAWorkload => f.write_str("skipped (not a workload)"),
+        }
     }
 }
 
-/// A ConfigMap name: a DNS subdomain (RFC 1123), as Kubernetes requires.
-pub fn config_map_name(text: &str) -> Result<String, String> {
-    let ok = !text.is_empty()
-        && text.len() <= 253
-        && text.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && text.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && text.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if ok { Ok(text.to_owned()) } else { Err(format!("{text:?} is not a ConfigMap name")) }
+/// Why input is not injected; `clash` when a pod already uses what the sidecar adds (a refusal
+/// of the request, where the others are input that cannot be read).
+#[derive(Debug, PartialEq)]
+pub struct Refusal {
+    pub why: String,
+    pub clash: bool,
+}
+
+impl Refusal {
+    fn within(self, context: impl fmt::Display) -> Refusal {
+        Refusal { why: format!("{context}: {}", self.why), ..self }
+    }
+}
+
+impl From<String> for Refusal {
+    fn from(why: String) -> Refusal {
+        Refusal { why, clash: false }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.why)
+    }
 }
 
 /// Every document of a multi-document YAML stream, each with the sidecar in its pod templates,
-/// as YAML again. Empty documents are left out.
-pub fn documents(text: &str, settings: &Settings, config_map: &str) -> Result<String, String> {
+/// as YAML again, and a line per object saying what was done (`deployment/web: injected`).
+/// Empty documents are left out.
+pub fn documents(text: &str, settings: &Settings, config_map: &str) -> Result<(String, Vec<String>), Refusal> {
     nesting::check(text, MAX_FLOW_DEPTH)?;
-    let mut out = Vec::new();
+    let (mut out, mut report) = (Vec::new(), Vec::new());
     for (i, document) in yaml_serde::Deserializer::from_str(text).enumerate() {
-        let mut value: Value =
-            serde::Deserialize::deserialize(document).map_err(|e| format!("document {}: {e}", i + 1))?;
+        let within = |e: Refusal| e.within(format_args!("document {}", i + 1));
+        let mut value: Value = serde::Deserialize::deserialize(document).map_err(|e| within(format!("{e}").into()))?;
         if value.is_null() {
             continue;
         }
-        object(&mut value, settings, config_map).map_err(|e| format!("document {}: {e}", i + 1))?;
-        out.push(yaml_serde::to_string(&value).map_err(|e| format!("document {}: {e}", i + 1))?);
+        object(&mut value, settings, config_map, &mut report).map_err(within)?;
+        out.push(yaml_serde::to_string(&value).map_err(|e| within(format!("{e}").into()))?);
     }
-    Ok(out.join("---\n"))
+    Ok((out.join("---\n"), report))
 }
 
 /// Where each kind that has pods keeps its pod template.
@@ -150,32 +172,49 @@ fn template_path(kind: &str) -> Option<&'static [&'static str]> {
     }
 }
 
-/// One object (a `List`'s items each); kinds without pods are left as they are.
-pub fn object(object: &mut Value, settings: &Settings, config_map: &str) -> Result<(), String> {
+/// One object (a `List`'s items each), what was done with it added to `report`; kinds without
+/// pods are left as they are.
+pub fn object(
+    object: &mut Value,
+    settings: &Settings,
+    config_map: &str,
+    report: &mut Vec<String>,
+) -> Result<(), Refusal> {
     let kind = object.get("kind").and_then(Value::as_str).unwrap_or_default().to_owned();
     let name = object.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("").to_owned();
     if kind == "List" {
         let items = object.get_mut("items").and_then(Value::as_sequence_mut);
         for (i, item) in items.into_iter().flatten().enumerate() {
-            self::object(item, settings, config_map).map_err(|e| format!("items[{i}]: {e}"))?;
+            self::object(item, settings, config_map, report).map_err(|e| e.within(format_args!("items[{i}]")))?;
         }
         return Ok(());
     }
-    let Some(path) = template_path(&kind) else { return Ok(()) };
-    let mut template = &mut *object;
-    for key in path {
-        template = template.get_mut(*key).ok_or_else(|| format!("{kind} {name:?}: no {}", path.join(".")))?;
-    }
-    pod(template, settings, config_map).map_err(|e| format!("{kind} {name:?}: {e}"))
+    let done = match template_path(&kind) {
+        None => Done::NotAWorkload,
+        Some(path) => {
+            let mut template = &mut *object;
+            for key in path {
+                template = template.get_mut(*key).ok_or_else(|| format!("{kind} {name:?}: no {}", path.join(".")))?;
+            }
+            pod(template, settings, config_map).map_err(|e| e.within(format_args!("{kind} {name:?}")))?
+        }
+    };
+    report.push(format!("{}/{name}: {done}", kind.to_lowercase()));
+    Ok(())
 }
 
 /// A pod or pod template (metadata and spec): the sidecar added, or put in place of the one an
-/// earlier injection added. Nothing changes when it cannot be injected.
-pub fn pod(pod: &mut Value, settings: &Settings, config_map: &str) -> Result<(), String> {
+/// earlier injection added, unless it opted out. Nothing changes when it cannot be injected.
+pub fn pod(pod: &mut Value, settings: &Settings, config_map: &str) -> Result<Done, Refusal> {
+    if opted_out(checks::inject_mark(pod, "labels"), checks::inject_mark(pod, "annotations")) {
+        return Ok(Done::OptedOut);
+    }
+    checks::clash(pod).map_err(|why| Refusal { why, clash: true })?;
+    let before = pod.clone();
     for edit in edits(&Shape::of(pod)?, settings, config_map)? {
         edit.apply(pod)?;
     }
-    Ok(())
+    Ok(if *pod == before { Done::Unchanged } else { Done::Injected })
 }
 
 /// What a mapping of the pod is.

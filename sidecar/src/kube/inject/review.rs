@@ -14,7 +14,9 @@ use serde::{
     de::{IgnoredAny, SeqAccess, Visitor},
 };
 
-use super::{CONFIG_ANNOTATION, CONTAINER, INJECT, List, Settings, Shape, Slot, VOLUME, config_map_name, edits};
+use super::{
+    CONFIG_ANNOTATION, CONTAINER, INJECT, List, Settings, Shape, Slot, VOLUME, config_map_name, edits, opted_out,
+};
 use crate::defaults::{MAX_REVIEW_UID_BYTES, REVIEW_SHOWN_CHARS};
 
 /// What the webhook did with one request.
@@ -289,10 +291,9 @@ fn mutate(request: &Request, settings: &Settings, default_config_map: Option<&st
 fn skip_reason(metadata: Option<&Metadata>) -> String {
     let (annotations, labels) =
         (metadata.and_then(|m| m.annotations.as_ref()), metadata.and_then(|m| m.labels.as_ref()));
-    let disabled = |marks: Option<&Marks>| marks.and_then(|m| text(&m.inject)) == Some("disabled");
     if annotations.is_some_and(|a| a.injected.is_some()) {
         "already injected".into()
-    } else if disabled(labels) || disabled(annotations) {
+    } else if opted_out(labels.and_then(|m| text(&m.inject)), annotations.and_then(|m| text(&m.inject))) {
         format!("{INJECT}: disabled")
     } else {
         String::new()

@@ -16,6 +16,11 @@ fn settings() -> Settings {
     }
 }
 
+/// The injected YAML.
+fn injected(text: &str, settings: &Settings, config_map: &str) -> String {
+    documents(text, settings, config_map).unwrap().0
+}
+
 fn parse_all(text: &str) -> Vec<Value> {
     yaml_serde::Deserializer::from_str(text)
         .map(|d| serde::Deserialize::deserialize(d).unwrap())
@@ -42,7 +47,7 @@ fn template(doc: &Value) -> &Value {
 
 #[test]
 fn every_kind_with_pods_gets_the_sidecar_first_among_its_init_containers() {
-    let out = documents(WORKLOADS, &settings(), "app-sidecar").unwrap();
+    let out = injected(WORKLOADS, &settings(), "app-sidecar");
     let (before, after) = (parse_all(WORKLOADS), parse_all(&out));
     assert_eq!(before.len(), after.len());
     let kinds: Vec<&str> = after.iter().map(|d| d["kind"].as_str().unwrap()).collect();
@@ -88,7 +93,7 @@ fn every_kind_with_pods_gets_the_sidecar_first_among_its_init_containers() {
 
 #[test]
 fn what_the_pod_had_stays_as_it_was() {
-    let out = parse_all(&documents(WORKLOADS, &settings(), "app-sidecar").unwrap());
+    let out = parse_all(&injected(WORKLOADS, &settings(), "app-sidecar"));
     let (before, after) = (template(&parse_all(WORKLOADS)[1]).clone(), template(&out[1]).clone());
     let (spec_before, spec_after) = (&before["spec"], &after["spec"]);
     assert_eq!(names(&spec_after["initContainers"]), [CONTAINER, "migrate"]);
@@ -106,14 +111,14 @@ fn what_the_pod_had_stays_as_it_was() {
 fn injecting_twice_gives_what_injecting_once_does() {
     for classic in [false, true] {
         let settings = Settings { classic, ..settings() };
-        let once = documents(WORKLOADS, &settings, "app-sidecar").unwrap();
-        let twice = documents(&once, &settings, "app-sidecar").unwrap();
+        let once = injected(WORKLOADS, &settings, "app-sidecar");
+        let twice = injected(&once, &settings, "app-sidecar");
         assert_eq!(once, twice, "classic: {classic}");
     }
     // Again with other settings: the sidecar is replaced, not added twice.
-    let native = documents(WORKLOADS, &settings(), "app-sidecar").unwrap();
+    let native = injected(WORKLOADS, &settings(), "app-sidecar");
     let other = Settings { classic: true, image: "registry.example/sluice:2".into(), ..settings() };
-    let classic = parse_all(&documents(&native, &other, "other").unwrap());
+    let classic = parse_all(&injected(&native, &other, "other"));
     let pod = template(&classic[1]);
     assert_eq!(names(&pod["spec"]["initContainers"]), ["migrate"]);
     assert_eq!(names(&pod["spec"]["containers"]), ["app", CONTAINER]);
@@ -125,7 +130,7 @@ fn injecting_twice_gives_what_injecting_once_does() {
 #[test]
 fn classic_mode_adds_a_plain_container_after_the_workloads() {
     let settings = Settings { classic: true, ..settings() };
-    let out = parse_all(&documents(WORKLOADS, &settings, "app-sidecar").unwrap());
+    let out = parse_all(&injected(WORKLOADS, &settings, "app-sidecar"));
     let pod = template(&out[1]);
     assert_eq!(names(&pod["spec"]["initContainers"]), ["migrate"]);
     assert_eq!(names(&pod["spec"]["containers"]), ["app", CONTAINER]);
@@ -141,7 +146,7 @@ fn servers_and_resources_come_from_the_flags() {
         memory_limit: "64Mi".into(),
         ..settings()
     };
-    let out = parse_all(&documents(WORKLOADS, &settings, "app-sidecar").unwrap());
+    let out = parse_all(&injected(WORKLOADS, &settings, "app-sidecar"));
     let sidecar = &out[0]["spec"]["initContainers"][0];
     let args = sidecar["args"].as_sequence().unwrap();
     assert_eq!(args[4..], [Value::from("--server-addresses"), "sluice-leaf.sluice:7777,backup:7777".into()]);
@@ -165,7 +170,7 @@ fn input_that_cannot_be_injected_is_named() {
         ("kind: Service\n---\nkind: Pod\nspec: [\n", "document 2:"),
     ];
     for (input, expected) in cases {
-        let error = documents(input, &settings(), "c").unwrap_err();
+        let error = documents(input, &settings(), "c").unwrap_err().why;
         assert!(error.starts_with(expected), "{error:?} should start with {expected:?}");
     }
 }
@@ -183,6 +188,92 @@ fn flag_values_are_checked() {
     }
     for bad in ["", "App", "-app", "app-", "a_b", &"a".repeat(254)] {
         assert!(config_map_name(bad).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn each_object_gets_a_line_saying_what_was_done() {
+    let (once, report) = documents(WORKLOADS, &settings(), "app-sidecar").unwrap();
+    let expected = [
+        "pod/single: injected",
+        "deployment/orders: injected",
+        "statefulset/ledger: injected",
+        "daemonset/agent: injected",
+        "replicaset/legacy: injected",
+        "job/report: injected",
+        "cronjob/nightly: injected",
+        "pod/listed: injected",
+        "configmap/listed-settings: skipped (not a workload)",
+        "service/orders: skipped (not a workload)",
+    ];
+    assert_eq!(report, expected);
+    let (_, again) = documents(&once, &settings(), "app-sidecar").unwrap();
+    assert_eq!(again[1], "deployment/orders: already injected");
+    let other = Settings { image: "registry.example/sluice:2".into(), ..settings() };
+    let (_, other) = documents(&once, &other, "app-sidecar").unwrap();
+    assert_eq!(other[1], "deployment/orders: injected");
+}
+
+#[test]
+fn a_pod_labelled_or_annotated_disabled_is_left_as_it_is() {
+    for (key, mark) in [("labels", "{sluice.io/inject: disabled}"), ("annotations", "{sluice.io/inject: disabled}")] {
+        let input = format!(
+            "kind: Deployment\nmetadata: {{name: web}}\nspec:\n  template:\n    metadata: {{{key}: {mark}}}\n    \
+             spec: {{containers: [{{name: app, image: app}}]}}\n"
+        );
+        let (out, report) = documents(&input, &settings(), "c").unwrap();
+        assert_eq!(parse_all(&out), parse_all(&input), "{key}");
+        assert_eq!(report, ["deployment/web: skipped (sluice.io/inject: disabled)"]);
+    }
+    // Any other value is no opt-out.
+    let enabled = "kind: Pod\nmetadata: {name: x, labels: {sluice.io/inject: enabled}}\nspec: {containers: []}\n";
+    assert_eq!(documents(enabled, &settings(), "c").unwrap().1, ["pod/x: injected"]);
+}
+
+#[test]
+fn what_the_pod_already_uses_of_the_sidecars_is_refused() {
+    let pod = |containers: &str, volumes: &str| {
+        format!("kind: Pod\nmetadata: {{name: x}}\nspec: {{containers: {containers}, volumes: {volumes}}}\n")
+    };
+    let refused = [
+        (
+            pod("[{name: app, ports: [{containerPort: 9901}]}]", "[]"),
+            "document 1: Pod \"x\": container \"app\" already uses port 9901, the sidecar's admin port",
+        ),
+        (
+            pod("[{name: app}, {name: metrics, ports: [{containerPort: 9901, protocol: TCP}]}]", "[]"),
+            "document 1: Pod \"x\": container \"metrics\" already uses port 9901, the sidecar's admin port",
+        ),
+        (
+            pod("[{name: app}]", "[{name: sluice-config, emptyDir: {}}]"),
+            "document 1: Pod \"x\": volume \"sluice-config\" is the pod's own, and the sidecar's volume has that name",
+        ),
+    ];
+    for (input, expected) in refused {
+        let refusal = documents(&input, &settings(), "c").unwrap_err();
+        assert_eq!(refusal, Refusal { why: expected.into(), clash: true });
+    }
+    // UDP 9901 is free for the sidecar, and an injected pod's volume is the sidecar's own.
+    let udp = pod("[{name: app, ports: [{containerPort: 9901, protocol: UDP}]}]", "[]");
+    let (once, _) = documents(&udp, &settings(), "c").unwrap();
+    assert_eq!(documents(&once, &settings(), "c").unwrap().1, ["pod/x: already injected"]);
+    // A port taken after the injection is refused on the next.
+    let taken = once.replace("protocol: UDP", "protocol: TCP");
+    assert!(documents(&taken, &settings(), "c").unwrap_err().clash);
+    // Input that cannot be read is no clash.
+    assert!(!documents("kind: Pod\n", &settings(), "c").unwrap_err().clash);
+}
+
+#[test]
+fn image_references_are_checked() {
+    let digest = format!("registry.example/sluice@sha256:{}", "a".repeat(64));
+    let good = ["sluice:0.1.0", "sluice", "registry.example/team/sluice:1", "localhost:5000/sluice:v1.2-rc_1", &digest];
+    for good in good {
+        assert_eq!(image_reference(good).as_deref(), Ok(good));
+    }
+    let bad = ["", "Sluice", "sluice:", ":1", "-sluice", "a//b", "sluice:t!g", "sluice latest", "sluice@sha256:12"];
+    for bad in bad {
+        assert!(image_reference(bad).is_err(), "{bad:?}");
     }
 }
 
@@ -343,7 +434,7 @@ fn deep_flow_nesting_is_refused_before_parsing() {
     for (open, close) in [("{a: ", "}"), ("[", "]"), ("{\"a\":", "}"), ("[{a: [", "]}]")] {
         let ok = deep(open, close, 40);
         assert!(nesting::check(&ok, MAX_FLOW_DEPTH).is_ok(), "{ok}");
-        let error = documents(&deep(open, close, 50_000), &settings(), "c").unwrap_err();
+        let error = documents(&deep(open, close, 50_000), &settings(), "c").unwrap_err().why;
         assert_eq!(error, "line 2: [ ] and { } nested more than 128 deep", "{open}");
     }
     // Brackets the parser reads as text do not count (but at the start of a block scalar's line,

@@ -1,0 +1,115 @@
+//! What `inject` and the webhook check: their flags' values, whether a pod refuses the sidecar,
+//! and whether it already uses what the sidecar adds.
+
+use yaml_serde::Value;
+
+use super::{ADMIN_PORT, CONTAINER, INJECT, INJECTED, VOLUME};
+
+/// A Kubernetes resource quantity such as `100m`, `0.5`, `64Mi` or `1e3`.
+pub fn quantity(text: &str) -> Result<String, String> {
+    let number_end = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (number, suffix) = text.split_at(number_end);
+    let digits = number.replace('.', "");
+    let number_ok = !digits.is_empty() && number.matches('.').count() <= 1;
+    let exponent_ok = |e: &str| {
+        let e = e.strip_prefix(['+', '-']).unwrap_or(e);
+        !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())
+    };
+    let suffix_ok =
+        matches!(suffix, "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei")
+            || suffix.strip_prefix(['e', 'E']).is_some_and(exponent_ok);
+    if number_ok && suffix_ok {
+        Ok(text.to_owned())
+    } else {
+        Err(format!("{text:?} is not a Kubernetes quantity (e.g. 100m, 0.5, 64Mi)"))
+    }
+}
+
+/// A ConfigMap name: a DNS subdomain (RFC 1123), as Kubernetes requires.
+pub fn config_map_name(text: &str) -> Result<String, String> {
+    let ok = !text.is_empty()
+        && text.len() <= 253
+        && text.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && text.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && text.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if ok { Ok(text.to_owned()) } else { Err(format!("{text:?} is not a ConfigMap name")) }
+}
+
+/// An image reference, `[registry/]repository[:tag][@digest]`, as container runtimes take it.
+pub fn image_reference(text: &str) -> Result<String, String> {
+    let (rest, digest) = text.split_once('@').map_or((text, None), |(rest, digest)| (rest, Some(digest)));
+    let digest_ok = digest.is_none_or(|d| {
+        d.split_once(':').is_some_and(|(algorithm, hex)| {
+            !algorithm.is_empty() && hex.len() >= 32 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        })
+    });
+    // The tag follows the last colon past the last slash: one before it is a registry's port.
+    let last = rest.rfind('/').map_or(0, |i| i + 1);
+    let (name, tag) = match rest[last..].rfind(':') {
+        Some(i) => (&rest[..last + i], Some(&rest[last + i + 1..])),
+        None => (rest, None),
+    };
+    let tag_ok = tag.is_none_or(|t| {
+        (1..=128).contains(&t.len())
+            && !t.starts_with(['.', '-'])
+            && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+    });
+    let mut components: Vec<&str> = name.split('/').collect();
+    let registry_ok = match components.first() {
+        Some(&host) if components.len() > 1 && (host.contains(['.', ':']) || host == "localhost") => {
+            components.remove(0);
+            !host.starts_with(['.', '-', ':']) && host.bytes().all(|b| b.is_ascii_alphanumeric() || b".-:".contains(&b))
+        }
+        _ => true,
+    };
+    let component_ok = |c: &str| {
+        c.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && c.ends_with(|c: char| c.is_ascii_alphanumeric())
+            && c.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+    };
+    if digest_ok && tag_ok && registry_ok && components.into_iter().all(component_ok) {
+        Ok(text.to_owned())
+    } else {
+        Err(format!("{text:?} is not an image reference (e.g. registry.example/sluice:1)"))
+    }
+}
+
+/// Whether a pod's `sluice.io/inject` label or annotation refuses the sidecar; the webhook and
+/// `inject` both ask it.
+pub fn opted_out(label: Option<&str>, annotation: Option<&str>) -> bool {
+    [label, annotation].contains(&Some("disabled"))
+}
+
+/// What the pod already uses of what the sidecar adds: the admin port, declared by another
+/// container, or the volume's name, in a pod the sidecar was never injected into (an injected
+/// pod's volume of that name is the sidecar's, replaced by an injection again).
+pub fn clash(pod: &Value) -> Result<(), String> {
+    let spec = pod.get("spec");
+    let mut injected = pod.get("metadata").and_then(|m| m.get("annotations")).and_then(|a| a.get(INJECTED)).is_some();
+    let lists = ["initContainers", "containers"].map(|key| spec.and_then(|s| s.get(key)).and_then(Value::as_sequence));
+    for container in lists.into_iter().flatten().flatten() {
+        let name = container.get("name").and_then(Value::as_str).unwrap_or_default();
+        if name == CONTAINER {
+            injected = true;
+            continue;
+        }
+        let ports = container.get("ports").and_then(Value::as_sequence).into_iter().flatten();
+        for port in ports {
+            let tcp = port.get("protocol").and_then(Value::as_str).is_none_or(|p| p == "TCP");
+            if tcp && port.get("containerPort").and_then(Value::as_u64) == Some(ADMIN_PORT.into()) {
+                return Err(format!("container {name:?} already uses port {ADMIN_PORT}, the sidecar's admin port"));
+            }
+        }
+    }
+    let volumes = spec.and_then(|s| s.get("volumes")).and_then(Value::as_sequence).into_iter().flatten();
+    let named = |v: &Value| v.get("name").and_then(Value::as_str) == Some(VOLUME);
+    if !injected && volumes.into_iter().any(named) {
+        return Err(format!("volume {VOLUME:?} is the pod's own, and the sidecar's volume has that name"));
+    }
+    Ok(())
+}
+
+/// The pod's `sluice.io/inject` in its labels or its annotations.
+pub fn inject_mark<'a>(pod: &'a Value, key: &str) -> Option<&'a str> {
+    pod.get("metadata")?.get(key)?.get(INJECT)?.as_str()
+}

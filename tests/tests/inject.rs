@@ -1,0 +1,74 @@
+//! `sluice-sidecar inject` as a user runs it: a line per object on standard error, a pod that
+//! opted out left as it is, and exit 64 with one line for a pod already using what the sidecar
+//! adds, naming the object and its container.
+
+use std::process::Command;
+
+use sluice_tests::{
+    harness::binary,
+    kube::{documents, run_with_input},
+};
+
+const INPUT: &str = "\
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec: {containers: [{name: app, image: app:1}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: x, annotations: {sluice.io/inject: disabled}}
+spec: {containers: [{name: app, image: app:1}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: y}
+spec: {ports: [{port: 80}]}
+";
+
+fn inject(input: &str) -> std::process::Output {
+    run_with_input(Command::new(binary("sluice-sidecar")).args(["inject", "--config-map", "web-sidecar", "-"]), input)
+}
+
+#[test]
+fn inject_says_what_it_did_with_each_object() {
+    let out = inject(INPUT);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        stderr.lines().collect::<Vec<_>>(),
+        [
+            "deployment/web: injected",
+            "pod/x: skipped (sluice.io/inject: disabled)",
+            "service/y: skipped (not a workload)"
+        ]
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let objects = documents(&stdout);
+    assert_eq!(objects[0]["spec"]["template"]["spec"]["initContainers"][0]["name"], "sluice-sidecar");
+    assert!(objects[1]["spec"].get("initContainers").is_none(), "the opted-out pod is as it was");
+
+    let again = inject(&stdout);
+    assert!(again.status.success());
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert_eq!(stderr.lines().next(), Some("deployment/web: already injected"), "{stderr}");
+    assert_eq!(String::from_utf8(again.stdout).unwrap(), stdout);
+}
+
+#[test]
+fn a_pod_using_the_sidecars_port_exits_64_with_one_line() {
+    let clash = INPUT.replacen("image: app:1}]}\n---", "image: app:1, ports: [{containerPort: 9901}]}]}\n---", 1);
+    let out = inject(&clash);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert_eq!(
+        stderr,
+        "sluice-sidecar: inject: -: document 1: Deployment \"web\": container \"app\" already uses port 9901, the \
+         sidecar's admin port\n"
+    );
+    assert!(out.stdout.is_empty());
+}
