@@ -1,10 +1,10 @@
 //! `sluice-sidecar`: parses flags, starts the runtime and runs the sidecar, or one of its
-//! subcommands (`inject`, `webhook`).
+//! subcommands (`inject`, `webhook`, `check`).
 #![forbid(unsafe_code)]
 
 use std::{io::Read, process::ExitCode};
 
-use sluice_runtime::{errln, outln};
+use sluice_runtime::{errln, outln, process};
 use sluice_sidecar::{
     cli::{self, Command},
     control::app,
@@ -19,6 +19,7 @@ fn main() -> ExitCode {
     match cli.command {
         None => sidecar(cli.sidecar),
         Some(Command::Inject(args)) => run_inject(args),
+        Some(Command::Check(check)) => process::check(&check.config, app::check),
         Some(Command::Webhook(args)) => {
             let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(runtime) => runtime,
