@@ -34,6 +34,9 @@ pub enum Command {
     /// DaemonSet, ReplicaSet, Job, CronJob, also inside a List; other kinds pass through) and
     /// writes it to standard output. Injecting again replaces the sidecar injected before.
     Inject(Inject),
+    /// Takes out what `inject` added (the sidecar container, its volume, annotation and label)
+    /// and writes the rest to standard output.
+    Uninject(Uninject),
     /// The same injection as a Kubernetes mutating admission webhook (AdmissionReview v1 over
     /// TLS), for pods labelled, or in a namespace labelled, `sluice.io/inject: enabled`.
     Webhook(webhook::Args),
@@ -45,7 +48,8 @@ pub enum Command {
 
 #[derive(Debug, clap::Args)]
 pub struct Inject {
-    /// YAML file to read; `-` for standard input.
+    /// YAML file to read, or a directory (its `.yaml`, `.yml` and `.json` files in name order);
+    /// `-` for standard input.
     #[arg(default_value = "-")]
     pub file: PathBuf,
 
@@ -56,6 +60,13 @@ pub struct Inject {
 
     #[command(flatten)]
     pub settings: Settings,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Uninject {
+    /// YAML file to read, or a directory, as for `inject`; `-` for standard input.
+    #[arg(default_value = "-")]
+    pub file: PathBuf,
 }
 
 /// The sidecar's own flags.

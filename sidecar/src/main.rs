@@ -1,8 +1,8 @@
 //! `sluice-sidecar`: parses flags, starts the runtime and runs the sidecar, or one of its
-//! subcommands (`inject`, `webhook`, `check`).
+//! subcommands (`inject`, `uninject`, `webhook`, `check`).
 #![forbid(unsafe_code)]
 
-use std::{io::Read, process::ExitCode};
+use std::{io::Read, path::Path, process::ExitCode};
 
 use sluice_runtime::{errln, outln, process};
 use sluice_sidecar::{
@@ -18,7 +18,10 @@ fn main() -> ExitCode {
     };
     match cli.command {
         None => sidecar(cli.sidecar),
-        Some(Command::Inject(args)) => run_inject(args),
+        Some(Command::Inject(args)) => {
+            rewrite("inject", &args.file, |text| inject::documents(text, &args.settings, &args.config_map))
+        }
+        Some(Command::Uninject(args)) => rewrite("uninject", &args.file, inject::uninjected),
         Some(Command::Check(check)) => process::check(&check.config, app::check),
         Some(Command::Webhook(args)) => {
             let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -33,21 +36,20 @@ fn main() -> ExitCode {
     }
 }
 
-/// `inject`: the file (or standard input) with the sidecar in every pod template, on standard
-/// output, and a line per object on standard error; a file that cannot be read or injected exits
-/// 1, a pod that already uses what the sidecar adds 64, naming what is wrong.
-fn run_inject(args: cli::Inject) -> ExitCode {
-    let mut text = String::new();
-    let read = if args.file.as_os_str() == "-" {
-        std::io::stdin().read_to_string(&mut text).map(|_| ())
-    } else {
-        std::fs::read_to_string(&args.file).map(|t| text = t)
+/// `inject` and `uninject`: the input rewritten on standard output, and a line per object on
+/// standard error; input that cannot be read or injected exits 1, a pod that already uses what
+/// the sidecar adds 64, naming what is wrong.
+fn rewrite(
+    command: &str,
+    file: &Path,
+    each: impl FnOnce(&str) -> Result<(String, Vec<String>), inject::Refusal>,
+) -> ExitCode {
+    let name = file.display();
+    let text = match input(file) {
+        Ok(text) => text,
+        Err(e) => return fail(&format!("{command}: {name}: {e}"), 1),
     };
-    let name = args.file.display();
-    if let Err(e) = read {
-        return fail(&format!("inject: {name}: {e}"), 1);
-    }
-    match inject::documents(&text, &args.settings, &args.config_map) {
+    match each(&text) {
         // A reader that went away has taken what it wanted.
         Ok((out, report)) => {
             let _ = outln!("{}", out.trim_end());
@@ -56,8 +58,36 @@ fn run_inject(args: cli::Inject) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e) => fail(&format!("inject: {name}: {e}"), if e.clash { 64 } else { 1 }),
+        Err(e) => fail(&format!("{command}: {name}: {e}"), if e.clash { 64 } else { 1 }),
     }
+}
+
+/// Standard input (`-`), a file, or a directory's `.yaml`, `.yml` and `.json` files in name
+/// order as one stream of documents.
+fn input(path: &Path) -> std::io::Result<String> {
+    if path.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text)?;
+        return Ok(text);
+    }
+    if !path.is_dir() {
+        return std::fs::read_to_string(path);
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(path)? {
+        let file = entry?.path();
+        if file.is_file() && file.extension().is_some_and(|e| e == "yaml" || e == "yml" || e == "json") {
+            files.push(file);
+        }
+    }
+    files.sort();
+    let mut texts = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", file.display())))?;
+        texts.push(text);
+    }
+    Ok(texts.join("\n---\n"))
 }
 
 fn fail(message: &str, code: u8) -> ExitCode {

@@ -1,8 +1,9 @@
 //! `sluice-sidecar inject` as a user runs it: a line per object on standard error, a pod that
 //! opted out left as it is, and exit 64 with one line for a pod already using what the sidecar
-//! adds, naming the object and its container.
+//! adds, naming the object and its container; `uninject` takes out what it added; both read a
+//! directory's files as one stream.
 
-use std::process::Command;
+use std::{fs, process::Command};
 
 use sluice_tests::{
     harness::binary,
@@ -71,4 +72,35 @@ fn a_pod_using_the_sidecars_port_exits_64_with_one_line() {
          sidecar's admin port\n"
     );
     assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn uninject_gives_back_the_input_and_a_directory_is_one_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, rest) = INPUT.split_once("---\n").unwrap();
+    fs::write(dir.path().join("b.yml"), rest).unwrap();
+    fs::write(dir.path().join("a.yaml"), first).unwrap();
+    fs::write(dir.path().join("c.json"), r#"{"kind": "Pod", "metadata": {"name": "z"}, "spec": {"containers": []}}"#)
+        .unwrap();
+    fs::write(dir.path().join("notes.txt"), "not: read").unwrap();
+    let sidecar = |args: &[&str], input: &str| run_with_input(Command::new(binary("sluice-sidecar")).args(args), input);
+    let path = dir.path().to_str().unwrap();
+    let out = sidecar(&["inject", "--config-map", "web-sidecar", path], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        stderr.lines().collect::<Vec<_>>(),
+        [
+            "deployment/web: injected",
+            "pod/x: skipped (sluice.io/inject: disabled)",
+            "service/y: skipped (not a workload)",
+            "pod/z: injected"
+        ]
+    );
+    let back = sidecar(&["uninject", "-"], &String::from_utf8(out.stdout).unwrap());
+    let stderr = String::from_utf8_lossy(&back.stderr);
+    assert!(back.status.success(), "{stderr}");
+    assert_eq!(stderr.lines().next(), Some("deployment/web: uninjected"));
+    let json = "---\n{kind: Pod, metadata: {name: z}, spec: {containers: []}}\n";
+    assert_eq!(documents(&String::from_utf8(back.stdout).unwrap()), documents(&format!("{INPUT}{json}")));
 }

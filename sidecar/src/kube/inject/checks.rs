@@ -84,13 +84,9 @@ pub fn opted_out(label: Option<&str>, annotation: Option<&str>) -> bool {
 /// container, or the volume's name, in a pod the sidecar was never injected into (an injected
 /// pod's volume of that name is the sidecar's, replaced by an injection again).
 pub fn clash(pod: &Value) -> Result<(), String> {
-    let spec = pod.get("spec");
-    let mut injected = pod.get("metadata").and_then(|m| m.get("annotations")).and_then(|a| a.get(INJECTED)).is_some();
-    let lists = ["initContainers", "containers"].map(|key| spec.and_then(|s| s.get(key)).and_then(Value::as_sequence));
-    for container in lists.into_iter().flatten().flatten() {
+    for container in containers(pod) {
         let name = container.get("name").and_then(Value::as_str).unwrap_or_default();
         if name == CONTAINER {
-            injected = true;
             continue;
         }
         let ports = container.get("ports").and_then(Value::as_sequence).into_iter().flatten();
@@ -101,12 +97,26 @@ pub fn clash(pod: &Value) -> Result<(), String> {
             }
         }
     }
-    let volumes = spec.and_then(|s| s.get("volumes")).and_then(Value::as_sequence).into_iter().flatten();
+    let volumes = pod.get("spec").and_then(|s| s.get("volumes")).and_then(Value::as_sequence).into_iter().flatten();
     let named = |v: &Value| v.get("name").and_then(Value::as_str) == Some(VOLUME);
-    if !injected && volumes.into_iter().any(named) {
+    if !injected(pod) && volumes.into_iter().any(named) {
         return Err(format!("volume {VOLUME:?} is the pod's own, and the sidecar's volume has that name"));
     }
     Ok(())
+}
+
+/// Whether the sidecar was injected into the pod: it has the injection's annotation or the
+/// sidecar container (as the chart's named template `sluice.sidecar` adds it).
+pub fn injected(pod: &Value) -> bool {
+    let annotated = pod.get("metadata").and_then(|m| m.get("annotations")).and_then(|a| a.get(INJECTED)).is_some();
+    annotated || containers(pod).any(|c| c.get("name").and_then(Value::as_str) == Some(CONTAINER))
+}
+
+/// The pod's init containers and containers.
+fn containers(pod: &Value) -> impl Iterator<Item = &Value> {
+    let spec = pod.get("spec");
+    let lists = ["initContainers", "containers"].map(|key| spec.and_then(|s| s.get(key)).and_then(Value::as_sequence));
+    lists.into_iter().flatten().flatten()
 }
 
 /// The pod's `sluice.io/inject` in its labels or its annotations.

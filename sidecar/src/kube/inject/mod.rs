@@ -105,6 +105,10 @@ pub enum Done {
     OptedOut,
     /// A kind without pods.
     NotAWorkload,
+    /// `uninject` took the sidecar out.
+    Removed,
+    /// `uninject` found no sidecar.
+    NotInjected,
 }
 
 impl fmt::Display for Done {
@@ -114,6 +118,8 @@ impl fmt::Display for Done {
             Done::Unchanged => f.write_str("already injected"),
             Done::OptedOut => write!(f, "skipped ({INJECT}: disabled)"),
             Done::NotAWorkload => f.write_str("skipped (not a workload)"),
+            Done::Removed => f.write_str("uninjected"),
+            Done::NotInjected => f.write_str("not injected"),
         }
     }
 }
@@ -148,6 +154,18 @@ impl fmt::Display for Refusal {
 /// as YAML again, and a line per object saying what was done (`deployment/web: injected`).
 /// Empty documents are left out.
 pub fn documents(text: &str, settings: &Settings, config_map: &str) -> Result<(String, Vec<String>), Refusal> {
+    rewrite(text, &|template| pod(template, settings, config_map))
+}
+
+/// Every document with what [`documents`] added taken out again, and a line per object.
+pub fn uninjected(text: &str) -> Result<(String, Vec<String>), Refusal> {
+    rewrite(text, &uninject)
+}
+
+/// A pod template visitor: what it did with the template.
+type Each<'a> = &'a dyn Fn(&mut Value) -> Result<Done, Refusal>;
+
+fn rewrite(text: &str, each: Each) -> Result<(String, Vec<String>), Refusal> {
     nesting::check(text, MAX_FLOW_DEPTH)?;
     let (mut out, mut report) = (Vec::new(), Vec::new());
     for (i, document) in yaml_serde::Deserializer::from_str(text).enumerate() {
@@ -156,7 +174,7 @@ pub fn documents(text: &str, settings: &Settings, config_map: &str) -> Result<(S
         if value.is_null() {
             continue;
         }
-        object(&mut value, settings, config_map, &mut report).map_err(within)?;
+        object(&mut value, each, &mut report).map_err(within)?;
         out.push(yaml_serde::to_string(&value).map_err(|e| within(format!("{e}").into()))?);
     }
     Ok((out.join("---\n"), report))
@@ -174,18 +192,13 @@ fn template_path(kind: &str) -> Option<&'static [&'static str]> {
 
 /// One object (a `List`'s items each), what was done with it added to `report`; kinds without
 /// pods are left as they are.
-pub fn object(
-    object: &mut Value,
-    settings: &Settings,
-    config_map: &str,
-    report: &mut Vec<String>,
-) -> Result<(), Refusal> {
+fn object(object: &mut Value, each: Each, report: &mut Vec<String>) -> Result<(), Refusal> {
     let kind = object.get("kind").and_then(Value::as_str).unwrap_or_default().to_owned();
     let name = object.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("").to_owned();
     if kind == "List" {
         let items = object.get_mut("items").and_then(Value::as_sequence_mut);
         for (i, item) in items.into_iter().flatten().enumerate() {
-            self::object(item, settings, config_map, report).map_err(|e| e.within(format_args!("items[{i}]")))?;
+            self::object(item, each, report).map_err(|e| e.within(format_args!("items[{i}]")))?;
         }
         return Ok(());
     }
@@ -196,7 +209,7 @@ pub fn object(
             for key in path {
                 template = template.get_mut(*key).ok_or_else(|| format!("{kind} {name:?}: no {}", path.join(".")))?;
             }
-            pod(template, settings, config_map).map_err(|e| e.within(format_args!("{kind} {name:?}")))?
+            each(template).map_err(|e| e.within(format_args!("{kind} {name:?}")))?
         }
     };
     report.push(format!("{}/{name}: {done}", kind.to_lowercase()));
@@ -215,6 +228,45 @@ pub fn pod(pod: &mut Value, settings: &Settings, config_map: &str) -> Result<Don
         edit.apply(pod)?;
     }
     Ok(if *pod == before { Done::Unchanged } else { Done::Injected })
+}
+
+/// A pod or pod template without what an injection added: the sidecar container, its volume,
+/// the annotation and the label, and the lists and mappings they leave empty (but `containers`,
+/// which every pod has). A pod never
+/// injected keeps all it has, a volume of the sidecar's volume's name too.
+pub fn uninject(pod: &mut Value) -> Result<Done, Refusal> {
+    if !checks::injected(pod) {
+        return Ok(Done::NotInjected);
+    }
+    let remove = |parent: Option<&mut Value>, key: &str, ours: &str| {
+        let Some(Value::Mapping(parent)) = parent else { return };
+        match parent.get_mut(key) {
+            Some(Value::Sequence(items)) => items.retain(|i| i.get("name").and_then(Value::as_str) != Some(ours)),
+            Some(Value::Mapping(marks)) => {
+                marks.remove(ours);
+            }
+            _ => return,
+        }
+        if key != "containers"
+            && parent.get(key).is_some_and(|v| {
+                v.as_sequence().is_some_and(Vec::is_empty) || v.as_mapping().is_some_and(Mapping::is_empty)
+            })
+        {
+            parent.remove(key);
+        }
+    };
+    for (key, ours) in [("initContainers", CONTAINER), ("containers", CONTAINER), ("volumes", VOLUME)] {
+        remove(pod.get_mut("spec"), key, ours);
+    }
+    for (key, ours) in [("annotations", INJECTED), ("labels", SIDECAR_LABEL)] {
+        remove(pod.get_mut("metadata"), key, ours);
+    }
+    if let Some(pod) = pod.as_mapping_mut()
+        && pod.get("metadata").and_then(Value::as_mapping).is_some_and(Mapping::is_empty)
+    {
+        pod.remove("metadata");
+    }
+    Ok(Done::Removed)
 }
 
 /// What a mapping of the pod is.

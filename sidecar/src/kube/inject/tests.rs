@@ -265,6 +265,25 @@ fn what_the_pod_already_uses_of_the_sidecars_is_refused() {
 }
 
 #[test]
+fn uninject_takes_out_what_inject_added() {
+    for classic in [false, true] {
+        let settings = Settings { classic, ..settings() };
+        let (out, report) = uninjected(&injected(WORKLOADS, &settings, "app-sidecar")).unwrap();
+        assert_eq!(parse_all(&out), parse_all(WORKLOADS), "classic: {classic}");
+        assert_eq!(report[..2], ["pod/single: uninjected", "deployment/orders: uninjected"]);
+        assert_eq!(report[9], "service/orders: skipped (not a workload)");
+        let (again, report) = uninjected(&out).unwrap();
+        assert_eq!(again, out, "uninjecting twice is uninjecting once");
+        assert_eq!(report[0], "pod/single: not injected");
+    }
+    // A pod never injected keeps a volume of the sidecar's volume's name.
+    let own = "kind: Pod\nmetadata: {name: x}\nspec: {containers: [], volumes: [{name: sluice-config}]}\n";
+    let (out, report) = uninjected(own).unwrap();
+    assert_eq!(parse_all(&out), parse_all(own));
+    assert_eq!(report, ["pod/x: not injected"]);
+}
+
+#[test]
 fn image_references_are_checked() {
     let digest = format!("registry.example/sluice@sha256:{}", "a".repeat(64));
     let good = ["sluice:0.1.0", "sluice", "registry.example/team/sluice:1", "localhost:5000/sluice:v1.2-rc_1", &digest];
