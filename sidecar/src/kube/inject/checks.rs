@@ -3,7 +3,7 @@
 
 use yaml_serde::Value;
 
-use super::{ADMIN_PORT, CONTAINER, INJECT, INJECTED, VOLUME};
+use super::{ADMIN_PORT, CONTAINER, INJECT, INJECTED, List, Shape, VOLUME};
 
 /// A Kubernetes resource quantity such as `100m`, `0.5`, `64Mi` or `1e3`.
 pub fn quantity(text: &str) -> Result<String, String> {
@@ -80,9 +80,7 @@ pub fn opted_out(label: Option<&str>, annotation: Option<&str>) -> bool {
     [label, annotation].contains(&Some("disabled"))
 }
 
-/// What the pod already uses of what the sidecar adds: the admin port, declared by another
-/// container, or the volume's name, in a pod the sidecar was never injected into (an injected
-/// pod's volume of that name is the sidecar's, replaced by an injection again).
+/// A port of the sidecar's that another container of the pod declares: the admin port.
 pub fn clash(pod: &Value) -> Result<(), String> {
     for container in containers(pod) {
         let name = container.get("name").and_then(Value::as_str).unwrap_or_default();
@@ -97,9 +95,14 @@ pub fn clash(pod: &Value) -> Result<(), String> {
             }
         }
     }
-    let volumes = pod.get("spec").and_then(|s| s.get("volumes")).and_then(Value::as_sequence).into_iter().flatten();
-    let named = |v: &Value| v.get("name").and_then(Value::as_str) == Some(VOLUME);
-    if !injected(pod) && volumes.into_iter().any(named) {
+    Ok(())
+}
+
+/// A volume of the sidecar's volume's name in a pod without the sidecar is the pod's own, which
+/// neither `inject` nor the webhook replaces.
+pub fn own_volume(shape: &Shape) -> Result<(), String> {
+    let sidecar = [shape.init_containers, shape.containers].iter().any(|l| matches!(l, List::Items(Some(_))));
+    if matches!(shape.volumes, List::Items(Some(_))) && !sidecar {
         return Err(format!("volume {VOLUME:?} is the pod's own, and the sidecar's volume has that name"));
     }
     Ok(())

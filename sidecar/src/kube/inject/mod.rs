@@ -222,9 +222,10 @@ pub fn pod(pod: &mut Value, settings: &Settings, config_map: &str) -> Result<Don
     if opted_out(checks::inject_mark(pod, "labels"), checks::inject_mark(pod, "annotations")) {
         return Ok(Done::OptedOut);
     }
-    checks::clash(pod).map_err(|why| Refusal { why, clash: true })?;
+    let shape = Shape::of(pod)?;
+    checks::clash(pod).and_then(|()| checks::own_volume(&shape)).map_err(|why| Refusal { why, clash: true })?;
     let before = pod.clone();
-    for edit in edits(&Shape::of(pod)?, settings, config_map)? {
+    for edit in edits(&shape, settings, config_map)? {
         edit.apply(pod)?;
     }
     Ok(if *pod == before { Done::Unchanged } else { Done::Injected })
@@ -390,6 +391,7 @@ pub fn edits(shape: &Shape, settings: &Settings, config_map: &str) -> Result<Vec
     if shape.spec != Slot::Mapping {
         return Err("no spec".into());
     }
+    checks::own_volume(shape)?;
     let lists = [
         ("initContainers", shape.init_containers, CONTAINER),
         ("containers", shape.containers, CONTAINER),

@@ -368,6 +368,11 @@ fn the_webhook_allows_what_it_does_not_inject_unchanged() {
     disabled["metadata"]["labels"][INJECT] = "disabled".into();
     assert_eq!(unchanged(review(disabled), None), review::Outcome::Skipped("sluice.io/inject: disabled".into()));
 
+    let mut own = orders_pod();
+    own["spec"]["volumes"][0]["name"] = VOLUME.into();
+    let outcome = unchanged(review(own), None);
+    assert!(matches!(&outcome, review::Outcome::Unhandled(why) if why.contains("the pod's own")), "{outcome:?}");
+
     let mut unnamed = orders_pod();
     unnamed["metadata"]["annotations"].as_object_mut().unwrap().remove(CONFIG_ANNOTATION);
     let outcome = unchanged(review(unnamed.clone()), None);
