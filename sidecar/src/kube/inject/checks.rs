@@ -87,15 +87,24 @@ pub fn clash(pod: &Value) -> Result<(), String> {
         if name == CONTAINER {
             continue;
         }
-        let ports = container.get("ports").and_then(Value::as_sequence).into_iter().flatten();
-        for port in ports {
-            let tcp = port.get("protocol").and_then(Value::as_str).is_none_or(|p| p == "TCP");
-            if tcp && port.get("containerPort").and_then(Value::as_u64) == Some(ADMIN_PORT.into()) {
-                return Err(format!("container {name:?} already uses port {ADMIN_PORT}, the sidecar's admin port"));
-            }
+        let mut ports = container.get("ports").and_then(Value::as_sequence).into_iter().flatten();
+        if ports.any(|p| {
+            admin_port_taken(p.get("containerPort").and_then(Value::as_u64), p.get("protocol").and_then(Value::as_str))
+        }) {
+            return Err(port_clash(name));
         }
     }
     Ok(())
+}
+
+/// Whether a container's port of `number` and `protocol` is the sidecar's admin port.
+pub fn admin_port_taken(number: Option<u64>, protocol: Option<&str>) -> bool {
+    number == Some(ADMIN_PORT.into()) && protocol.is_none_or(|p| p == "TCP")
+}
+
+/// Why a pod whose container `name` declares the admin port is refused.
+pub fn port_clash(name: &str) -> String {
+    format!("container {name:?} already uses port {ADMIN_PORT}, the sidecar's admin port")
 }
 
 /// A volume of the sidecar's volume's name in a pod without the sidecar is the pod's own, which

@@ -15,7 +15,9 @@ use serde::{
 };
 
 use super::{
-    CONFIG_ANNOTATION, CONTAINER, INJECT, List, Settings, Shape, Slot, VOLUME, config_map_name, edits, opted_out,
+    CONFIG_ANNOTATION, CONTAINER, INJECT, List, Settings, Shape, Slot, VOLUME,
+    checks::{admin_port_taken, port_clash},
+    config_map_name, edits, opted_out,
 };
 use crate::defaults::{MAX_REVIEW_UID_BYTES, REVIEW_SHOWN_CHARS};
 
@@ -142,59 +144,103 @@ struct Marks<'a> {
 #[serde(rename_all = "camelCase")]
 struct Spec {
     #[serde(default, deserialize_with = "containers")]
-    init_containers: Option<List>,
+    init_containers: Option<Listed>,
     #[serde(default, deserialize_with = "containers")]
-    containers: Option<List>,
+    containers: Option<Listed>,
     #[serde(default, deserialize_with = "volumes")]
-    volumes: Option<List>,
+    volumes: Option<Listed>,
 }
 
-fn containers<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<List>, D::Error> {
+fn containers<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Listed>, D::Error> {
     deserializer.deserialize_option(Items(CONTAINER, PhantomData))
 }
 
-fn volumes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<List>, D::Error> {
+fn volumes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Listed>, D::Error> {
     deserializer.deserialize_option(Items(VOLUME, PhantomData))
 }
 
-/// Reads a list of named items (containers, volumes) keeping only where the one named `.0` is.
+/// A list of named items as read: where the one of ours is, and the first other declaring the
+/// sidecar's admin port (only containers have ports).
+struct Listed {
+    list: List,
+    admin_port: Option<String>,
+}
+
+/// Reads a list of named items (containers, volumes) keeping only where the one named `.0` is
+/// and which other declares the admin port.
 struct Items<'de>(&'static str, PhantomData<&'de ()>);
 
 #[derive(Deserialize)]
 struct Named<'a> {
     #[serde(borrow)]
     name: Option<Text<'a>>,
+    #[serde(default, rename = "ports", deserialize_with = "admin_port")]
+    admin_port: bool,
+}
+
+/// Whether a list of ports holds the admin port, read a port at a time: a list of many holds
+/// no more memory than one.
+fn admin_port<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    struct Ports;
+    impl<'de> Visitor<'de> for Ports {
+        type Value = bool;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a list of ports")
+        }
+        fn visit_unit<E>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut ports: A) -> Result<bool, A::Error> {
+            let mut taken = false;
+            while let Some(port) = ports.next_element::<Port<'de>>()? {
+                taken |= admin_port_taken(port.container_port, text(&port.protocol));
+            }
+            Ok(taken)
+        }
+    }
+    deserializer.deserialize_any(Ports)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Port<'a> {
+    container_port: Option<u64>,
+    #[serde(borrow)]
+    protocol: Option<Text<'a>>,
 }
 
 impl<'de> Visitor<'de> for Items<'de> {
-    type Value = Option<List>;
+    type Value = Option<Listed>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a list")
     }
 
-    fn visit_none<E>(self) -> Result<Option<List>, E> {
+    fn visit_none<E>(self) -> Result<Option<Listed>, E> {
         Ok(None)
     }
 
-    fn visit_unit<E>(self) -> Result<Option<List>, E> {
+    fn visit_unit<E>(self) -> Result<Option<Listed>, E> {
         Ok(None)
     }
 
-    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Option<List>, D::Error> {
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Option<Listed>, D::Error> {
         deserializer.deserialize_seq(self)
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Option<List>, A::Error> {
-        let (mut found, mut repeats, mut index) = (None, false, 0usize);
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Option<Listed>, A::Error> {
+        let (mut found, mut repeats, mut index, mut admin_port) = (None, false, 0usize, None);
         while let Some(item) = items.next_element::<Named>()? {
             if text(&item.name) == Some(self.0) {
                 repeats |= found.is_some();
                 found = Some(index);
+            } else if admin_port.is_none() && item.admin_port {
+                admin_port = Some(text(&item.name).unwrap_or_default().to_owned());
             }
             index = index.saturating_add(1);
         }
-        Ok(Some(if repeats { List::Repeats } else { List::Items(found) }))
+        let list = if repeats { List::Repeats } else { List::Items(found) };
+        Ok(Some(Listed { list, admin_port }))
     }
 }
 
@@ -273,7 +319,11 @@ fn mutate(request: &Request, settings: &Settings, default_config_map: Option<&st
     };
     let slot = |present: bool| if present { Slot::Mapping } else { Slot::Absent };
     let spec = pod.spec.as_ref();
-    let list = |list: Option<&Option<List>>| list.copied().flatten().unwrap_or(List::Absent);
+    let lists = spec.into_iter().flat_map(|s| [&s.init_containers, &s.containers]).flatten();
+    if let Some(name) = lists.filter_map(|l| l.admin_port.as_deref()).next() {
+        return Err(port_clash(name));
+    }
+    let list = |listed: Option<&Option<Listed>>| listed.and_then(Option::as_ref).map_or(List::Absent, |l| l.list);
     let shape = Shape {
         metadata: slot(metadata.is_some()),
         annotations: slot(annotations.is_some()),

@@ -373,6 +373,11 @@ fn the_webhook_allows_what_it_does_not_inject_unchanged() {
     let outcome = unchanged(review(own), None);
     assert!(matches!(&outcome, review::Outcome::Unhandled(why) if why.contains("the pod's own")), "{outcome:?}");
 
+    let mut port = orders_pod();
+    port["spec"]["containers"][0]["ports"][0]["containerPort"] = 9901.into();
+    let outcome = unchanged(review(port), None);
+    assert_eq!(outcome, review::Outcome::Unhandled(checks::port_clash("app")));
+
     let mut unnamed = orders_pod();
     unnamed["metadata"]["annotations"].as_object_mut().unwrap().remove(CONFIG_ANNOTATION);
     let outcome = unchanged(review(unnamed.clone()), None);
