@@ -32,8 +32,13 @@ fn the_demo_enforces_the_limit_and_shares_it() {
     // until its first lease, asked for 0.25 s after its first request (`FIRST_ASK_AFTER`):
     // 50 of the 200 a second it is offered — nothing like the 2× and more that is offered. A
     // single second may go further over for that.
+    // On a loaded machine that first answer can take longer: what a sidecar admits in a second
+    // it ends still `pending` (no lease yet, lease shown as `none`) is its fallback's, not the
+    // capacity's, and is left out.
     let joining = 200.0 * 0.25;
-    let totals: Vec<f64> = lines.iter().map(|(_, total)| *total).collect();
+    let on_fallback =
+        |pods: &[(f64, f64)]| pods.iter().filter(|(_, lease)| lease.is_nan()).map(|(a, _)| a).sum::<f64>();
+    let totals: Vec<f64> = lines.iter().map(|(pods, total)| total - on_fallback(pods)).collect();
     for window in totals.windows(10) {
         assert!(window.iter().sum::<f64>() <= 1050.0 + joining, "admitted above 100/s over 10 s: {stdout}");
     }
