@@ -7,6 +7,7 @@ mod rate_limit;
 #[cfg(test)]
 mod tests;
 mod validate;
+mod values;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 

@@ -10,11 +10,11 @@ use sluice_ratelimit::{Domain, MAX_FILES};
 
 use super::{
     Burst, KeyAttribute, KeySpec, RateLimitService, Resource,
-    document::{FallbackDoc, RateLimitServiceDoc},
-    validate::duration,
+    document::RateLimitServiceDoc,
+    values::{count, duration, fallback},
 };
 use crate::{
-    core::{Capacity, Fallback, Kind},
+    core::{Capacity, Kind},
     defaults,
 };
 
@@ -38,25 +38,12 @@ pub(super) fn rate_limit_service(
             doc.files.len()
         ));
     }
-    let max_requests = match doc.max_requests {
-        Some(n) if n == 0 || n > defaults::MAX_REQUESTS_LIMIT => {
-            return Err(format!("{}: must be from 1 to {}", at("max_requests"), defaults::MAX_REQUESTS_LIMIT));
-        }
-        n => n.unwrap_or(defaults::MAX_REQUESTS),
-    };
-    let max_keys = match doc.max_keys {
-        Some(n) if n == 0 || n > MAX_RESOURCES_PER_REQUEST => {
-            return Err(format!("{}: must be from 1 to {MAX_RESOURCES_PER_REQUEST}", at("max_keys")));
-        }
-        n => n.unwrap_or(defaults::MAX_KEYS),
-    };
+    let max_requests =
+        count(doc.max_requests, &at("max_requests"), defaults::MAX_REQUESTS, defaults::MAX_REQUESTS_LIMIT)?;
+    let max_keys = count(doc.max_keys, &at("max_keys"), defaults::MAX_KEYS, MAX_RESOURCES_PER_REQUEST)?;
     let idle_timeout =
         doc.idle_timeout.as_deref().map_or(Ok(defaults::KEY_IDLE_TIMEOUT), |t| duration(t, &at("idle_timeout")))?;
-    let when_unreachable = match doc.when_unreachable {
-        FallbackDoc::Safe => Fallback::Safe,
-        FallbackDoc::Optimistic => Fallback::Optimistic,
-        FallbackDoc::Pessimistic => Fallback::Pessimistic,
-    };
+    let when_unreachable = fallback(doc.when_unreachable);
     let mut domains = Vec::with_capacity(doc.files.len());
     let mut names = HashSet::new();
     let mut resources = Vec::new();

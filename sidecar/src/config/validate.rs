@@ -6,10 +6,15 @@ use std::{collections::HashSet, path::Path, time::Duration};
 use http::{Method, uri::Scheme};
 use sluice_client::defaults::{MAX_ID_BYTES, MAX_RESOURCES_PER_REQUEST};
 
-use super::{document::*, rate_limit::rate_limit_service, *};
+use super::{
+    document::*,
+    rate_limit::rate_limit_service,
+    values::{amount, count, duration, fallback, within_limit},
+    *,
+};
 use crate::{
     canonical,
-    core::{Capacity, Cost, Fallback, Kind, MAX_AMOUNT, could_be_key},
+    core::{Capacity, Kind, MAX_AMOUNT, could_be_key},
     defaults,
 };
 
@@ -131,10 +136,8 @@ fn listener(i: usize, doc: ListenerDoc, upstreams: &[Upstream]) -> Result<Listen
     let timeout = |value: &Option<String>, field: &str, default: Duration| {
         value.as_deref().map_or(Ok(default), |t| duration(t, &at(field)))
     };
-    let count = |value: Option<usize>, field: &str, default: usize, limit: usize| match value {
-        Some(n) if n == 0 || n > limit => Err(format!("{}: must be from 1 to {limit}", at(field))),
-        v => Ok(v.unwrap_or(default)),
-    };
+    let count =
+        |value: Option<usize>, field: &str, default: usize, limit: usize| count(value, &at(field), default, limit);
     Ok(Listener {
         max_connections: count(
             doc.max_connections,
@@ -192,11 +195,7 @@ fn resource(i: usize, doc: ResourceDoc, standalone: bool) -> Result<Resource, St
         capacity: standalone_capacity,
         burst,
         priority: doc.priority,
-        when_unreachable: match doc.when_unreachable {
-            FallbackDoc::Safe => Fallback::Safe,
-            FallbackDoc::Optimistic => Fallback::Optimistic,
-            FallbackDoc::Pessimistic => Fallback::Pessimistic,
-        },
+        when_unreachable: fallback(doc.when_unreachable),
         safe_capacity: capacity(doc.safe_capacity, "safe_capacity")?,
         id: doc.id,
     })
@@ -226,12 +225,7 @@ fn key_spec(per: &PerDoc, doc: &ResourceDoc, at: &dyn Fn(&str) -> String) -> Res
             }
         },
     };
-    let max_keys = match doc.max_keys {
-        Some(n) if n == 0 || n > MAX_RESOURCES_PER_REQUEST => {
-            return Err(format!("{}: must be from 1 to {MAX_RESOURCES_PER_REQUEST}", at("max_keys")));
-        }
-        n => n.unwrap_or(defaults::MAX_KEYS),
-    };
+    let max_keys = count(doc.max_keys, &at("max_keys"), defaults::MAX_KEYS, MAX_RESOURCES_PER_REQUEST)?;
     let per_key_metrics = matches!(doc.metrics, Some(MetricsDoc::PerKey));
     if per_key_metrics && max_keys > defaults::MAX_KEYS_WITH_SERIES {
         return Err(format!(
@@ -383,32 +377,6 @@ fn rule(i: usize, doc: RuleDoc, listeners: &[Listener], resources: &[Resource]) 
         max_wait,
         name,
     })
-}
-
-/// A duration setting: at most [`defaults::MAX_SETTING_DURATION`].
-fn within_limit(text: &str, at: &str) -> Result<Duration, String> {
-    match humantime::parse_duration(text) {
-        Ok(d) if d > defaults::MAX_SETTING_DURATION => {
-            Err(format!("{at}: must be at most {}", humantime::format_duration(defaults::MAX_SETTING_DURATION)))
-        }
-        Ok(d) => Ok(d),
-        Err(e) => Err(format!("{at}: {text:?}: {e}")),
-    }
-}
-
-/// A timeout: above 0 and at most [`defaults::MAX_SETTING_DURATION`].
-pub(super) fn duration(text: &str, at: &str) -> Result<Duration, String> {
-    match within_limit(text, at)? {
-        d if d.is_zero() => Err(format!("{at}: must be greater than 0")),
-        d => Ok(d),
-    }
-}
-
-/// An amount that must be above 0 (a burst, a bound on costs).
-fn amount(value: f64, at: &str) -> Result<Cost, String> {
-    Cost::new(value)
-        .filter(|c| c.get() > 0.0)
-        .ok_or_else(|| format!("{at}: must be a number above 0, at most {MAX_AMOUNT:e}"))
 }
 
 fn unique<'a>(what: &str, names: impl Iterator<Item = &'a str>) -> Result<(), String> {
