@@ -56,7 +56,7 @@ pub(super) fn rate_limit_service(
         }
         for limit in &domain.limits {
             let Some(quota) = limit.quota else { continue };
-            let rate = Capacity::new(quota.rate()).expect("a u32 over a positive unit is a capacity");
+            let rate = Capacity::saturating(quota.rate());
             if limit.detailed && limit.keyed && max_keys > defaults::MAX_KEYS_WITH_SERIES {
                 return Err(format!(
                     "{here}: limit {:?} has detailed_metric: max_keys must be at most {} for series per value",
