@@ -17,6 +17,15 @@ pub mod tls;
 pub use answer::{Answer, Granted, safe_capacity};
 pub use schedule::{Round, Schedule};
 
+/// Why `value` is not an amount the protocol carries (a capacity, wants, a cost: from 0 to
+/// [`MAX_AMOUNT`](defaults::MAX_AMOUNT)), worded alike by every binary and RPC; `or` names what
+/// else a setting accepts (the sidecar's `.inf`).
+pub fn out_of_range(value: f64, or: &str) -> String {
+    // 1e300 in exponent form, not as its 301 digits.
+    let got = if value.abs() < 1e16 { value.to_string() } else { format!("{value:e}") };
+    format!("must be from 0 to {:e}{or}, got {got}", defaults::MAX_AMOUNT)
+}
+
 /// An id towards a capacity server (a client or server id given as a flag): what a server
 /// accepts — non-empty, at most [`MAX_ID_BYTES`](defaults::MAX_ID_BYTES), no control characters.
 pub fn id(text: &str) -> Result<String, String> {

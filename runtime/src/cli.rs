@@ -9,7 +9,10 @@ use std::{
     time::Duration,
 };
 
-use clap::{Parser, ValueEnum, error::ErrorKind};
+use clap::{
+    Parser, ValueEnum,
+    error::{ContextKind, ContextValue, ErrorKind},
+};
 
 use crate::defaults::MIN_POLL_INTERVAL;
 
@@ -69,12 +72,24 @@ macro_rules! errln {
 }
 
 /// A clap error's first paragraph on one line, without its "error: " prefix: the missing
-/// arguments clap lists under its first line stay in it.
+/// arguments clap lists under its first line stay in it, and the flag, subcommand or value clap
+/// found closest to a misspelt one is offered as "did you mean".
 fn usage_line(error: &clap::Error) -> String {
     let text = error.to_string();
     let paragraph: Vec<&str> = text.lines().map(str::trim).take_while(|l| !l.is_empty()).collect();
     let line = paragraph.join(" ");
-    line.strip_prefix("error: ").unwrap_or(&line).to_owned()
+    let mut line = line.strip_prefix("error: ").unwrap_or(&line).to_owned();
+    let suggested = [ContextKind::SuggestedArg, ContextKind::SuggestedSubcommand, ContextKind::SuggestedValue]
+        .into_iter()
+        .find_map(|kind| match error.get(kind) {
+            Some(ContextValue::String(s)) => Some(s.clone()),
+            Some(ContextValue::Strings(s)) if !s.is_empty() => Some(s.join("' or '")),
+            _ => None,
+        });
+    if let Some(suggested) = suggested {
+        line.push_str(&format!(" (did you mean '{suggested}'?)"));
+    }
+    line
 }
 
 /// A duration flag that must be above zero, e.g. "2s" or "500ms".
@@ -109,5 +124,34 @@ pub fn host_port(text: &str) -> Result<String, String> {
             Ok(text.to_owned())
         }
         _ => Err(format!("{text:?} is not host:port")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::usage_line;
+
+    #[derive(Debug, Parser)]
+    struct Flags {
+        #[arg(long)]
+        config: Option<String>,
+        #[arg(long, value_enum)]
+        log_format: Option<super::LogFormat>,
+    }
+
+    fn line(args: &[&str]) -> String {
+        usage_line(&Flags::try_parse_from([&["tool"], args].concat()).expect_err("a bad flag"))
+    }
+
+    #[test]
+    fn a_misspelt_flag_or_value_is_answered_with_the_closest_one_on_one_line() {
+        let flag = line(&["--confg", "x"]);
+        assert_eq!(flag, "unexpected argument '--confg' found (did you mean '--config'?)");
+        let value = line(&["--log-format", "jsn"]);
+        assert!(value.starts_with("invalid value 'jsn' for '--log-format"), "{value}");
+        assert!(value.ends_with("(did you mean 'json'?)") && !value.contains('\n'), "{value}");
+        assert!(!line(&["--zzzzzz"]).contains("did you mean"));
     }
 }

@@ -15,6 +15,11 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// A configuration's errors (one per line), each line naming where it came from.
+    pub fn config(source: &str, why: &str) -> Failure {
+        Failure::Usage(why.lines().map(|line| format!("{source}: {line}")).collect::<Vec<_>>().join("\n"))
+    }
+
     pub fn exit_code(&self) -> u8 {
         match self {
             Failure::Usage(_) => 64,
@@ -31,6 +36,15 @@ impl fmt::Display for Failure {
     }
 }
 
+/// Says on standard error why `binary` stops, a line per error found, and gives the code to exit
+/// with.
+pub fn exit(binary: &str, why: &str, code: u8) -> ExitCode {
+    for line in why.lines() {
+        let _ = crate::errln!("{binary}: {line}");
+    }
+    ExitCode::from(code)
+}
+
 /// The configuration file's name and text, or the embedded default's when there is no file.
 pub fn read_config(path: Option<&std::path::Path>, embedded: &str) -> Result<(String, String), Failure> {
     match path {
@@ -45,8 +59,8 @@ pub fn read_config(path: Option<&std::path::Path>, embedded: &str) -> Result<(St
 
 /// `check --config FILE`: `summarize` validates the file's text as a start would, relative paths
 /// leading to the file's folder, and says what it holds. Exits 0 saying `FILE: ok: <summary>` on
-/// standard output, else 64 (as a start would) saying `FILE: <why>` on standard error; one line
-/// either way, and nothing bound or dialled.
+/// standard output, else 64 (as a start would) saying `FILE: <why>` on standard error for every
+/// error found, a line each; nothing bound or dialled.
 pub fn check(path: &Path, summarize: impl FnOnce(&str, &Path) -> Result<String, String>) -> ExitCode {
     let dir = path.parent().unwrap_or(Path::new(""));
     let name = path.display();
@@ -55,10 +69,7 @@ pub fn check(path: &Path, summarize: impl FnOnce(&str, &Path) -> Result<String, 
             let _ = crate::outln!("{name}: ok: {summary}");
             ExitCode::SUCCESS
         }
-        Err(why) => {
-            let _ = crate::errln!("{name}: {}", why.replace('\n', " "));
-            ExitCode::from(Failure::Usage(why).exit_code())
-        }
+        Err(why) => exit(&name.to_string(), &why, Failure::Usage(why.clone()).exit_code()),
     }
 }
 

@@ -48,7 +48,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let (source, text) = read_config(args.config.as_deref(), EMBEDDED_CONFIG)?;
     // Where the files it names are found: beside it; the embedded default's, in the working directory.
     let dir = args.config.as_deref().and_then(Path::parent).unwrap_or(Path::new("")).to_owned();
-    let repository = config::parse(&text, &dir).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
+    let repository = config::parse(&text, &dir).map_err(|e| Failure::config(&source, &e))?;
     let tls = args
         .tls()
         .map(|files| {

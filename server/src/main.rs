@@ -26,9 +26,6 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(app::run(args)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(failure) => {
-            let _ = errln!("sluice-server: {failure}");
-            ExitCode::from(failure.exit_code())
-        }
+        Err(failure) => process::exit("sluice-server", &failure.to_string(), failure.exit_code()),
     }
 }

@@ -175,7 +175,7 @@ fn amount(field: &str, value: f64) -> Result<(), Status> {
     if (0.0..=MAX_AMOUNT).contains(&value) {
         Ok(())
     } else {
-        Err(invalid(format!("{field}: must be 0 to {MAX_AMOUNT:e}, got {value}")))
+        Err(invalid(format!("{field}: {}", sluice_client::out_of_range(value, ""))))
     }
 }
 
@@ -221,16 +221,19 @@ mod tests {
     fn rejects_bad_amounts_and_ids() {
         assert_eq!(
             message(get_capacity(&request(&[("a", f64::NAN)]))),
-            "resource[0].wants: must be 0 to 1e15, got NaN"
+            "resource[0].wants: must be from 0 to 1e15, got NaN"
         );
         assert_eq!(
             message(get_capacity(&request(&[("a", 1.0), ("b", f64::INFINITY)]))),
-            "resource[1].wants: must be 0 to 1e15, got inf"
+            "resource[1].wants: must be from 0 to 1e15, got inf"
         );
-        assert_eq!(message(get_capacity(&request(&[("a", -1.0)]))), "resource[0].wants: must be 0 to 1e15, got -1");
+        assert_eq!(
+            message(get_capacity(&request(&[("a", -1.0)]))),
+            "resource[0].wants: must be from 0 to 1e15, got -1"
+        );
         assert_eq!(
             message(get_capacity(&request(&[("a", 2e15)]))),
-            "resource[0].wants: must be 0 to 1e15, got 2000000000000000"
+            "resource[0].wants: must be from 0 to 1e15, got 2000000000000000"
         );
         assert_eq!(message(get_capacity(&request(&[("", 1.0)]))), "resource[0].resource_id: must not be empty");
         assert_eq!(
@@ -327,7 +330,7 @@ mod tests {
         );
         assert_eq!(
             message(get_server_capacity(&with(vec![group(3, f64::NAN)]))),
-            "resource[0].wants[0].profile.group[0].wants: must be 0 to 1e15, got NaN"
+            "resource[0].wants[0].profile.group[0].wants: must be from 0 to 1e15, got NaN"
         );
         assert_eq!(
             message(get_server_capacity(&with(Vec::new()))),

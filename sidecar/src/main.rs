@@ -91,8 +91,7 @@ fn input(path: &Path) -> std::io::Result<String> {
 }
 
 fn fail(message: &str, code: u8) -> ExitCode {
-    let _ = errln!("sluice-sidecar: {message}");
-    ExitCode::from(code)
+    process::exit("sluice-sidecar", message, code)
 }
 
 fn sidecar(args: cli::Args) -> ExitCode {

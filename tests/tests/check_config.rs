@@ -1,6 +1,6 @@
 //! `sluice-server check` and `sluice-sidecar check`: a file validated as a start would validate
-//! it, the files it names read from its folder, nothing bound; 0 and a summary, or 64 and one
-//! line naming the file.
+//! it, the files it names read from its folder, nothing bound; 0 and a summary, or 64 and a line
+//! per error found, each naming the file.
 
 use std::{
     net::TcpListener,
@@ -92,7 +92,7 @@ fn server_check_refuses_an_invalid_file_in_one_line() {
         server,
         dir.path(),
         "capacity.yaml",
-        r#"resources[1] ("*"): capacity: must be finite and ≥ 0, got -1"#,
+        r#"resources[1] ("*"): capacity: must be from 0 to 1e15, got -1"#,
     );
     assert_refused(server, dir.path(), "unknown.yaml", "unknown field `bogus`");
     assert_refused(server, dir.path(), "unknown.yaml", "at line 9 column 5");
@@ -165,4 +165,34 @@ fn sidecar_check_refuses_an_invalid_file_in_one_line() {
     assert_refused(sidecar, dir.path(), "server-ca.yaml", "missing-ca.pem");
     assert_refused(sidecar, dir.path(), "upstream-ca.yaml", "missing-ca.pem");
     assert_refused(sidecar, dir.path(), "absent.yaml", "cannot read it");
+}
+
+#[test]
+fn both_checks_report_every_error_found_a_line_each() {
+    let server =
+        SERVER.replace("capacity: 50", "capacity: -5").replace("capacity: 100", "capacity: 100\n    safe_capacity: -3");
+    let sidecar = sidecar("127.0.0.1:9000")
+        .replace("url: http://127.0.0.1:8080", "url: ftp://x")
+        .replace("kind: rate, safe_capacity: 10", "kind: rate, safe_capacity: -10")
+        .replace("{id: orders.all, kind: rate}", "{id: orders.all, kind: rate, burst: 0}");
+    let dir = folder(&[("server.yaml", &server), ("sidecar.yaml", &sidecar), ("limits.yaml", LIMITS)]);
+    let (code, stdout, stderr) = check("sluice-server", dir.path(), "server.yaml");
+    assert_eq!((code, stdout.as_str()), (Some(64), ""), "{stderr}");
+    assert_eq!(
+        stderr.lines().collect::<Vec<_>>(),
+        [
+            r#"server.yaml: resources[0] ("orders.*"): capacity: must be from 0 to 1e15, got -5"#,
+            r#"server.yaml: resources[1] ("*"): safe_capacity: must be from 0 to 1e15 or -1 (unlimited), got -3"#,
+        ]
+    );
+    let (code, stdout, stderr) = check("sluice-sidecar", dir.path(), "sidecar.yaml");
+    assert_eq!((code, stdout.as_str()), (Some(64), ""), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 3, "{stderr}");
+    assert!(lines[0].starts_with("sidecar.yaml: upstreams[0] (orders).url: "), "{stderr}");
+    assert_eq!(
+        lines[1],
+        "sidecar.yaml: resources[0] (orders.write).safe_capacity: must be from 0 to 1e15 or .inf, got -10"
+    );
+    assert_eq!(lines[2], "sidecar.yaml: resources[1] (orders.all).burst: must be above 0 and at most 1e15, got 0");
 }

@@ -1,5 +1,6 @@
 //! Every binary's manners on the command line: output to a reader that went away (`--help |
-//! head -1`) ends the program quietly, never in a panic.
+//! head -1`) ends the program quietly, never in a panic; a misspelt flag gets one line offering
+//! the flag meant.
 
 use std::{io::Read, process::Command};
 
@@ -59,5 +60,20 @@ fn a_bad_flag_with_stderr_closed_still_exits_64() {
         // A panic would exit 101.
         let (code, _) = with_closed_pipe(name, &["--no-such-flag"], false);
         assert_eq!(code, Some(64), "{name} --no-such-flag with a closed stderr");
+    }
+}
+
+#[test]
+fn a_misspelt_flag_gets_one_line_offering_the_flag_meant() {
+    for (name, args, meant) in [
+        ("sluice-server", &["--confg", "x"][..], "--config"),
+        ("sluice-sidecar", &["--admin-adr", "127.0.0.1:1"][..], "--admin-addr"),
+        ("sluice-sidecar", &["chek", "--config", "x"][..], "check"),
+    ] {
+        let out = Command::new(binary(name)).args(args).output().expect("binary runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{name} {args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{name} {args:?}: {stderr}");
+        assert!(stderr.trim_end().ends_with(&format!("(did you mean '{meant}'?)")), "{name} {args:?}: {stderr}");
     }
 }

@@ -560,7 +560,7 @@ fn bad_flags_and_configs_exit_64_with_one_line() {
         (&["--max-request-bytes-in-flight", "1000"], "must be a whole number from 65536 to 1099511627776"),
         (&["--max-request-bytes-in-flight", "-1"], "must be a whole number from 65536"),
         (&["--max-connections", "0"], "must be a whole number from 1 to 1000000"),
-        (&["--config", broken], "capacity: must be finite and ≥ 0, got -5"),
+        (&["--config", broken], "capacity: must be from 0 to 1e15, got -5"),
         (&["--config", "/nonexistent/sluice.yaml"], "--config /nonexistent/sluice.yaml"),
         (&["--tls-cert", broken, "--tls-key", broken, "--grpc-addr", "127.0.0.1:0"], "is not PEM"),
     ];

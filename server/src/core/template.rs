@@ -10,6 +10,8 @@ use super::{
     algorithm::Choice,
     priority::{PriorityMode, SubtreeWants},
 };
+use sluice_client::{defaults::MAX_AMOUNT, out_of_range};
+
 use crate::defaults::MAX_TEMPLATE_SECONDS;
 
 /// The glob every repository must end with, matching every resource id.
@@ -50,48 +52,30 @@ pub struct Repository {
 type CheckValue = fn(Option<&str>) -> Result<(), String>;
 
 impl Repository {
-    /// Validates the templates (SPEC §3.1) and builds the lookup.
+    /// Validates the templates (SPEC §3.1) and builds the lookup; the error holds every
+    /// template's first fault, one per line.
     pub fn new(templates: Vec<Template>) -> Result<Repository, TemplateError> {
         let mut matchers = Vec::with_capacity(templates.len());
         let mut exact = HashMap::with_capacity(templates.len());
+        let mut errors = Vec::new();
         for (i, t) in templates.iter().enumerate() {
-            let fail = |field: &str, why: String| {
-                TemplateError(format!("resources[{i}] ({:?}): {field}: {why}", t.identifier_glob))
-            };
-            if t.identifier_glob.is_empty() {
-                return Err(fail("identifier_glob", "must not be empty".into()));
+            match check(t, &exact) {
+                Ok(matcher) => matchers.push(matcher),
+                Err((field, why)) => errors.push(format!("resources[{i}] ({:?}): {field}: {why}", t.identifier_glob)),
             }
-            if !(t.capacity.is_finite() && t.capacity >= 0.0) {
-                return Err(fail("capacity", format!("must be finite and ≥ 0, got {}", t.capacity)));
-            }
-            if let Some(safe) = t.safe_capacity
-                && !(safe.is_finite() && (safe >= 0.0 || safe == -1.0))
-            {
-                return Err(fail("safe_capacity", format!("must be −1 (unlimited) or finite and ≥ 0, got {safe}")));
-            }
-            check_algorithm(&t.algorithm).map_err(|(field, why)| fail(&format!("algorithm.{field}"), why))?;
-            let glob = GlobBuilder::new(&t.identifier_glob)
-                .literal_separator(false)
-                .backslash_escape(true)
-                .build()
-                .map_err(|e| fail("identifier_glob", format!("malformed glob: {}", e.kind())))?;
-            matchers.push(glob.compile_matcher());
-            if let Some(first) = exact.insert(t.identifier_glob.clone(), i) {
-                return Err(fail("identifier_glob", format!("duplicates resources[{first}]")));
-            }
+            exact.entry(t.identifier_glob.clone()).or_insert(i);
         }
         match templates.iter().position(|t| t.identifier_glob == CATCH_ALL) {
-            None => {
-                return Err(TemplateError(format!(
-                    "resources: a template with identifier_glob {CATCH_ALL:?} is required (as the last one)"
-                )));
-            }
-            Some(i) if i + 1 != templates.len() => {
-                return Err(TemplateError(format!(
-                    "resources[{i}] ({CATCH_ALL:?}): identifier_glob: the catch-all template must be the last one"
-                )));
-            }
+            None => errors.push(format!(
+                "resources: a template with identifier_glob {CATCH_ALL:?} is required (as the last one)"
+            )),
+            Some(i) if i + 1 != templates.len() => errors.push(format!(
+                "resources[{i}] ({CATCH_ALL:?}): identifier_glob: the catch-all template must be the last one"
+            )),
             Some(_) => {}
+        }
+        if !errors.is_empty() {
+            return Err(TemplateError(errors.join("\n")));
         }
         Ok(Repository { templates: templates.into_iter().map(Arc::new).collect(), matchers, exact })
     }
@@ -108,6 +92,31 @@ impl Repository {
     pub fn templates(&self) -> &[Arc<Template>] {
         &self.templates
     }
+}
+
+/// One template's fault (field, why), `exact` holding the globs before it; else its matcher.
+fn check(t: &Template, exact: &HashMap<String, usize>) -> Result<GlobMatcher, (String, String)> {
+    let fail = |field: &str, why: String| Err((field.to_owned(), why));
+    if t.identifier_glob.is_empty() {
+        return fail("identifier_glob", "must not be empty".into());
+    }
+    if !(0.0..=MAX_AMOUNT).contains(&t.capacity) {
+        return fail("capacity", out_of_range(t.capacity, ""));
+    }
+    if let Some(safe) = t.safe_capacity
+        && !((0.0..=MAX_AMOUNT).contains(&safe) || safe == -1.0)
+    {
+        return fail("safe_capacity", out_of_range(safe, " or -1 (unlimited)"));
+    }
+    check_algorithm(&t.algorithm).map_err(|(field, why)| (format!("algorithm.{field}"), why))?;
+    if let Some(first) = exact.get(&t.identifier_glob) {
+        return fail("identifier_glob", format!("duplicates resources[{first}]"));
+    }
+    let glob = GlobBuilder::new(&t.identifier_glob).literal_separator(false).backslash_escape(true).build();
+    // The error quotes the character the glob choked on, which may be a line break.
+    let malformed =
+        |e: globset::Error| format!("malformed glob: {}", e.kind()).replace('\n', "\\n").replace('\r', "\\r");
+    glob.map(|g| g.compile_matcher()).or_else(|e| fail("identifier_glob", malformed(e)))
 }
 
 /// Checks an algorithm's settings (SPEC §3.1): `Err` names the field (`lease_length`,
@@ -212,7 +221,7 @@ mod tests {
         );
         assert_eq!(
             error(vec![template("*", f64::NAN)]),
-            "resources[0] (\"*\"): capacity: must be finite and ≥ 0, got NaN"
+            "resources[0] (\"*\"): capacity: must be from 0 to 1e15, got NaN"
         );
         let mut t = template("*", 1.0);
         t.algorithm.lease_length = 2;

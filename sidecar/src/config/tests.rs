@@ -32,11 +32,11 @@ fn errors_name_the_item_and_field() {
         ("resources:\n  - id: r\n", "resources[0] (r).capacity: required in standalone mode"),
         (
             "resources:\n  - id: r\n    capacity: -1\n",
-            "resources[0] (r).capacity: must be a number from 0 to 1e15, or .inf",
+            "resources[0] (r).capacity: must be from 0 to 1e15 or .inf, got -1",
         ),
         (
             "resources:\n  - id: r\n    capacity: 1\nrules:\n  - resource: x\n",
-            "rules[0] (rules[0]).resource: \"x\" is not a declared resource",
+            "rules[0] (rules[0]).resource: \"x\" is not a declared resource (defined: \"r\")",
         ),
         (
             "resources:\n  - id: r\n    capacity: 1\nrules:\n  - resource: r\n    on_limit: delay\n",
@@ -60,6 +60,35 @@ fn errors_name_the_item_and_field() {
 }
 
 #[test]
+fn every_error_is_found_one_per_line_without_echoes() {
+    let text = "listeners:\n  - {name: l, address: 127.0.0.1:1, upstream: u, max_requests: 0}\n\
+                upstreams:\n  - {name: u, url: http://127.0.0.1:2}\n  - {name: v, url: ftp://x}\n\
+                resources:\n  - {id: r, capacity: -5}\n  - {id: s, capacity: 1, burst: 0}\n\
+                rules:\n  - {resource: r, match: {listener: nowhere}}\n";
+    let error = parse(text).expect_err("four mistakes");
+    let lines: Vec<&str> = error.lines().collect();
+    assert_eq!(lines.len(), 3, "{error}");
+    assert!(lines[0].starts_with("upstreams[1] (v).url: "), "{error}");
+    assert_eq!(lines[1], "resources[0] (r).capacity: must be from 0 to 1e15 or .inf, got -5");
+    assert_eq!(lines[2], "resources[1] (s).burst: must be above 0 and at most 1e15, got 0");
+    // The listener names the invalid upstream's neighbour, and the rules wait for valid resources
+    // and listeners: once those are fixed, their own mistakes are found.
+    let fixed =
+        text.replace("ftp://x", "http://x").replace("capacity: -5", "capacity: 5").replace("burst: 0", "burst: 1");
+    assert_eq!(parse(&fixed).unwrap_err(), "listeners[0] (l).max_requests: must be from 1 to 1000000, got 0");
+    let unknown = fixed.replace(", max_requests: 0", "").replace("upstream: u", "upstream: w");
+    assert_eq!(
+        parse(&unknown).unwrap_err(),
+        "listeners[0] (l).upstream: no upstream named \"w\" (defined: \"u\", \"v\")"
+    );
+    let rule = unknown.replace("upstream: w", "upstream: u");
+    assert_eq!(
+        parse(&rule).unwrap_err(),
+        "rules[0] (rules[0]).match.listener: no listener named \"nowhere\" (defined: \"l\")"
+    );
+}
+
+#[test]
 fn every_duration_and_amount_has_a_limit() {
     let listener = |extra: &str| {
         format!(
@@ -74,8 +103,11 @@ fn every_duration_and_amount_has_a_limit() {
         (listener(", idle_timeout: 25h"), "listeners[0] (l).idle_timeout: must be at most 1day"),
         (listener(", header_read_timeout: 0s"), "listeners[0] (l).header_read_timeout: must be greater than 0"),
         (listener(", send_timeout: 300000000000years"), "listeners[0] (l).send_timeout: must be at most 1day"),
-        (listener(", max_connections: 1000001"), "listeners[0] (l).max_connections: must be from 1 to 1000000"),
-        (listener(", max_requests: 0"), "listeners[0] (l).max_requests: must be from 1 to 1000000"),
+        (
+            listener(", max_connections: 1000001"),
+            "listeners[0] (l).max_connections: must be from 1 to 1000000, got 1000001",
+        ),
+        (listener(", max_requests: 0"), "listeners[0] (l).max_requests: must be from 1 to 1000000, got 0"),
         (listener(", max_header_bytes: 2000000"), "listeners[0] (l).max_header_bytes: must be from 1 to 1048576"),
         (
             listener("").replace("http://127.0.0.1:2", "http://127.0.0.1:2, timeout: 2days"),
@@ -85,13 +117,16 @@ fn every_duration_and_amount_has_a_limit() {
             listener("").replace("http://127.0.0.1:2", "http://127.0.0.1:2, body_idle_timeout: 0s"),
             "upstreams[0] (u).body_idle_timeout: must be greater than 0",
         ),
-        (with("capacity: 1e300", ""), "resources[0] (r).capacity: must be a number from 0 to 1e15, or .inf"),
-        (with("capacity: 1, safe_capacity: .nan", ""), "resources[0] (r).safe_capacity: must be a number from 0"),
-        (with("capacity: 1, burst: .inf", ""), "resources[0] (r).burst: must be a number above 0, at most 1e15"),
-        (with("capacity: 1", ", cost: 1e16"), "rules[0] (rules[0]).cost: must be a number from 0 to 1e15"),
+        (with("capacity: 1e300", ""), "resources[0] (r).capacity: must be from 0 to 1e15 or .inf, got 1e300"),
+        (
+            with("capacity: 1, safe_capacity: .nan", ""),
+            "resources[0] (r).safe_capacity: must be from 0 to 1e15 or .inf, got NaN",
+        ),
+        (with("capacity: 1, burst: .inf", ""), "resources[0] (r).burst: must be above 0 and at most 1e15, got inf"),
+        (with("capacity: 1", ", cost: 1e16"), "rules[0] (rules[0]).cost: must be from 0 to 1e15, got 1e16"),
         (
             with("capacity: 1", ", cost: {header: x-cost, default: -1}"),
-            "rules[0] (rules[0]).cost.default: must be a number from 0 to 1e15",
+            "rules[0] (rules[0]).cost.default: must be from 0 to 1e15, got -1",
         ),
         (
             with("capacity: 1", ", cost: 2, max_cost: 5"),
@@ -112,7 +147,7 @@ fn every_duration_and_amount_has_a_limit() {
         ),
         (
             with("capacity: 1", ", cost: {header: x-cost}, max_cost: 0"),
-            "rules[0] (rules[0]).max_cost: must be a number above 0",
+            "rules[0] (rules[0]).max_cost: must be above 0 and at most 1e15, got 0",
         ),
         (
             with("capacity: 1", ", on_limit: delay, max_wait: 300000000000years"),

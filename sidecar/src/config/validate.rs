@@ -4,7 +4,10 @@
 use std::{collections::HashSet, path::Path, time::Duration};
 
 use http::{Method, uri::Scheme};
-use sluice_client::defaults::{MAX_ID_BYTES, MAX_RESOURCES_PER_REQUEST};
+use sluice_client::{
+    defaults::{MAX_ID_BYTES, MAX_RESOURCES_PER_REQUEST},
+    out_of_range,
+};
 
 use super::{
     document::*,
@@ -14,11 +17,12 @@ use super::{
 };
 use crate::{
     canonical,
-    core::{Capacity, Kind, MAX_AMOUNT, could_be_key},
+    core::{Capacity, Kind, could_be_key},
     defaults,
 };
 
-/// Parses and validates a configuration; the error is one line naming what is wrong and where.
+/// Parses and validates a configuration; the error names what is wrong and where, one line per
+/// error found (see [`parse_with`]).
 pub fn parse(text: &str) -> Result<Config, String> {
     parse_with(text, &[], Path::new(""))
 }
@@ -26,62 +30,92 @@ pub fn parse(text: &str) -> Result<Config, String> {
 /// [`parse`], with `servers` (when not empty) in place of the file's `server.addresses`
 /// (`--server-addresses`), a `server` section without TLS added if the file has none; the files
 /// it names by relative paths read from `base`, the configuration file's folder.
+///
+/// Every item is checked and every error reported, except that an item naming others (a listener
+/// its upstream, a rule its listener and resources) is checked only once those are valid, so that
+/// one mistake is not also reported as a dangling name.
 pub fn parse_with(text: &str, servers: &[String], base: &Path) -> Result<Config, String> {
     let mut doc: Document = yaml_serde::from_str(text).map_err(|e| e.to_string().replace('\n', " "))?;
     if !servers.is_empty() {
         let section = doc.server.get_or_insert_with(|| ServerDoc { addresses: Vec::new(), tls: None });
         section.addresses = servers.to_vec();
     }
-    let server = doc.server.map(server).transpose()?;
-    let upstreams =
-        doc.upstreams.into_iter().enumerate().map(|(i, u)| upstream(i, u)).collect::<Result<Vec<_>, _>>()?;
-    unique("upstreams", upstreams.iter().map(|u| u.name.as_str()))?;
+    let standalone = doc.server.is_none();
+    let mut errors = Errors::default();
+    let server = doc.server.map(server).transpose();
+    let server = errors.take(server).flatten();
+    let upstreams_before = errors.count();
+    let upstreams = errors.all(doc.upstreams.into_iter().enumerate().map(|(i, u)| upstream(i, u)));
+    let upstreams_valid = errors.count() == upstreams_before;
+    errors.take(unique("upstreams", upstreams.iter().map(|u| u.name.as_str())));
     let mut hosts = HashSet::new();
-    for u in &upstreams {
-        if let Some(h) = u.hosts.iter().find(|h| !hosts.insert(h.as_str())) {
-            return Err(format!("upstreams: host {h:?} is routed to more than one upstream"));
-        }
+    let shared_host = upstreams.iter().flat_map(|u| &u.hosts).find(|h| !hosts.insert(h.as_str()));
+    if let Some(h) = shared_host {
+        errors.push(format!("upstreams: host {h:?} is routed to more than one upstream"));
     }
     if doc.listeners.is_empty() && doc.rate_limit_service.is_none() {
-        return Err("listeners: at least one listener is required (or a rate_limit_service)".into());
+        errors.push("listeners: at least one listener is required (or a rate_limit_service)".into());
     }
-    let listeners = doc
-        .listeners
-        .into_iter()
-        .enumerate()
-        .map(|(i, l)| listener(i, l, &upstreams))
-        .collect::<Result<Vec<_>, _>>()?;
-    unique("listeners", listeners.iter().map(|l| l.name.as_str()))?;
-    if let Some(dup) = duplicate(listeners.iter().map(|l| l.address)) {
-        return Err(format!("listeners: address {dup} is used twice"));
+    let resources_before = errors.count();
+    let resources = errors.all(doc.resources.into_iter().enumerate().map(|(i, r)| resource(i, r, standalone)));
+    let resources_valid = errors.count() == resources_before;
+    let mut listeners = Vec::new();
+    let listeners_before = errors.count();
+    if upstreams_valid {
+        listeners = errors.all(doc.listeners.into_iter().enumerate().map(|(i, l)| listener(i, l, &upstreams)));
+        errors.take(unique("listeners", listeners.iter().map(|l| l.name.as_str())));
+        if let Some(dup) = duplicate(listeners.iter().map(|l| l.address)) {
+            errors.push(format!("listeners: address {dup} is used twice"));
+        }
     }
-    let resources = doc
-        .resources
-        .into_iter()
-        .enumerate()
-        .map(|(i, r)| resource(i, r, server.is_none()))
-        .collect::<Result<Vec<_>, _>>()?;
+    let listeners_valid = upstreams_valid && errors.count() == listeners_before;
     // Rules charge the file's resources only: the rate limit service's are charged by its calls.
-    let rules = doc
-        .rules
-        .into_iter()
-        .enumerate()
-        .map(|(i, r)| rule(i, r, &listeners, &resources))
-        .collect::<Result<Vec<_>, _>>()?;
-    // A name is how an operator refers to a rule; two rules of one name are a mistake.
-    unique("rules", rules.iter().map(|r| r.name.as_str()))?;
+    let mut rules = Vec::new();
+    if resources_valid && listeners_valid {
+        rules = errors.all(doc.rules.into_iter().enumerate().map(|(i, r)| rule(i, r, &listeners, &resources)));
+        // A name is how an operator refers to a rule; two rules of one name are a mistake.
+        errors.take(unique("rules", rules.iter().map(|r| r.name.as_str())));
+    }
     let mut resources = resources;
     let rate_limit_service = match doc.rate_limit_service {
-        Some(section) => {
-            let (service, limits) = rate_limit_service(section, base, server.is_none())?;
+        Some(section) => errors.take(rate_limit_service(section, base, standalone)).map(|(service, limits)| {
             resources.extend(limits);
-            Some(service)
-        }
+            service
+        }),
         None => None,
     };
-    unique("resources", resources.iter().map(|r| r.id.as_str()))?;
-    keyed_ids(&resources, server.is_some())?;
+    errors.take(unique("resources", resources.iter().map(|r| r.id.as_str())));
+    errors.take(keyed_ids(&resources, server.is_some()));
+    errors.done()?;
     Ok(Config { server, listeners, upstreams, resources, rules, rate_limit_service })
+}
+
+/// The errors found so far, each one line.
+#[derive(Default)]
+struct Errors(Vec<String>);
+
+impl Errors {
+    fn push(&mut self, error: String) {
+        self.0.push(error);
+    }
+
+    fn count(&self) -> usize {
+        self.0.len()
+    }
+
+    fn take<T>(&mut self, result: Result<T, String>) -> Option<T> {
+        result.map_err(|e| self.push(e)).ok()
+    }
+
+    /// The valid items, the others' errors kept.
+    fn all<T>(&mut self, items: impl Iterator<Item = Result<T, String>>) -> Vec<T> {
+        items.filter_map(|item| self.take(item)).collect()
+    }
+
+    /// `Err` with every error, one per line.
+    fn done(self) -> Result<(), String> {
+        if self.0.is_empty() { Ok(()) } else { Err(self.0.join("\n")) }
+    }
 }
 
 fn server(doc: ServerDoc) -> Result<ServerConfig, String> {
@@ -126,7 +160,8 @@ fn listener(i: usize, doc: ListenerDoc, upstreams: &[Upstream]) -> Result<Listen
     let at = |field: &str| format!("listeners[{i}] ({}).{field}", doc.name);
     match &doc.upstream {
         Some(name) if !upstreams.iter().any(|u| &u.name == name) => {
-            return Err(format!("{}: no upstream named {name:?}", at("upstream")));
+            let known = defined(upstreams.iter().map(|u| u.name.as_str()));
+            return Err(format!("{}: no upstream named {name:?} ({known})", at("upstream")));
         }
         None if upstreams.iter().all(|u| u.hosts.is_empty()) => {
             return Err(format!("{}: required unless some upstream lists `hosts` to route by Host", at("upstream")));
@@ -168,10 +203,7 @@ fn resource(i: usize, doc: ResourceDoc, standalone: bool) -> Result<Resource, St
     }
     let capacity = |value: Option<f64>, field: &str| {
         value
-            .map(|v| {
-                Capacity::new(v)
-                    .ok_or_else(|| format!("{}: must be a number from 0 to {MAX_AMOUNT:e}, or .inf", at(field)))
-            })
+            .map(|v| Capacity::new(v).ok_or_else(|| format!("{}: {}", at(field), out_of_range(v, " or .inf"))))
             .transpose()
     };
     let standalone_capacity = capacity(doc.capacity, "capacity")?;
@@ -279,7 +311,8 @@ fn rule(i: usize, doc: RuleDoc, listeners: &[Listener], resources: &[Resource]) 
     charged.extend(doc.also);
     for id in &charged {
         if !resources.iter().any(|r| &r.id == id) {
-            return Err(format!("{}: {id:?} is not a declared resource", at("resource")));
+            let known = defined(resources.iter().map(|r| r.id.as_str()));
+            return Err(format!("{}: {id:?} is not a declared resource ({known})", at("resource")));
         }
     }
     if let Some(dup) = duplicate(charged.iter()) {
@@ -289,7 +322,8 @@ fn rule(i: usize, doc: RuleDoc, listeners: &[Listener], resources: &[Resource]) 
     if let Some(l) = &m.listener
         && !listeners.iter().any(|x| &x.name == l)
     {
-        return Err(format!("{}: no listener named {l:?}", at("match.listener")));
+        let known = defined(listeners.iter().map(|l| l.name.as_str()));
+        return Err(format!("{}: no listener named {l:?} ({known})", at("match.listener")));
     }
     let methods = m
         .methods
@@ -323,9 +357,8 @@ fn rule(i: usize, doc: RuleDoc, listeners: &[Listener], resources: &[Resource]) 
         })
         .collect::<Result<Vec<_>, _>>()?;
     let (grpc_service, grpc_method) = m.grpc.map_or((None, None), |g| (g.service, g.method));
-    let cost_of = |value: f64, field: &str| {
-        Cost::new(value).ok_or_else(|| format!("{}: must be a number from 0 to {MAX_AMOUNT:e}", at(field)))
-    };
+    let cost_of =
+        |value: f64, field: &str| Cost::new(value).ok_or_else(|| format!("{}: {}", at(field), out_of_range(value, "")));
     let max = doc.max_cost.map(|m| amount(m, &at("max_cost"))).transpose()?;
     let cost = match doc.cost {
         CostDoc::Constant(_) if max.is_some() => {
@@ -377,6 +410,19 @@ fn rule(i: usize, doc: RuleDoc, listeners: &[Listener], resources: &[Resource]) 
         max_wait,
         name,
     })
+}
+
+/// The names a dangling reference could have meant, `defined: "a", "b"`: the first ten, so that a
+/// file of thousands of resources still gets a one-line error.
+fn defined<'a>(names: impl ExactSizeIterator<Item = &'a str>) -> String {
+    const SHOWN: usize = 10;
+    let total = names.len();
+    let shown: Vec<String> = names.take(SHOWN).map(|n| format!("{n:?}")).collect();
+    match total {
+        0 => "none is defined".into(),
+        n if n > SHOWN => format!("defined: {}, and {} more", shown.join(", "), n - SHOWN),
+        _ => format!("defined: {}", shown.join(", ")),
+    }
 }
 
 fn unique<'a>(what: &str, names: impl Iterator<Item = &'a str>) -> Result<(), String> {

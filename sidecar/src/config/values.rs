@@ -32,13 +32,13 @@ pub(super) fn duration(text: &str, at: &str) -> Result<Duration, String> {
 pub(super) fn amount(value: f64, at: &str) -> Result<Cost, String> {
     Cost::new(value)
         .filter(|c| c.get() > 0.0)
-        .ok_or_else(|| format!("{at}: must be a number above 0, at most {MAX_AMOUNT:e}"))
+        .ok_or_else(|| format!("{at}: must be above 0 and at most {MAX_AMOUNT:e}, got {value}"))
 }
 
 /// A count from 1 to `limit`, `default` when not given.
 pub(super) fn count(value: Option<usize>, at: &str, default: usize, limit: usize) -> Result<usize, String> {
     match value {
-        Some(n) if n == 0 || n > limit => Err(format!("{at}: must be from 1 to {limit}")),
+        Some(n) if n == 0 || n > limit => Err(format!("{at}: must be from 1 to {limit}, got {n}")),
         v => Ok(v.unwrap_or(default)),
     }
 }

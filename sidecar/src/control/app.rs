@@ -42,8 +42,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     telemetry::init(args.log_format, &args.log).map_err(Failure::Usage)?;
     let (source, text) = read_config(args.config.as_deref(), EMBEDDED_CONFIG)?;
     let base = folder(args.config.as_deref());
-    let config = config::parse_with(&text, &args.server_addresses, &base)
-        .map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
+    let config = config::parse_with(&text, &args.server_addresses, &base).map_err(|e| Failure::config(&source, &e))?;
     let handle = metrics::install().map_err(Failure::Runtime)?;
     let client_id = args.client_id.clone().unwrap_or_else(|| default_client_id(&config));
 
@@ -72,7 +71,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let admin_listener = std::net::TcpListener::bind(args.admin_addr)
         .map_err(|e| Failure::Runtime(format!("cannot listen on {} (admin): {e}", args.admin_addr)))?;
 
-    let plan = Plan::build(config, None, cue.as_ref()).map_err(|e| Failure::Usage(format!("{source}: {e}")))?;
+    let plan = Plan::build(config, None, cue.as_ref()).map_err(|e| Failure::config(&source, &e))?;
     if let Some(leasing) = &leasing {
         leasing.configure(&plan);
         leasing.apply(&plan);
