@@ -52,6 +52,23 @@ fn the_dockerfile_passes_hadolint() {
 }
 
 /// The user id of a running process, from /proc/PID/status.
+/// deploy/README.md's `docker run --network host` of the server keeps it on loopback: on the host's
+/// network, the image's `0.0.0.0:7777` would be every interface the host has.
+#[test]
+fn the_documented_host_network_server_listens_on_loopback() {
+    let readme = fs::read_to_string(repo().join("deploy/README.md")).expect("deploy/README.md");
+    let commands: Vec<String> = readme
+        .replace("\\\n", " ")
+        .lines()
+        .filter(|l| l.starts_with("docker run --network host") && l.contains(" sluice-server "))
+        .map(str::to_owned)
+        .collect();
+    assert!(!commands.is_empty(), "no `docker run --network host ... sluice-server` in deploy/README.md");
+    for command in commands {
+        assert!(command.contains("-e SLUICE_GRPC_ADDR=127.0.0.1:"), "{command}");
+    }
+}
+
 fn uid(pid: &str) -> u32 {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("process status");
     let line = status.lines().find_map(|l| l.strip_prefix("Uid:")).expect("a Uid line");
