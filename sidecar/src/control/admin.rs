@@ -64,7 +64,9 @@ impl Admin {
         loop {
             ticks.tick().await;
             let plan = self.live.load();
-            let round: Vec<_> = plan.gates.iter().map(|g| (g.id.clone(), status::figures(g))).collect();
+            let fixed = plan.gates.iter().map(|g| (g.id.clone(), status::figures(g)));
+            let keyed = plan.keyed.iter().map(|k| (k.id.clone(), status::keyed_figures(k)));
+            let round: Vec<_> = fixed.chain(keyed).collect();
             sync::lock(&self.history).record(precise_now(), round.iter().map(|(id, figures)| (&**id, *figures)));
         }
     }

@@ -39,6 +39,13 @@ pub fn figures(gate: &Gate) -> [f64; 5] {
     [if capacity.is_limited() { capacity.get() } else { f64::NAN }, admitted, delayed, refused, shadow]
 }
 
+/// A keyed resource's figures for [`GateHistory`]: its keys' requests together (dropped keys'
+/// included); no capacity, each key having its own.
+pub fn keyed_figures(keyed: &Keyed) -> [f64; 5] {
+    let [admitted, delayed, refused, shadow] = keyed.figures().decisions.map(|n| n as f64);
+    [f64::NAN, admitted, delayed, refused, shadow]
+}
+
 #[derive(Serialize)]
 pub struct SidecarStatus {
     /// Unix time the status was taken.
@@ -250,7 +257,20 @@ pub fn html(status: &SidecarStatus, history: &GateHistory, end: f64) -> String {
                     ("concurrency", Some(c)) => format!(" · limit {} at once (not drawn)", number(c)),
                     _ => String::new(),
                 },
-                chart(&r.id, r.kind, ring, history.window(), end)
+                chart(&r.id, r.kind == "rate", ring, history.window(), end)
+            );
+        }
+    }
+    for k in &status.keyed {
+        if let Some(ring) = history.get(&k.id) {
+            let _ = write!(
+                page,
+                "<figure><figcaption><b>{}</b> · {} · per {} · {} keys together</figcaption>{}</figure>",
+                escape(&k.id),
+                k.kind,
+                escape(&k.per),
+                k.keys,
+                chart(&k.id, false, ring, history.window(), end)
             );
         }
     }
@@ -334,11 +354,12 @@ fn resource_table(page: &mut String, title: &str, resources: &[ResourceStatus], 
 }
 
 /// A resource's chart: requests per second admitted at once, delayed and refused, against the
-/// capacity for a rate (a concurrency limit is not a rate: it is left out); those refused under
-/// shadow mode, which pass, apart and only if there were any.
-fn chart(id: &str, kind: &str, ring: &Ring<Sample<5>>, window: f64, end: f64) -> String {
+/// capacity when `capacity` (a rate's: a concurrency limit is not a rate, a keyed resource's keys
+/// each have their own); those refused under shadow mode, which pass, apart and only if there were
+/// any.
+fn chart(id: &str, capacity: bool, ring: &Ring<Sample<5>>, window: f64, end: f64) -> String {
     let mut lines = Vec::new();
-    if kind == "rate" {
+    if capacity {
         let points = ring.iter().map(|s| (s.at, s.values[0])).collect();
         lines.push(Line { label: "capacity".into(), color: CAPACITY_COLOR, dashed: true, points });
     }
@@ -452,10 +473,41 @@ mod tests {
         for (at, shadow) in [(0.0, 0.0), (1.0, 0.0), (2.0, 4.0)] {
             ring.push(Sample { at, values: [5.0, at, 0.0, 1.0, shadow] });
         }
-        let svg = chart("orders", "rate", &ring, 3.0, 2.0);
+        let svg = chart("orders", true, &ring, 3.0, 2.0);
         assert!(svg.contains("shadow <tspan") && svg.contains(SHADOW_COLOR), "{svg}");
         let mut quiet = Ring::new(2);
         quiet.push(Sample { at: 0.0, values: [5.0, 0.0, 0.0, 1.0, 0.0] });
-        assert!(!chart("orders", "rate", &quiet, 3.0, 2.0).contains("shadow"));
+        assert!(!chart("orders", true, &quiet, 3.0, 2.0).contains("shadow"));
+    }
+
+    #[test]
+    fn a_keyed_resource_is_charted_as_its_keys_together_without_a_capacity() {
+        let mut status = sample(None);
+        status.keyed.push(KeyedStatus {
+            id: "tenants".into(),
+            kind: "rate",
+            per: "header x-tenant".into(),
+            max_keys: 100,
+            keys: 3,
+            dropped: 0,
+            admitted: 9,
+            delayed: 0,
+            refused: 4,
+            shadow: 0,
+            busiest: Vec::new(),
+        });
+        let mut history = GateHistory::new(3, 1.0, 4);
+        for at in [0.0, 1.0, 2.0] {
+            history.record(
+                at,
+                [("orders", [5.0, at, 0.0, 0.0, 0.0]), ("tenants", [f64::NAN, 3.0 * at, 0.0, 2.0 * at, 0.0])],
+            );
+        }
+        let page = html(&status, &history, 2.0);
+        let caption = "<figcaption><b>tenants</b> · rate · per header x-tenant · 3 keys together</figcaption><svg";
+        assert!(page.contains(caption), "{page}");
+        let keyed_chart = &page[page.find(caption).unwrap()..];
+        let keyed_chart = &keyed_chart[..keyed_chart.find("</figure>").unwrap()];
+        assert!(keyed_chart.contains("refused") && !keyed_chart.contains("capacity"), "{keyed_chart}");
     }
 }
