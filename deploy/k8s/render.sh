@@ -13,15 +13,15 @@ sidecar=${SIDECAR:-$root/target/debug/sluice-sidecar}
 chart=$root/helm/sluice
 header="# Rendered by deploy/k8s/render.sh from helm/sluice; edit the chart, not this file."
 
-# The server tree with the chart's defaults: one root tier, no etcd, no injector.
-{ echo "$header"; "$helm" template sluice "$chart" --namespace sluice --skip-tests; } >"$out/sluice.yaml"
+# The server tree with the chart's defaults: one root tier, no etcd, no injector. No hooks: the
+# configuration check runs before an install, which kubectl apply has no notion of, and `helm test`.
+{ echo "$header"; "$helm" template sluice "$chart" --namespace sluice --no-hooks; } >"$out/sluice.yaml"
 
 # The injector webhook alone, its certificate from cert-manager (which must be installed).
 {
   echo "$header"
-  "$helm" template sluice "$chart" --namespace sluice --skip-tests \
-    --set injector.enabled=true --set injector.certificate.source=certManager \
-    --show-only templates/injector.yaml
+  "$helm" template sluice "$chart" --namespace sluice --no-hooks \
+    --set injector.enabled=true --show-only templates/injector.yaml
 } >"$out/injector.yaml"
 
 # The example application with its sidecar, leasing from the root tier.

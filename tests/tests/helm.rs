@@ -4,15 +4,18 @@
 //! their own schemas); bad values are refused with a message naming them; the rules and the
 //! dashboard are deploy/'s files, not copies; deploy/k8s is what deploy/k8s/render.sh makes; the
 //! named template `sluice.sidecar` is the container `inject` adds; and `inject`'s output on every
-//! kind validates.
+//! kind validates. The webhook runs two replicas spread over nodes under a disruption budget, and
+//! renders the same every time; the install hook checks every tier's configuration with the real
+//! `sluice-server check`.
 
-use std::{fs, process::Command};
+use std::{collections::HashMap, fs, path::Path, process::Command};
 
 use serde_json::Value;
 use sluice_tests::{
     harness::{binary, free_port, http_get},
     kube::{
-        chart, container, documents, find, helm, pod_template, render, repo, run_with_input, tools_ready, validate,
+        Launch, chart, container, documents, find, helm, pod_template, render, repo, run_with_input, tools_ready,
+        validate,
     },
     wait::eventually_blocking,
 };
@@ -51,7 +54,7 @@ fn the_chart_lints_and_every_rendering_validates_strictly() {
         println!("{name}:\n{summary}");
         let objects = documents(&yaml);
         let kinds = kinds(&objects);
-        for kind in ["StatefulSet", "Service", "ConfigMap", "PodDisruptionBudget", "ServiceAccount", "Pod"] {
+        for kind in ["StatefulSet", "Service", "ConfigMap", "PodDisruptionBudget", "ServiceAccount", "Pod", "Job"] {
             assert!(kinds.iter().any(|k| k == kind), "{name}: no {kind} in {kinds:?}");
         }
         assert_eq!(
@@ -87,11 +90,54 @@ fn the_chart_lints_and_every_rendering_validates_strictly() {
 }
 
 #[test]
-fn the_generated_webhook_ca_is_the_webhook_configurations_ca_bundle() {
+fn the_webhook_runs_two_replicas_spread_over_nodes_and_a_drain_evicts_one_at_a_time() {
     if !tools_ready("the chart test") {
         return;
     }
     let objects = documents(&render(&chart(), &["--set", "injector.enabled=true"]).unwrap());
+    let deployment = find(&objects, "Deployment", "sluice-injector");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let pods = &deployment["spec"]["selector"]["matchLabels"];
+    let budget = &find(&objects, "PodDisruptionBudget", "sluice-injector")["spec"];
+    assert_eq!(budget["maxUnavailable"], 1);
+    assert_eq!(&budget["selector"]["matchLabels"], pods);
+    let spread = pod_template(deployment)["spec"]["topologySpreadConstraints"].as_array().unwrap();
+    let keys: Vec<&str> = spread.iter().map(|c| c["topologyKey"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]);
+    assert!(spread.iter().all(|c| &c["labelSelector"]["matchLabels"] == pods));
+    // One replica has no budget: it would only say that the one may go.
+    let one =
+        documents(&render(&chart(), &["--set", "injector.enabled=true", "--set", "injector.replicas=1"]).unwrap());
+    assert!(!one.iter().any(|o| o["kind"] == "PodDisruptionBudget" && o["metadata"]["name"] == "sluice-injector"));
+}
+
+#[test]
+fn the_webhook_renders_the_same_every_time_unless_its_certificate_is_generated() {
+    if !tools_ready("the chart test") {
+        return;
+    }
+    // What a GitOps tool does at every sync: render the chart, compare with the cluster.
+    let twice = |set: &[&str]| {
+        let args = [&["--set", "injector.enabled=true"][..], set].concat();
+        (render(&chart(), &args).unwrap(), render(&chart(), &args).unwrap())
+    };
+    let (first, second) = twice(&[]);
+    assert!(first == second, "two renderings with the defaults differ");
+    assert!(documents(&first).iter().any(|o| o["kind"] == "Certificate"), "cert-manager's by default");
+    // `generate` makes a new CA at every rendering, as values.yaml and docs/kubernetes.md say.
+    let (first, second) = twice(&["--set", "injector.certificate.source=generate"]);
+    assert!(first != second);
+}
+
+#[test]
+fn the_generated_webhook_ca_is_the_webhook_configurations_ca_bundle() {
+    if !tools_ready("the chart test") {
+        return;
+    }
+    let objects = documents(
+        &render(&chart(), &["--set", "injector.enabled=true", "--set", "injector.certificate.source=generate"])
+            .unwrap(),
+    );
     let secret = find(&objects, "Secret", "sluice-injector-tls");
     let configuration = find(&objects, "MutatingWebhookConfiguration", "sluice-injector");
     assert_eq!(configuration["webhooks"][0]["clientConfig"]["caBundle"], secret["data"]["ca.crt"]);
@@ -184,6 +230,87 @@ fn the_rate_limit_service_runs_the_sidecar_on_the_files_the_root_tier_loads_too(
     println!("the server took the root tier's configuration, ready in {ready:?}");
 }
 
+/// Runs here what the chart's pre-install and pre-upgrade hook runs: the hook ConfigMap's files
+/// in a folder, and each container of the hook Job as its command and args say, with its mount
+/// path moved to that folder and the image's binary this build's. Each container's name, exit
+/// code and standard error.
+fn config_check(objects: &[Value]) -> Vec<(String, Option<i32>, String)> {
+    let config_map = find(objects, "ConfigMap", "sluice-config-check");
+    let job = find(objects, "Job", "sluice-config-check");
+    let annotation = |o: &Value, key: &str| o["metadata"]["annotations"][key].as_str().unwrap().to_owned();
+    for hook in [config_map, job] {
+        assert_eq!(annotation(hook, "helm.sh/hook"), "pre-install,pre-upgrade");
+        assert_eq!(annotation(hook, "helm.sh/hook-delete-policy"), "before-hook-creation,hook-succeeded");
+    }
+    let weight = |o: &Value| annotation(o, "helm.sh/hook-weight").parse::<i32>().unwrap();
+    assert!(weight(config_map) < weight(job), "the ConfigMap is made before the Job that mounts it");
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in config_map["data"].as_object().unwrap() {
+        fs::write(dir.path().join(name), text.as_str().unwrap()).unwrap();
+    }
+    let spec = &pod_template(job)["spec"];
+    assert_eq!(spec["automountServiceAccountToken"], false);
+    assert!(spec.get("serviceAccountName").is_none(), "the chart's ServiceAccount does not exist before an install");
+    assert_eq!(spec["volumes"].as_array().unwrap().len(), 1);
+    assert_eq!(spec["volumes"][0]["configMap"]["name"], "sluice-config-check");
+    let folder = dir.path().to_str().unwrap();
+    spec["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|container| {
+            assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+            let mount = container["volumeMounts"][0]["mountPath"].as_str().unwrap();
+            let launch = Launch::of(container, &HashMap::new());
+            let program = binary(Path::new(&launch.command[0]).file_name().unwrap().to_str().unwrap());
+            let out = Command::new(program)
+                .args(launch.command[1..].iter().map(|arg| arg.replace(mount, folder)))
+                .output()
+                .expect("the check runs");
+            let name = container["name"].as_str().unwrap().to_owned();
+            (name, out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn the_install_hook_checks_every_tiers_configuration_as_the_server_does() {
+    if !tools_ready("the configuration check hook test") {
+        return;
+    }
+    // The defaults, and a root tier that names a rate limit file beside its configuration.
+    let rls = ci_values().into_iter().find(|f| f.ends_with("rls-values.yaml")).unwrap();
+    for args in [&[][..], &["--values", &rls][..]] {
+        let checks = config_check(&documents(&render(&chart(), args).unwrap()));
+        assert_eq!(checks.len(), 1, "{args:?}: one tier, one container");
+        for (tier, code, stderr) in checks {
+            assert_eq!(code, Some(0), "{args:?}: tier {tier}: {stderr}");
+        }
+    }
+    // A leaf tier with a capacity the server refuses: its container says so, the root's passes.
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("values.yaml");
+    let tier = |capacity: i32| {
+        format!(
+            "resources:\n  - identifier_glob: \"*\"\n    capacity: {capacity}\n    \
+             algorithm: {{kind: FAIR_SHARE, lease_length: 60, refresh_interval: 15}}\n"
+        )
+    };
+    let chart_values = serde_json::json!({"tiers": [
+        {"name": "root", "config": tier(100)},
+        {"name": "leaf", "parent": "root", "config": tier(-5)},
+    ]});
+    fs::write(&values, yaml_serde::to_string(&chart_values).unwrap()).unwrap();
+    let checks = config_check(&documents(&render(&chart(), &["--values", values.to_str().unwrap()]).unwrap()));
+    let names: Vec<&str> = checks.iter().map(|(tier, ..)| tier.as_str()).collect();
+    assert_eq!(names, ["root", "leaf"]);
+    assert_eq!(checks[0].1, Some(0), "root: {}", checks[0].2);
+    let (_, code, stderr) = &checks[1];
+    assert_eq!(*code, Some(64), "{stderr}");
+    assert!(stderr.contains("leaf.server.yaml: resources[0] (\"*\"): capacity:"), "{stderr}");
+    assert!(stderr.contains("got -5"), "{stderr}");
+}
+
 /// `helm template` with `values` must fail, saying `expected`. The values are written by hand:
 /// they are what the chart's checks refuse, and their tiers' `config: 'resources: []'` is a
 /// placeholder the chart passes on unread, never a server's configuration in use.
@@ -239,6 +366,14 @@ fn a_bad_sidecar_memory_quantity_is_refused() {
 #[test]
 fn an_https_etcd_endpoint_is_refused() {
     refused("etcd:\n  endpoints: [\"https://etcd:2379\"]\n", "at '/etcd/endpoints/0'");
+}
+
+#[test]
+fn a_rate_limit_file_named_as_a_tiers_checked_configuration_is_refused() {
+    refused(
+        "rateLimitService:\n  enabled: true\n  files:\n    root.server.yaml: 'domain: x'\n",
+        "rateLimitService.files: \"root.server.yaml\" is the configuration check's name for tier root's configuration",
+    );
 }
 
 #[test]
@@ -380,6 +515,8 @@ fn the_named_template_is_the_container_inject_adds() {
     ))
     .remove(0);
     assert_eq!(rendered["spec"], injected["spec"]);
+    let args = rendered["spec"]["initContainers"][0]["args"].as_array().unwrap();
+    assert!(args.windows(2).any(|w| w == ["--log-format", "json"]), "the sidecar logs JSON: {args:?}");
     validate(&serde_json::to_string(&rendered).unwrap()).expect("valid");
     // And the webhook the chart runs is given the same settings.
     let objects = documents(

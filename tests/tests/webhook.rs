@@ -283,7 +283,8 @@ async fn the_certificate_the_chart_generates_serves_the_webhook() {
     if !tools_ready("the chart certificate test") {
         return;
     }
-    let objects = documents(&render(&chart(), &["--set", "injector.enabled=true"]).unwrap());
+    let set = ["--set", "injector.enabled=true", "--set", "injector.certificate.source=generate"];
+    let objects = documents(&render(&chart(), &set).unwrap());
     let secret = &find(&objects, "Secret", "sluice-injector-tls")["data"];
     let decode = |key: &str| String::from_utf8(STANDARD.decode(secret[key].as_str().unwrap()).unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -67,7 +67,8 @@ http://{{ include "sluice.fullname" . }}-etcd.{{ .Release.Namespace }}.svc:2379
 
 {{/*
 The values checks that a JSON schema cannot express: the tree's shape, etcd for replicated tiers,
-gRPC probes on plaintext tiers only, and the sidecars' tier.
+gRPC probes on plaintext tiers only, rate limit files named apart from the tiers' configurations in
+the configuration check, and the sidecars' tier.
 */}}
 {{- define "sluice.validate" -}}
 {{- $seen := list -}}
@@ -94,6 +95,9 @@ gRPC probes on plaintext tiers only, and the sidecars' tier.
 {{- fail (printf "tiers[%d] (%s): its parent %s uses TLS, so it needs tls.secretName (its ca.crt verifies the parent)" $i $tier.name $tier.parent) -}}
 {{- end -}}
 {{- end -}}
+{{- if and $.Values.rateLimitService.enabled (hasKey $.Values.rateLimitService.files (include "sluice.checkedConfig" $tier.name)) -}}
+{{- fail (printf "rateLimitService.files: %q is the configuration check's name for tier %s's configuration" (include "sluice.checkedConfig" $tier.name) $tier.name) -}}
+{{- end -}}
 {{- $seen = append $seen $tier.name -}}
 {{- end -}}
 {{- if not (has (include "sluice.sidecarTier" .) $seen) -}}
@@ -117,6 +121,8 @@ Called with (dict "root" $).
   - /etc/sluice/sidecar.yaml
   - --admin-addr
   - $(POD_IP):9901
+  - --log-format
+  - json
   - --server-addresses
   - {{ include "sluice.tierAddress" (dict "root" .root "tier" (include "sluice.sidecarTier" .root)) }}
   env:
@@ -185,7 +191,52 @@ Called with (dict "root" $).
       path: sidecar.yaml
 {{- end -}}
 
+{{/* A tier's configuration's file name (and key) in the configuration check: (tier name). */}}
+{{- define "sluice.checkedConfig" -}}
+{{ . }}.server.yaml
+{{- end -}}
+
 {{/* The webhook's certificate Secret's name. */}}
 {{- define "sluice.injectorSecret" -}}
 {{ include "sluice.fullname" . }}-injector-tls
+{{- end -}}
+
+{{/*
+What follows takes (dict "root" $ ... "match" LABELS), LABELS the labels that, beside
+"sluice.selector", pick one component's pods (a tier's, the webhook's).
+*/}}
+
+{{/* The component's pods spread over nodes and zones, as server.topologySpread says. */}}
+{{- define "sluice.topologySpread" -}}
+{{- $t := .root.Values.server.topologySpread -}}
+{{- if $t.enabled -}}
+topologySpreadConstraints:
+{{- range $t.topologyKeys }}
+  - maxSkew: {{ $t.maxSkew }}
+    topologyKey: {{ . }}
+    whenUnsatisfiable: {{ $t.whenUnsatisfiable }}
+    labelSelector:
+      matchLabels:
+        {{- include "sluice.selector" $.root | nindent 8 }}
+        {{- toYaml $.match | nindent 8 }}
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* A PodDisruptionBudget for the component: also "name" and "maxUnavailable". */}}
+{{- define "sluice.podDisruptionBudget" -}}
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ .name }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "sluice.labels" .root | nindent 4 }}
+    {{- toYaml .match | nindent 4 }}
+spec:
+  maxUnavailable: {{ .maxUnavailable }}
+  selector:
+    matchLabels:
+      {{- include "sluice.selector" .root | nindent 6 }}
+      {{- toYaml .match | nindent 6 }}
 {{- end -}}

@@ -505,6 +505,9 @@ fn container(settings: &Settings) -> Value {
         // On the pod IP, so that the kubelet's probes and Prometheus reach it.
         "--admin-addr".into(),
         format!("$(POD_IP):{ADMIN_PORT}").into(),
+        // One JSON object a line, as the cluster's log collectors read best.
+        "--log-format".into(),
+        "json".into(),
     ];
     if !settings.servers.is_empty() {
         args.extend(["--server-addresses".into(), settings.servers.join(",").into()]);

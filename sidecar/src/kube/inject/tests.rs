@@ -65,7 +65,10 @@ fn every_kind_with_pods_gets_the_sidecar_first_among_its_init_containers() {
         assert_eq!(sidecar["image"], DEFAULT_IMAGE);
         assert_eq!(sidecar["command"][0], BINARY);
         let args: Vec<&str> = sidecar["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
-        assert_eq!(args, ["--config", "/etc/sluice/sidecar.yaml", "--admin-addr", "$(POD_IP):9901"]);
+        assert_eq!(
+            args,
+            ["--config", "/etc/sluice/sidecar.yaml", "--admin-addr", "$(POD_IP):9901", "--log-format", "json"]
+        );
         assert_eq!(sidecar["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
         assert_eq!(sidecar["env"][1]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
         assert_eq!(sidecar["ports"][0]["name"], ADMIN_PORT_NAME);
@@ -149,10 +152,23 @@ fn servers_and_resources_come_from_the_flags() {
     let out = parse_all(&injected(WORKLOADS, &settings, "app-sidecar"));
     let sidecar = &out[0]["spec"]["initContainers"][0];
     let args = sidecar["args"].as_sequence().unwrap();
-    assert_eq!(args[4..], [Value::from("--server-addresses"), "sluice-leaf.sluice:7777,backup:7777".into()]);
+    assert_eq!(args[6..], [Value::from("--server-addresses"), "sluice-leaf.sluice:7777,backup:7777".into()]);
     assert_eq!(sidecar["resources"]["requests"]["cpu"], "100m");
     assert_eq!(sidecar["resources"]["limits"]["cpu"], "1");
     assert_eq!(sidecar["resources"]["limits"]["memory"], "64Mi");
+}
+
+#[test]
+fn the_sidecar_takes_the_args_it_is_given_and_logs_json() {
+    let settings = Settings { servers: vec!["sluice-leaf.sluice:7777".into()], ..settings() };
+    let out = parse_all(&injected(WORKLOADS, &settings, "app-sidecar"));
+    let args = out[0]["spec"]["initContainers"][0]["args"].as_sequence().unwrap().iter();
+    // The kubelet puts the pod's IP in place of $(POD_IP).
+    let args = args.map(|a| a.as_str().unwrap().replace("$(POD_IP)", "10.0.0.1"));
+    let cli = <crate::cli::Cli as clap::Parser>::try_parse_from([BINARY.to_owned()].into_iter().chain(args))
+        .expect("the sidecar's own flags");
+    assert!(cli.command.is_none());
+    assert!(matches!(cli.sidecar.log_format, sluice_runtime::cli::LogFormat::Json));
 }
 
 #[test]
