@@ -4,7 +4,7 @@ BENCH_CLIENTS ?= 100,10000,100000,1000000
 BENCH_DURATION ?= 10s
 BENCH_ROUNDS ?= 3
 
-.PHONY: all build test fuzz demo bench bench-server bench-sidecar bench-rls bench-connections soak sim image lint fmt clean
+.PHONY: all build test test-kube fuzz demo bench bench-server bench-sidecar bench-rls bench-connections soak sim image lint fmt clean
 
 # Nothing in the build may run protoc (a fresh machine has none; every .proto goes through
 # protox): a stand-in that fails keeps it so.
@@ -23,6 +23,13 @@ test: build
 	docs/layout.sh --check
 	$(CARGO) test --workspace
 	FUZZ_SECONDS=$(FUZZ_TEST_SECONDS) fuzz/run.sh
+
+# The webhook under a real Kubernetes API server and controller manager (1.20.2, built once from
+# Debian's source package into target/kube/bin by tests/kube/build.sh: about 10 minutes, needs
+# apt). `make test` runs the same test once they are built, and skips it before.
+test-kube: build
+	tests/kube/build.sh
+	$(CARGO) test -p sluice-tests --test kube_apiserver
 
 # Coverage-guided fuzzing (libFuzzer on the stable toolchain; docs/sidecar.md, Fuzzing): every target
 # for FUZZ_SECONDS, or FUZZ_TARGETS only. A crash fails the run and leaves its input under

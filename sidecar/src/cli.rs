@@ -1,6 +1,7 @@
 //! Command-line flags; each of the sidecar's own can also come from a `SLUICE_SIDECAR_*`
 //! environment variable. Without a subcommand the binary is the sidecar; `inject` and
-//! `webhook` put it into Kubernetes pods (`crate::kube`); `check` validates a configuration.
+//! `webhook` put it into Kubernetes pods (`crate::kube`), `wait` holds a pod's other containers
+//! until it is ready; `check` validates a configuration.
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -11,6 +12,7 @@ use sluice_runtime::cli::{Check, LogFormat, host_port, poll_interval, positive_d
 use crate::{
     defaults,
     kube::{
+        hold,
         inject::{Settings, config_map_name},
         webhook,
     },
@@ -41,9 +43,13 @@ pub enum Command {
     /// TLS), for pods labelled, or in a namespace labelled, `sluice.io/inject: enabled`.
     Webhook(webhook::Args),
     /// Validates a configuration file as the sidecar's start would (the files it names
-    /// included), without binding or dialling anything: exits 0 with a summary, or 64 with the
-    /// first error found.
+    /// included), without binding or dialling anything: exits 0 with a summary, or 64 with
+    /// every error found, a line each.
     Check(Check),
+    /// Waits until the sidecar is ready (its `/ready` answers 200): the `postStart` hook of a
+    /// classic sidecar, which holds the pod's other containers until then. Exits 0 once ready,
+    /// 1 after --timeout.
+    Wait(hold::Args),
 }
 
 #[derive(Debug, clap::Args)]

@@ -209,6 +209,21 @@ pub const WEBHOOK_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// the API server itself gives up after the webhook's `timeoutSeconds` (at most 30).
 pub const WEBHOOK_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// `sluice-sidecar wait` (a classic sidecar's `postStart` hook): how long it waits at most for the
+/// sidecar to be ready before the application starts all the same, and how often it asks.
+pub const HOLD_TIMEOUT: &str = "60s";
+pub const HOLD_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How long the webhook waits for the API server's `/version` (`--native auto`); past it, the
+/// version is unknown and pods get the classic sidecar.
+pub const KUBE_API_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The most of a `/version` answer the webhook reads (a real one is about 300 bytes).
+pub const MAX_VERSION_BYTES: usize = 16 << 10;
+
+/// How often the webhook asks the API server's version again: a cluster is upgraded in place.
+pub const VERSION_REFRESH: Duration = Duration::from_secs(300);
+
 /// Longest `request.uid` answered: Kubernetes sends a UUID (36 bytes), and the answer echoes it,
 /// so it bounds what an answer costs until it is read.
 pub const MAX_REVIEW_UID_BYTES: usize = 128;

@@ -8,7 +8,7 @@ use sluice_runtime::{errln, outln, process};
 use sluice_sidecar::{
     cli::{self, Command},
     control::app,
-    kube::{inject, webhook},
+    kube::{hold, inject, webhook},
 };
 
 fn main() -> ExitCode {
@@ -23,6 +23,13 @@ fn main() -> ExitCode {
         }
         Some(Command::Uninject(args)) => rewrite("uninject", &args.file, inject::uninjected),
         Some(Command::Check(check)) => process::check(&check.config, app::check),
+        Some(Command::Wait(args)) => match hold::until_ready(&args) {
+            Ok(took) => {
+                let _ = outln!("sluice-sidecar: ready after {took:?}");
+                ExitCode::SUCCESS
+            }
+            Err(why) => fail(&why, 1),
+        },
         Some(Command::Webhook(args)) => {
             let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(runtime) => runtime,

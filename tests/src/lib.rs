@@ -4,6 +4,7 @@
 //! patience) and `spelling` (the spellings of one value that keys must not tell apart).
 #![forbid(unsafe_code)]
 
+pub mod apiserver;
 pub mod bench_rls;
 pub mod bench_sidecar;
 pub mod browser;

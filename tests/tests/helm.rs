@@ -477,8 +477,8 @@ fn inject_output_validates_strictly_for_every_kind() {
         return;
     }
     let workloads = fs::read_to_string(repo().join("sidecar/src/kube/inject/testdata/workloads.yaml")).unwrap();
-    for classic in [&[][..], &["--classic"][..]] {
-        let args = [&["--config-map", "app-sidecar", "--server", "sluice-leaf.sluice.svc:7777"][..], classic].concat();
+    for native in ["--native=true", "--native=false"] {
+        let args = ["--config-map", "app-sidecar", "--server", "sluice-leaf.sluice.svc:7777", native];
         let once = inject(&workloads, &args);
         let summary = validate(&once).unwrap_or_else(|e| panic!("inject {args:?}: {e}"));
         for kind in ["Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob"] {
@@ -498,26 +498,38 @@ fn the_named_template_is_the_container_inject_adds() {
     let copy = dir.path().join("sluice");
     let status = Command::new("cp").arg("-rL").arg(chart()).arg(&copy).status().unwrap();
     assert!(status.success());
-    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: app\nspec:\n  containers:\n    - name: app\n      image: example.com/app:1\n";
-    fs::write(
-        copy.join("templates/app.yaml"),
-        format!(
-            "{pod}  initContainers:\n    {{{{- include \"sluice.sidecar\" (dict \"root\" $) | nindent 4 }}}}\n  \
-             volumes:\n    {{{{- include \"sluice.sidecarVolume\" (dict \"configMap\" \"app-sidecar\") | nindent 4 }}}}\n"
-        ),
-    )
-    .unwrap();
-    let set = ["--set", "sidecar.resources.limits.cpu=500m", "--show-only", "templates/app.yaml"];
-    let rendered = documents(&render(&copy, &set).unwrap()).remove(0);
-    let injected = documents(&inject(
-        pod,
-        &["--config-map", "app-sidecar", "--server", "sluice-root.sluice.svc:7777", "--cpu-limit", "500m"],
-    ))
-    .remove(0);
-    assert_eq!(rendered["spec"], injected["spec"]);
-    let args = rendered["spec"]["initContainers"][0]["args"].as_array().unwrap();
-    assert!(args.windows(2).any(|w| w == ["--log-format", "json"]), "the sidecar logs JSON: {args:?}");
-    validate(&serde_json::to_string(&rendered).unwrap()).expect("valid");
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: app\nspec:\n";
+    let app = "    - name: app\n      image: example.com/app:1\n";
+    let sidecar = "    {{- include \"sluice.sidecar\" (dict \"root\" $) | nindent 4 }}\n";
+    let volume =
+        "  volumes:\n    {{- include \"sluice.sidecarVolume\" (dict \"configMap\" \"app-sidecar\") | nindent 4 }}\n";
+    // `native: auto` by the cluster's version as `helm install` reports it: native from 1.29.
+    for (kube_version, native, template) in [
+        ("1.30.0", "--native=true", format!("{pod}  containers:\n{app}  initContainers:\n{sidecar}{volume}")),
+        ("1.28.0", "--native=false", format!("{pod}  containers:\n{sidecar}{app}{volume}")),
+    ] {
+        fs::write(copy.join("templates/app.yaml"), template).unwrap();
+        let set = [
+            "--set",
+            "sidecar.resources.limits.cpu=500m",
+            "--kube-version",
+            kube_version,
+            "--show-only",
+            "templates/app.yaml",
+        ];
+        let rendered = documents(&render(&copy, &set).unwrap()).remove(0);
+        let plain = format!("{pod}  containers:\n{app}");
+        let injected = documents(&inject(
+            &plain,
+            &["--config-map", "app-sidecar", "--server", "sluice-root.sluice.svc:7777", "--cpu-limit", "500m", native],
+        ))
+        .remove(0);
+        assert_eq!(rendered["spec"], injected["spec"], "Kubernetes {kube_version}");
+        let list = if native == "--native=true" { "initContainers" } else { "containers" };
+        let args = rendered["spec"][list][0]["args"].as_array().unwrap();
+        assert!(args.windows(2).any(|w| w == ["--log-format", "json"]), "the sidecar logs JSON: {args:?}");
+        validate(&serde_json::to_string(&rendered).unwrap()).expect("valid");
+    }
     // And the webhook the chart runs is given the same settings.
     let objects = documents(
         &render(&chart(), &["--set", "injector.enabled=true", "--set", "sidecar.resources.limits.cpu=500m"]).unwrap(),
@@ -529,7 +541,13 @@ fn the_named_template_is_the_container_inject_adds() {
         "--cpu-limit=500m",
         "--config-map=sluice-sidecar",
         concat!("--image=sluice:", env!("CARGO_PKG_VERSION")),
+        "--native=auto",
     ] {
         assert!(args.contains(&expected), "{expected} in {args:?}");
     }
+    // Which the webhook resolves by the API server's version, asked with the token's CA.
+    assert_eq!(
+        pod_template(find(&objects, "Deployment", "sluice-injector"))["spec"]["automountServiceAccountToken"],
+        true
+    );
 }

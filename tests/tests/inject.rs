@@ -43,14 +43,15 @@ fn inject_says_what_it_did_with_each_object() {
     assert_eq!(
         stderr.lines().collect::<Vec<_>>(),
         [
-            "deployment/web: injected",
+            "deployment/web: injected (classic sidecar, first container)",
             "pod/x: skipped (sluice.io/inject: disabled)",
             "service/y: skipped (not a workload)"
         ]
     );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let objects = documents(&stdout);
-    assert_eq!(objects[0]["spec"]["template"]["spec"]["initContainers"][0]["name"], "sluice-sidecar");
+    // Offline, `--native auto` cannot tell the cluster's version: classic, the sidecar first.
+    assert_eq!(objects[0]["spec"]["template"]["spec"]["containers"][0]["name"], "sluice-sidecar");
     assert!(objects[1]["spec"].get("initContainers").is_none(), "the opted-out pod is as it was");
 
     let again = inject(&stdout);
@@ -91,10 +92,10 @@ fn uninject_gives_back_the_input_and_a_directory_is_one_stream() {
     assert_eq!(
         stderr.lines().collect::<Vec<_>>(),
         [
-            "deployment/web: injected",
+            "deployment/web: injected (classic sidecar, first container)",
             "pod/x: skipped (sluice.io/inject: disabled)",
             "service/y: skipped (not a workload)",
-            "pod/z: injected"
+            "pod/z: injected (classic sidecar, first container)"
         ]
     );
     let back = sidecar(&["uninject", "-"], &String::from_utf8(out.stdout).unwrap());

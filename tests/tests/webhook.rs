@@ -223,7 +223,8 @@ fn injected(pod: &Value, args: &[&str]) -> Value {
 async fn the_webhooks_patch_makes_the_pod_inject_makes() {
     let (pki, dir) = (Pki::new(), tempfile::tempdir().unwrap());
     pki.install(dir.path());
-    let settings = ["--image", "registry.example/sluice:1", "--server", "sluice-leaf.sluice.svc:7777"];
+    let settings =
+        ["--image", "registry.example/sluice:1", "--server", "sluice-leaf.sluice.svc:7777", "--native", "true"];
     let webhook =
         Webhook::start(dir.path(), &pki.ca, &[&["--config-map", "default-sidecar"][..], &settings].concat()).await;
 

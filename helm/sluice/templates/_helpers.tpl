@@ -106,9 +106,9 @@ the configuration check, and the sidecars' tier.
 {{- end -}}
 
 {{/*
-The sidecar container, as `sluice-sidecar inject` adds it: list it first under initContainers (or
-under containers with sidecar.classic), together with the volume of "sluice.sidecarVolume".
-Called with (dict "root" $).
+The sidecar container, as `sluice-sidecar inject` adds it: list it first under initContainers
+when "sluice.nativeSidecar" says so, else first under containers, together with the volume of
+"sluice.sidecarVolume". Called with (dict "root" $).
 */}}
 {{- define "sluice.sidecar" -}}
 {{- $v := .root.Values -}}
@@ -176,9 +176,31 @@ Called with (dict "root" $).
   - name: sluice-config
     mountPath: /etc/sluice
     readOnly: true
-  {{- if not $v.sidecar.classic }}
+  - name: sluice-config
+    mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+    readOnly: true
+  {{- if include "sluice.nativeSidecar" .root }}
   restartPolicy: Always
+  {{- else }}
+  lifecycle:
+    postStart:
+      exec:
+        command:
+        - /usr/local/bin/sluice-sidecar
+        - wait
   {{- end }}
+{{- end -}}
+
+{{/*
+"true" when pods rendered by the chart get a native sidecar: sidecar.native true, or auto on a
+cluster of 1.29 or later (what `helm install` reports; `helm template` assumes its own default
+unless given --kube-version). Empty for a classic one.
+*/}}
+{{- define "sluice.nativeSidecar" -}}
+{{- $native := toString .Values.sidecar.native -}}
+{{- if or (eq $native "true") (and (eq $native "auto") (semverCompare ">=1.29-0" .Capabilities.KubeVersion.Version)) -}}
+true
+{{- end -}}
 {{- end -}}
 
 {{/* The sidecar's configuration volume: (dict "configMap" NAME). */}}

@@ -2,7 +2,9 @@
 //! POSTs an `AdmissionReview` to `/mutate` over TLS (HTTP/1.1 or HTTP/2, by ALPN) and gets the
 //! pod's JSON Patch back ([`super::inject::review`]); `/healthz` answers the kubelet's probes.
 //! The certificate and key are polled and replaced as they rotate, like every TLS file in
-//! Sluice.
+//! Sluice. With `--native auto` it asks the API server's version ([`super::cluster`]) to choose
+//! native or classic sidecars. `/metrics` counts reviews by outcome and failed TLS handshakes
+//! (a wrong `caBundle` shows there and in the log, while pods start without the sidecar).
 //!
 //! Its memory has a bound whatever clients send (docs/kubernetes.md, "Memory budget: the
 //! webhook"): at most [`WEBHOOK_MAX_CONNECTIONS`] connections, each with a bounded head, HTTP/2
@@ -28,6 +30,7 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo},
     server::conn::auto,
 };
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use rustls::{ServerConfig, crypto::ring};
 use sluice_client::tls::{files_expected, identity};
 use sluice_runtime::{
@@ -44,18 +47,32 @@ use tokio::{
 };
 use tokio_rustls::TlsAcceptor;
 
-use super::inject::{
-    Settings, config_map_name,
-    review::{Answer, Outcome, answer},
+use super::{
+    cluster::{ApiAccess, KubeVersion, Mode, Native},
+    inject::{
+        Settings, config_map_name,
+        review::{Answer, Outcome, answer},
+    },
 };
 use crate::defaults::{
-    self, MAX_REVIEW_BYTES, TLS_HANDSHAKE_TIMEOUT, WEBHOOK_ACCEPT_PAUSE, WEBHOOK_BODY_TIMEOUT, WEBHOOK_HTTP2_WINDOW,
-    WEBHOOK_IDLE_TIMEOUT, WEBHOOK_MAX_CONNECTIONS, WEBHOOK_MAX_HEADER_BYTES, WEBHOOK_MAX_REVIEWS, WEBHOOK_MAX_STREAMS,
+    self, MAX_REVIEW_BYTES, TLS_HANDSHAKE_TIMEOUT, VERSION_REFRESH, WEBHOOK_ACCEPT_PAUSE, WEBHOOK_BODY_TIMEOUT,
+    WEBHOOK_HTTP2_WINDOW, WEBHOOK_IDLE_TIMEOUT, WEBHOOK_MAX_CONNECTIONS, WEBHOOK_MAX_HEADER_BYTES, WEBHOOK_MAX_REVIEWS,
+    WEBHOOK_MAX_STREAMS,
 };
+
+/// Reviews answered, by `outcome` (injected_native, injected_classic, skipped, unhandled,
+/// refused) and `dry_run`.
+const REVIEWS: &str = "sluice_webhook_reviews_total";
+
+/// TLS handshakes that failed or timed out: with a wrong `caBundle`, every call of the API server.
+const TLS_FAILURES: &str = "sluice_webhook_tls_failures_total";
 
 /// What every connection shares.
 struct Shared {
     args: Args,
+    /// The API server's version, as last asked (`--native auto`); `None`: unknown.
+    version: watch::Receiver<Option<KubeVersion>>,
+    metrics: PrometheusHandle,
     /// A slot per review whose body is held.
     reviews: Semaphore,
     /// The HTTP/1.1 and HTTP/2 servers, with their limits.
@@ -86,6 +103,9 @@ pub struct Args {
     #[command(flatten)]
     pub settings: Settings,
 
+    #[command(flatten)]
+    pub api: ApiAccess,
+
     /// How often to check the TLS files for changes.
     #[arg(long, env = "SLUICE_WEBHOOK_POLL_INTERVAL", value_parser = poll_interval, allow_hyphen_values = true,
           default_value = defaults::CONFIG_POLL_INTERVAL)]
@@ -110,7 +130,11 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let listener = TcpListener::bind(args.listen_addr)
         .await
         .map_err(|e| Failure::Runtime(format!("cannot listen on {} (webhook): {e}", args.listen_addr)))?;
-    tracing::info!(address = %args.listen_addr, config_map = ?args.config_map, image = %args.settings.image, "sluice-sidecar webhook serving");
+    let metrics = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| Failure::Runtime(format!("cannot record metrics: {e}")))?;
+    let version = cluster_version(&args).await;
+    tracing::info!(address = %args.listen_addr, config_map = ?args.config_map, image = %args.settings.image, native = ?args.settings.native, "sluice-sidecar webhook serving");
     let mut http1 = auto::Builder::new(TokioExecutor::new()).http1_only();
     http1.http1().max_buf_size(WEBHOOK_MAX_HEADER_BYTES);
     let mut http2 = auto::Builder::new(TokioExecutor::new()).http2_only();
@@ -120,7 +144,8 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         .max_header_list_size(u32::try_from(WEBHOOK_MAX_HEADER_BYTES).unwrap_or(u32::MAX))
         .initial_stream_window_size(WEBHOOK_HTTP2_WINDOW)
         .initial_connection_window_size(WEBHOOK_HTTP2_WINDOW.saturating_mul(WEBHOOK_MAX_STREAMS));
-    let shared = Arc::new(Shared { args, reviews: Semaphore::new(WEBHOOK_MAX_REVIEWS), http1, http2 });
+    let shared =
+        Arc::new(Shared { args, version, metrics, reviews: Semaphore::new(WEBHOOK_MAX_REVIEWS), http1, http2 });
     let connections = Arc::new(Semaphore::new(WEBHOOK_MAX_CONNECTIONS));
     let accepting = async {
         loop {
@@ -148,6 +173,50 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The API server's version, kept current every [`VERSION_REFRESH`] by a task of its own when
+/// `--native auto` needs it; asked once before the first review, so that the first pods get the
+/// mode the cluster runs.
+async fn cluster_version(args: &Args) -> watch::Receiver<Option<KubeVersion>> {
+    let (sender, receiver) = watch::channel(None);
+    if args.settings.native != Native::Auto {
+        return receiver;
+    }
+    let api = args.api.clone();
+    ask_version(&api, &sender).await;
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(VERSION_REFRESH);
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            ask_version(&api, &sender).await;
+        }
+    });
+    receiver
+}
+
+/// Asks the API server's version into `version`, saying when the mode changes (or stays unknown).
+async fn ask_version(api: &ApiAccess, version: &watch::Sender<Option<KubeVersion>>) {
+    let asked = match api.version().await {
+        Ok(asked) => Some(asked),
+        Err(error) => {
+            tracing::warn!(%error, "the API server's version is unknown: sidecars are injected classic");
+            None
+        }
+    };
+    if version.send_replace(asked) != asked || asked.is_none() {
+        let mode = Native::Auto.mode(asked);
+        let kubernetes = asked.map_or_else(|| "unknown".to_owned(), |v| v.to_string());
+        tracing::info!(kubernetes, ?mode, "sidecars are injected {}", describe(mode));
+    }
+}
+
+fn describe(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Native => "as native sidecars",
+        Mode::Classic => "as classic containers, started first",
+    }
+}
+
 /// The listener's rustls settings from the certificate's and key's content.
 fn server_config(cert: &Path, key: &Path, content: &[Vec<u8>]) -> Result<ServerConfig, String> {
     let [cert_pem, key_pem] = content else {
@@ -167,8 +236,16 @@ fn server_config(cert: &Path, key: &Path, content: &[Vec<u8>]) -> Result<ServerC
 async fn connection(stream: TcpStream, peer: SocketAddr, config: Arc<ServerConfig>, shared: Arc<Shared>) {
     let tls = match timeout(TLS_HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(stream)).await {
         Ok(Ok(tls)) => tls,
-        Ok(Err(error)) => return tracing::debug!(%peer, %error, "webhook TLS handshake failed"),
-        Err(_) => return tracing::debug!(%peer, "webhook TLS handshake timed out"),
+        // At info: an API server given the wrong CA bundle fails here on every pod, which then
+        // starts without the sidecar (failurePolicy: Ignore).
+        Ok(Err(error)) => {
+            metrics::counter!(TLS_FAILURES).increment(1);
+            return tracing::info!(%peer, %error, "webhook TLS handshake failed (is the webhook's caBundle its CA?)");
+        }
+        Err(_) => {
+            metrics::counter!(TLS_FAILURES).increment(1);
+            return tracing::info!(%peer, "webhook TLS handshake timed out");
+        }
     };
     let builder = if tls.get_ref().1.alpn_protocol() == Some(b"h2") { &shared.http2 } else { &shared.http1 };
     // Requests in the service: hyper counts none while a head arrives or an answer leaves.
@@ -229,6 +306,7 @@ async fn idle(busy: &mut watch::Receiver<usize>) {
 async fn handle(request: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
     match (request.method(), request.uri().path()) {
         (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+        (&Method::GET, "/metrics") => reply(StatusCode::OK, "text/plain; version=0.0.4", shared.metrics.render()),
         (&Method::POST, "/mutate") => {
             let read = timeout(WEBHOOK_BODY_TIMEOUT, async {
                 let slot =
@@ -243,13 +321,23 @@ async fn handle(request: Request<Incoming>, shared: &Shared) -> Response<Full<By
                 }
             };
             let args = &shared.args;
-            match answer(&body, &args.settings, args.config_map.as_deref()) {
-                Ok(Answer { review, outcome, uid, pod }) => {
+            let version = *shared.version.borrow();
+            match answer(&body, &args.settings, args.config_map.as_deref(), version) {
+                Ok(Answer { review, outcome, uid, pod, dry_run }) => {
+                    let label = match &outcome {
+                        Outcome::Injected(Mode::Native) => "injected_native",
+                        Outcome::Injected(Mode::Classic) => "injected_classic",
+                        Outcome::Skipped(_) => "skipped",
+                        Outcome::Unhandled(_) => "unhandled",
+                    };
+                    metrics::counter!(REVIEWS, "outcome" => label, "dry_run" => dry_run.to_string()).increment(1);
                     match outcome {
-                        Outcome::Injected => tracing::info!(uid, pod, "sidecar injected"),
-                        Outcome::Skipped(why) => tracing::info!(uid, pod, why, "pod left as it is"),
+                        Outcome::Injected(mode) => {
+                            tracing::info!(uid, pod, dry_run, ?mode, "sidecar injected {}", describe(mode))
+                        }
+                        Outcome::Skipped(why) => tracing::info!(uid, pod, dry_run, why, "pod left as it is"),
                         Outcome::Unhandled(why) => {
-                            tracing::warn!(uid, pod, why, "request not handled: allowed unchanged")
+                            tracing::warn!(uid, pod, dry_run, why, "request not handled: allowed unchanged")
                         }
                     }
                     reply(StatusCode::OK, "application/json", review)
@@ -257,12 +345,13 @@ async fn handle(request: Request<Incoming>, shared: &Shared) -> Response<Full<By
                 Err(why) => refused(StatusCode::BAD_REQUEST, &why),
             }
         }
-        _ => reply(StatusCode::NOT_FOUND, "text/plain", "POST /mutate or GET /healthz\n".into()),
+        _ => reply(StatusCode::NOT_FOUND, "text/plain", "POST /mutate, GET /healthz or GET /metrics\n".into()),
     }
 }
 
 /// A review not answered: the API server's failure policy applies.
 fn refused(code: StatusCode, why: &str) -> Response<Full<Bytes>> {
+    metrics::counter!(REVIEWS, "outcome" => "refused", "dry_run" => "unknown").increment(1);
     tracing::warn!(%code, why, "AdmissionReview not answered; the API server's failure policy applies");
     reply(code, "text/plain", format!("{why}\n"))
 }

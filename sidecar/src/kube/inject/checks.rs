@@ -80,6 +80,17 @@ pub fn opted_out(label: Option<&str>, annotation: Option<&str>) -> bool {
     [label, annotation].contains(&Some("disabled"))
 }
 
+/// A pod's [`NATIVE_ANNOTATION`](super::NATIVE_ANNOTATION): `Some(true)` or `Some(false)` for
+/// "true" or "false", `None` without it; anything else is refused, not guessed at.
+pub fn native_mark(value: Option<&str>) -> Result<Option<bool>, String> {
+    match value {
+        None => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(other) => Err(format!("{}: {other:?} is neither \"true\" nor \"false\"", super::NATIVE_ANNOTATION)),
+    }
+}
+
 /// A port of the sidecar's that another container of the pod declares: the admin port.
 pub fn clash(pod: &Value) -> Result<(), String> {
     for container in containers(pod) {

@@ -22,6 +22,7 @@ use sluice_runtime::cli::host_port;
 use yaml_serde::{Mapping, Value};
 
 pub use self::checks::{config_map_name, image_reference, opted_out, quantity};
+use super::cluster::{KubeVersion, Mode, Native, SERVICE_ACCOUNT_DIR};
 use crate::defaults::MAX_FLOW_DEPTH;
 
 /// The injected container's name, which an injection again replaces.
@@ -42,6 +43,10 @@ pub const INJECT: &str = "sluice.io/inject";
 
 /// Pod annotation naming the ConfigMap the webhook mounts.
 pub const CONFIG_ANNOTATION: &str = "sluice.io/config";
+
+/// Pod annotation choosing the mode for that pod: `"true"` a native sidecar, `"false"` a classic
+/// one, whatever `--native` says.
+pub const NATIVE_ANNOTATION: &str = "sluice.io/native-sidecar";
 
 /// The key of the ConfigMap that holds the sidecar's configuration, and its mount point.
 pub const CONFIG_KEY: &str = "sidecar.yaml";
@@ -72,10 +77,13 @@ pub struct Settings {
     #[arg(long = "server", value_name = "ADDRESSES", value_delimiter = ',', value_parser = host_port)]
     pub servers: Vec<String>,
 
-    /// Inject a plain container instead of a native sidecar (an init container that keeps
-    /// running), for clusters older than Kubernetes 1.29. Job pods then never complete.
-    #[arg(long)]
-    pub classic: bool,
+    /// A native sidecar (an init container that keeps running, Kubernetes 1.29 and later) or a
+    /// classic one (the first container, holding the others until it is ready; a Job's pod then
+    /// never completes). `auto`: native where the API server is 1.29 or later; `inject`, which
+    /// asks no cluster, then injects classic. A pod's `sluice.io/native-sidecar` annotation
+    /// ("true" or "false") overrides it.
+    #[arg(long, value_enum, default_value_t = Native::Auto)]
+    pub native: Native,
 
     /// CPU the container requests.
     #[arg(long, default_value = "50m", value_parser = quantity)]
@@ -98,7 +106,8 @@ pub struct Settings {
 /// What injection did with one object.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Done {
-    Injected,
+    /// Injected, in that mode.
+    Injected(Mode),
     /// Injected before with the same settings: nothing changed.
     Unchanged,
     /// Refused by its `sluice.io/inject: disabled`.
@@ -114,7 +123,8 @@ pub enum Done {
 impl fmt::Display for Done {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Done::Injected => f.write_str("injected"),
+            Done::Injected(Mode::Native) => f.write_str("injected (native sidecar)"),
+            Done::Injected(Mode::Classic) => f.write_str("injected (classic sidecar, first container)"),
             Done::Unchanged => f.write_str("already injected"),
             Done::OptedOut => write!(f, "skipped ({INJECT}: disabled)"),
             Done::NotAWorkload => f.write_str("skipped (not a workload)"),
@@ -154,7 +164,7 @@ impl fmt::Display for Refusal {
 /// as YAML again, and a line per object saying what was done (`deployment/web: injected`).
 /// Empty documents are left out.
 pub fn documents(text: &str, settings: &Settings, config_map: &str) -> Result<(String, Vec<String>), Refusal> {
-    rewrite(text, &|template| pod(template, settings, config_map))
+    rewrite(text, &|template| pod(template, settings, config_map, None))
 }
 
 /// Every document with what [`documents`] added taken out again, and a line per object.
@@ -217,18 +227,25 @@ fn object(object: &mut Value, each: Each, report: &mut Vec<String>) -> Result<()
 }
 
 /// A pod or pod template (metadata and spec): the sidecar added, or put in place of the one an
-/// earlier injection added, unless it opted out. Nothing changes when it cannot be injected.
-pub fn pod(pod: &mut Value, settings: &Settings, config_map: &str) -> Result<Done, Refusal> {
+/// earlier injection added, unless it opted out, in the mode of a cluster of `version` (`None`:
+/// unknown). Nothing changes when it cannot be injected.
+pub fn pod(
+    pod: &mut Value,
+    settings: &Settings,
+    config_map: &str,
+    version: Option<KubeVersion>,
+) -> Result<Done, Refusal> {
     if opted_out(checks::inject_mark(pod, "labels"), checks::inject_mark(pod, "annotations")) {
         return Ok(Done::OptedOut);
     }
     let shape = Shape::of(pod)?;
     checks::clash(pod).and_then(|()| checks::own_volume(&shape)).map_err(|why| Refusal { why, clash: true })?;
     let before = pod.clone();
-    for edit in edits(&shape, settings, config_map)? {
+    let (edits, mode) = edits(&shape, settings, config_map, version)?;
+    for edit in edits {
         edit.apply(pod)?;
     }
-    Ok(if *pod == before { Done::Unchanged } else { Done::Injected })
+    Ok(if *pod == before { Done::Unchanged } else { Done::Injected(mode) })
 }
 
 /// A pod or pod template without what an injection added: the sidecar container, its volume,
@@ -317,6 +334,8 @@ pub struct Shape {
     pub init_containers: List,
     pub containers: List,
     pub volumes: List,
+    /// The pod's [`NATIVE_ANNOTATION`]: `Some` when it says "true" or "false".
+    pub native: Option<bool>,
 }
 
 impl Shape {
@@ -329,6 +348,8 @@ impl Shape {
             Some(_) => Slot::Other,
         };
         let metadata = pod.get("metadata");
+        let annotations = metadata.and_then(|m| m.get("annotations"));
+        let native = checks::native_mark(annotations.and_then(|a| a.get(NATIVE_ANNOTATION)).and_then(Value::as_str))?;
         let spec = pod.get("spec");
         let list = |key: &str, ours: &str| match spec.and_then(|spec| spec.get(key)) {
             None | Some(Value::Null) => List::Absent,
@@ -337,12 +358,13 @@ impl Shape {
         };
         Ok(Shape {
             metadata: slot(metadata),
-            annotations: slot(metadata.and_then(|m| m.get("annotations"))),
+            annotations: slot(annotations),
             labels: slot(metadata.and_then(|m| m.get("labels"))),
             spec: slot(spec),
             init_containers: list("initContainers", CONTAINER),
             containers: list("containers", CONTAINER),
             volumes: list("volumes", VOLUME),
+            native,
         })
     }
 }
@@ -364,9 +386,14 @@ pub enum Edit {
     Remove(Vec<Step>),
 }
 
-/// The changes that inject the sidecar into a pod of `shape`; `Err` for a pod that cannot have
-/// it.
-pub fn edits(shape: &Shape, settings: &Settings, config_map: &str) -> Result<Vec<Edit>, String> {
+/// The changes that inject the sidecar into a pod of `shape` in a cluster of `version` (`None`:
+/// unknown), and the mode they inject it in; `Err` for a pod that cannot have it.
+pub fn edits(
+    shape: &Shape,
+    settings: &Settings,
+    config_map: &str,
+    version: Option<KubeVersion>,
+) -> Result<(Vec<Edit>, Mode), String> {
     let injected = (INJECTED, Value::from(concat!("sluice-sidecar ", env!("CARGO_PKG_VERSION"))));
     let label = (SIDECAR_LABEL, Value::from("injected"));
     let mut edits = Vec::new();
@@ -405,12 +432,15 @@ pub fn edits(shape: &Shape, settings: &Settings, config_map: &str) -> Result<Vec
             List::Absent | List::Items(None) => {}
         }
     }
-    // First among the init containers, so that it serves the workload's own too.
-    let (key, list, at) = if settings.classic {
-        ("containers", shape.containers, Step::End)
-    } else {
-        ("initContainers", shape.init_containers, Step::Index(0))
+    let mode = match shape.native {
+        Some(true) => Mode::Native,
+        Some(false) => Mode::Classic,
+        None => settings.native.mode(version),
     };
+    // First either way: natively, among the init containers, so that it serves theirs too;
+    // classic, among the containers, which the kubelet starts in order.
+    let key = if mode == Mode::Native { "initContainers" } else { "containers" };
+    let list = if mode == Mode::Native { shape.init_containers } else { shape.containers };
     let volume = map([
         ("name", VOLUME.into()),
         (
@@ -421,13 +451,15 @@ pub fn edits(shape: &Shape, settings: &Settings, config_map: &str) -> Result<Vec
             ]),
         ),
     ]);
-    for (key, list, at, item) in [(key, list, at, container(settings)), ("volumes", shape.volumes, Step::End, volume)] {
+    let additions =
+        [(key, list, Step::Index(0), container(settings, mode)), ("volumes", shape.volumes, Step::End, volume)];
+    for (key, list, at, item) in additions {
         edits.push(match list {
             List::Absent => Edit::Add(vec![Step::Key("spec"), Step::Key(key)], Value::Sequence(vec![item])),
             _ => Edit::Add(vec![Step::Key("spec"), Step::Key(key), at], item),
         });
     }
-    Ok(edits)
+    Ok((edits, mode))
 }
 
 impl Edit {
@@ -497,8 +529,8 @@ impl Serialize for Edit {
     }
 }
 
-/// The sidecar container.
-fn container(settings: &Settings) -> Value {
+/// The sidecar container, as `mode` runs it.
+fn container(settings: &Settings, mode: Mode) -> Value {
     let mut args: Vec<Value> = vec![
         "--config".into(),
         format!("{CONFIG_DIR}/{CONFIG_KEY}").into(),
@@ -574,16 +606,25 @@ fn container(settings: &Settings) -> Value {
         ),
         (
             "volumeMounts",
-            Value::Sequence(vec![map([
-                ("name", VOLUME.into()),
-                ("mountPath", CONFIG_DIR.into()),
-                ("readOnly", true.into()),
-            ])]),
+            Value::Sequence(vec![
+                map([("name", VOLUME.into()), ("mountPath", CONFIG_DIR.into()), ("readOnly", true.into())]),
+                // Over the ServiceAccount token's directory, which Kubernetes then leaves alone:
+                // the sidecar never calls the API, so it holds no token.
+                map([("name", VOLUME.into()), ("mountPath", SERVICE_ACCOUNT_DIR.into()), ("readOnly", true.into())]),
+            ]),
         ),
     ]);
-    if !settings.classic {
-        let container = container.as_mapping_mut().expect("a mapping");
-        container.insert("restartPolicy".into(), "Always".into());
+    let fields = container.as_mapping_mut().expect("a mapping");
+    match mode {
+        Mode::Native => {
+            fields.insert("restartPolicy".into(), "Always".into());
+        }
+        // The kubelet starts the next container once this hook returns: the application's first
+        // calls find the sidecar ready (`sluice-sidecar wait`).
+        Mode::Classic => {
+            let wait = map([("command", Value::Sequence(vec![BINARY.into(), "wait".into()]))]);
+            fields.insert("lifecycle".into(), map([("postStart", map([("exec", wait)]))]));
+        }
     }
     container
 }

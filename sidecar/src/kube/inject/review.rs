@@ -16,16 +16,17 @@ use serde::{
 
 use super::{
     CONFIG_ANNOTATION, CONTAINER, INJECT, List, Settings, Shape, Slot, VOLUME,
-    checks::{admin_port_taken, port_clash},
+    checks::{admin_port_taken, native_mark, port_clash},
     config_map_name, edits, opted_out,
 };
 use crate::defaults::{MAX_REVIEW_UID_BYTES, REVIEW_SHOWN_CHARS};
+use crate::kube::cluster::{KubeVersion, Mode};
 
 /// What the webhook did with one request.
 #[derive(Debug, PartialEq)]
 pub enum Outcome {
-    /// The sidecar was injected.
-    Injected,
+    /// The sidecar was injected, in that mode.
+    Injected(Mode),
     /// Left unchanged on purpose.
     Skipped(String),
     /// Left unchanged because it could not be handled.
@@ -41,6 +42,8 @@ pub struct Answer {
     /// The request's uid and pod (namespace/name, shortened), for the log.
     pub uid: String,
     pub pod: String,
+    /// A dry run (`kubectl apply --dry-run=server`): nothing will be created.
+    pub dry_run: bool,
 }
 
 /// A string from the body: borrowed unless it has escapes.
@@ -94,6 +97,7 @@ struct Request<'a> {
     namespace: Option<Text<'a>>,
     #[serde(borrow)]
     object: Option<Pod<'a>>,
+    dry_run: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -138,6 +142,8 @@ struct Marks<'a> {
     inject: Option<Text<'a>>,
     #[serde(borrow, rename = "sluice.io/config")]
     config: Option<Text<'a>>,
+    #[serde(borrow, rename = "sluice.io/native-sidecar")]
+    native: Option<Text<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -264,9 +270,15 @@ struct Response<'a> {
     patch: Option<String>,
 }
 
-/// The `AdmissionReview` answering `body`, and what was done; `Err` when the body is not an
-/// `AdmissionReview` request (nothing to answer it with).
-pub fn answer(body: &[u8], settings: &Settings, config_map: Option<&str>) -> Result<Answer, String> {
+/// The `AdmissionReview` answering `body` from an API server of `version` (`None`: unknown), and
+/// what was done; `Err` when the body is not an `AdmissionReview` request (nothing to answer it
+/// with).
+pub fn answer(
+    body: &[u8],
+    settings: &Settings,
+    config_map: Option<&str>,
+    version: Option<KubeVersion>,
+) -> Result<Answer, String> {
     let review: Review = serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
     let request = review.request.ok_or("no request")?;
     let uid = text(&request.uid).ok_or("no request.uid")?;
@@ -276,8 +288,8 @@ pub fn answer(body: &[u8], settings: &Settings, config_map: Option<&str>) -> Res
     let metadata = request.object.as_ref().and_then(|pod| pod.metadata.as_ref());
     let name = metadata.and_then(|m| text(&m.name).or(text(&m.generate_name))).unwrap_or_default();
     let pod = shortened(&format!("{}/{name}", text(&request.namespace).unwrap_or_default()));
-    let (outcome, patch) = match mutate(&request, settings, config_map) {
-        Ok(Some(patch)) => (Outcome::Injected, Some(patch)),
+    let (outcome, patch) = match mutate(&request, settings, config_map, version) {
+        Ok(Some((patch, mode))) => (Outcome::Injected(mode), Some(patch)),
         Ok(None) => (Outcome::Skipped(skip_reason(metadata)), None),
         Err(why) => (Outcome::Unhandled(why), None),
     };
@@ -290,12 +302,17 @@ pub fn answer(body: &[u8], settings: &Settings, config_map: Option<&str>) -> Res
         response: Response { uid, allowed: true, patch_type: patch.is_some().then_some("JSONPatch"), patch },
     };
     let review = serde_json::to_string(&reply).map_err(|e| format!("the answer: {e}"))?;
-    Ok(Answer { review, outcome, uid: uid.to_owned(), pod })
+    Ok(Answer { review, outcome, uid: uid.to_owned(), pod, dry_run: request.dry_run.unwrap_or(false) })
 }
 
-/// The JSON Patch injecting the sidecar into the request's pod, base64-encoded; `None` for a pod
-/// to leave alone.
-fn mutate(request: &Request, settings: &Settings, default_config_map: Option<&str>) -> Result<Option<String>, String> {
+/// The JSON Patch injecting the sidecar into the request's pod, base64-encoded, and its mode;
+/// `None` for a pod to leave alone.
+fn mutate(
+    request: &Request,
+    settings: &Settings,
+    default_config_map: Option<&str>,
+    version: Option<KubeVersion>,
+) -> Result<Option<(String, Mode)>, String> {
     let kind = request.kind.as_ref().and_then(|k| text(&k.kind));
     let resource = request.resource.as_ref().and_then(|r| text(&r.resource));
     if kind != Some("Pod") || resource != Some("pods") {
@@ -332,9 +349,11 @@ fn mutate(request: &Request, settings: &Settings, default_config_map: Option<&st
         init_containers: list(spec.map(|s| &s.init_containers)),
         containers: list(spec.map(|s| &s.containers)),
         volumes: list(spec.map(|s| &s.volumes)),
+        native: native_mark(annotations.and_then(|a| text(&a.native)))?,
     };
-    let patch = serde_json::to_vec(&edits(&shape, settings, &config_map)?).map_err(|e| format!("the patch: {e}"))?;
-    Ok(Some(STANDARD.encode(patch)))
+    let (edits, mode) = edits(&shape, settings, &config_map, version)?;
+    let patch = serde_json::to_vec(&edits).map_err(|e| format!("the patch: {e}"))?;
+    Ok(Some((STANDARD.encode(patch), mode)))
 }
 
 /// Why a pod is left alone, or "" to inject it.

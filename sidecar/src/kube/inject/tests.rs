@@ -1,6 +1,7 @@
 use yaml_serde::Value;
 
 use super::{review::answer, *};
+use crate::kube::cluster::{Mode, Native};
 
 const WORKLOADS: &str = include_str!("testdata/workloads.yaml");
 
@@ -8,7 +9,7 @@ fn settings() -> Settings {
     Settings {
         image: DEFAULT_IMAGE.into(),
         servers: Vec::new(),
-        classic: false,
+        native: Native::True,
         cpu_request: "50m".into(),
         memory_request: "32Mi".into(),
         cpu_limit: None,
@@ -112,32 +113,79 @@ fn what_the_pod_had_stays_as_it_was() {
 
 #[test]
 fn injecting_twice_gives_what_injecting_once_does() {
-    for classic in [false, true] {
-        let settings = Settings { classic, ..settings() };
+    for native in [Native::True, Native::False] {
+        let settings = Settings { native, ..settings() };
         let once = injected(WORKLOADS, &settings, "app-sidecar");
         let twice = injected(&once, &settings, "app-sidecar");
-        assert_eq!(once, twice, "classic: {classic}");
+        assert_eq!(once, twice, "{native:?}");
     }
     // Again with other settings: the sidecar is replaced, not added twice.
     let native = injected(WORKLOADS, &settings(), "app-sidecar");
-    let other = Settings { classic: true, image: "registry.example/sluice:2".into(), ..settings() };
+    let other = Settings { native: Native::False, image: "registry.example/sluice:2".into(), ..settings() };
     let classic = parse_all(&injected(&native, &other, "other"));
     let pod = template(&classic[1]);
     assert_eq!(names(&pod["spec"]["initContainers"]), ["migrate"]);
-    assert_eq!(names(&pod["spec"]["containers"]), ["app", CONTAINER]);
-    assert_eq!(pod["spec"]["containers"][1]["image"], "registry.example/sluice:2");
+    assert_eq!(names(&pod["spec"]["containers"]), [CONTAINER, "app"]);
+    assert_eq!(pod["spec"]["containers"][0]["image"], "registry.example/sluice:2");
     assert_eq!(names(&pod["spec"]["volumes"]), ["cache", "settings", VOLUME]);
     assert_eq!(pod["spec"]["volumes"][2]["configMap"]["name"], "other");
 }
 
 #[test]
-fn classic_mode_adds_a_plain_container_after_the_workloads() {
-    let settings = Settings { classic: true, ..settings() };
+fn classic_mode_adds_a_plain_container_first_that_holds_the_others_until_ready() {
+    let settings = Settings { native: Native::False, ..settings() };
     let out = parse_all(&injected(WORKLOADS, &settings, "app-sidecar"));
     let pod = template(&out[1]);
     assert_eq!(names(&pod["spec"]["initContainers"]), ["migrate"]);
-    assert_eq!(names(&pod["spec"]["containers"]), ["app", CONTAINER]);
-    assert!(pod["spec"]["containers"][1].get("restartPolicy").is_none());
+    assert_eq!(names(&pod["spec"]["containers"]), [CONTAINER, "app"]);
+    let sidecar = &pod["spec"]["containers"][0];
+    assert!(sidecar.get("restartPolicy").is_none());
+    let hook: Vec<&str> = sidecar["lifecycle"]["postStart"]["exec"]["command"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(hook, [BINARY, "wait"]);
+    // `wait` is a subcommand of the binary, with defaults that find the injected sidecar.
+    let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(hook).expect("the binary's own subcommand");
+    assert!(matches!(cli.command, Some(crate::cli::Command::Wait(_))));
+}
+
+#[test]
+fn auto_is_classic_offline_and_a_pods_annotation_overrides_the_flag() {
+    let auto = Settings { native: Native::Auto, ..settings() };
+    let out = parse_all(&injected(WORKLOADS, &auto, "app-sidecar"));
+    assert_eq!(names(&template(&out[1])["spec"]["containers"]), [CONTAINER, "app"]);
+    let annotated = |value: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations:\n    {NATIVE_ANNOTATION}: \"{value}\"\n\
+             spec:\n  containers:\n  - name: app\n    image: app\n"
+        )
+    };
+    let native = parse_all(&injected(&annotated("true"), &auto, "app-sidecar"));
+    assert_eq!(names(&native[0]["spec"]["initContainers"]), [CONTAINER]);
+    let classic = parse_all(&injected(&annotated("false"), &settings(), "app-sidecar"));
+    assert_eq!(names(&classic[0]["spec"]["containers"]), [CONTAINER, "app"]);
+    let refused = documents(&annotated("yes"), &settings(), "app-sidecar").unwrap_err();
+    assert!(refused.why.contains("sluice.io/native-sidecar: \"yes\" is neither"), "{refused:?}");
+}
+
+#[test]
+fn the_sidecar_holds_no_service_account_token() {
+    for native in [Native::True, Native::False] {
+        let out = parse_all(&injected(WORKLOADS, &Settings { native, ..settings() }, "app-sidecar"));
+        let spec = &template(&out[1])["spec"];
+        let sidecar = [&spec["initContainers"], &spec["containers"]]
+            .into_iter()
+            .flat_map(|list| list.as_sequence().unwrap())
+            .find(|c| c["name"] == CONTAINER)
+            .unwrap();
+        let mounts: Vec<&str> =
+            sidecar["volumeMounts"].as_sequence().unwrap().iter().map(|m| m["mountPath"].as_str().unwrap()).collect();
+        // Kubernetes mounts the token into no container that has something at its directory.
+        assert!(mounts.contains(&"/var/run/secrets/kubernetes.io/serviceaccount"), "{native:?}: {mounts:?}");
+    }
 }
 
 #[test]
@@ -211,14 +259,14 @@ fn flag_values_are_checked() {
 fn each_object_gets_a_line_saying_what_was_done() {
     let (once, report) = documents(WORKLOADS, &settings(), "app-sidecar").unwrap();
     let expected = [
-        "pod/single: injected",
-        "deployment/orders: injected",
-        "statefulset/ledger: injected",
-        "daemonset/agent: injected",
-        "replicaset/legacy: injected",
-        "job/report: injected",
-        "cronjob/nightly: injected",
-        "pod/listed: injected",
+        "pod/single: injected (native sidecar)",
+        "deployment/orders: injected (native sidecar)",
+        "statefulset/ledger: injected (native sidecar)",
+        "daemonset/agent: injected (native sidecar)",
+        "replicaset/legacy: injected (native sidecar)",
+        "job/report: injected (native sidecar)",
+        "cronjob/nightly: injected (native sidecar)",
+        "pod/listed: injected (native sidecar)",
         "configmap/listed-settings: skipped (not a workload)",
         "service/orders: skipped (not a workload)",
     ];
@@ -227,7 +275,7 @@ fn each_object_gets_a_line_saying_what_was_done() {
     assert_eq!(again[1], "deployment/orders: already injected");
     let other = Settings { image: "registry.example/sluice:2".into(), ..settings() };
     let (_, other) = documents(&once, &other, "app-sidecar").unwrap();
-    assert_eq!(other[1], "deployment/orders: injected");
+    assert_eq!(other[1], "deployment/orders: injected (native sidecar)");
 }
 
 #[test]
@@ -243,7 +291,7 @@ fn a_pod_labelled_or_annotated_disabled_is_left_as_it_is() {
     }
     // Any other value is no opt-out.
     let enabled = "kind: Pod\nmetadata: {name: x, labels: {sluice.io/inject: enabled}}\nspec: {containers: []}\n";
-    assert_eq!(documents(enabled, &settings(), "c").unwrap().1, ["pod/x: injected"]);
+    assert_eq!(documents(enabled, &settings(), "c").unwrap().1, ["pod/x: injected (native sidecar)"]);
 }
 
 #[test]
@@ -282,10 +330,10 @@ fn what_the_pod_already_uses_of_the_sidecars_is_refused() {
 
 #[test]
 fn uninject_takes_out_what_inject_added() {
-    for classic in [false, true] {
-        let settings = Settings { classic, ..settings() };
+    for native in [Native::True, Native::False] {
+        let settings = Settings { native, ..settings() };
         let (out, report) = uninjected(&injected(WORKLOADS, &settings, "app-sidecar")).unwrap();
-        assert_eq!(parse_all(&out), parse_all(WORKLOADS), "classic: {classic}");
+        assert_eq!(parse_all(&out), parse_all(WORKLOADS), "{native:?}");
         assert_eq!(report[..2], ["pod/single: uninjected", "deployment/orders: uninjected"]);
         assert_eq!(report[9], "service/orders: skipped (not a workload)");
         let (again, report) = uninjected(&out).unwrap();
@@ -349,8 +397,8 @@ fn orders_pod() -> serde_json::Value {
 #[test]
 fn the_webhook_patch_makes_the_pod_that_inject_makes() {
     let pod = orders_pod();
-    let answered = answer(&review(pod.clone()), &settings(), Some("default-sidecar")).unwrap();
-    assert_eq!(answered.outcome, review::Outcome::Injected);
+    let answered = answer(&review(pod.clone()), &settings(), Some("default-sidecar"), None).unwrap();
+    assert_eq!(answered.outcome, review::Outcome::Injected(Mode::Native));
     assert_eq!(answered.pod, "shop/orders-5d8f7c-");
     let answered_review: serde_json::Value = serde_json::from_str(&answered.review).unwrap();
     let response = &answered_review["response"];
@@ -364,14 +412,14 @@ fn the_webhook_patch_makes_the_pod_that_inject_makes() {
     json_patch::patch(&mut patched, &patch).unwrap();
     // inject on the same pod, with the annotation's ConfigMap.
     let mut injected: Value = serde_json::from_value(pod).unwrap();
-    super::pod(&mut injected, &settings(), "orders-sidecar").unwrap();
+    super::pod(&mut injected, &settings(), "orders-sidecar", None).unwrap();
     assert_eq!(patched, serde_json::to_value(&injected).unwrap());
 }
 
 #[test]
 fn the_webhook_allows_what_it_does_not_inject_unchanged() {
     let unchanged = |body: Vec<u8>, config_map: Option<&str>| {
-        let answered = answer(&body, &settings(), config_map).unwrap();
+        let answered = answer(&body, &settings(), config_map, None).unwrap();
         let review: serde_json::Value = serde_json::from_str(&answered.review).unwrap();
         assert_eq!(review["response"]["allowed"], true);
         assert!(review["response"].get("patch").is_none());
@@ -413,23 +461,23 @@ fn the_webhook_allows_what_it_does_not_inject_unchanged() {
     assert!(matches!(&outcome, review::Outcome::Unhandled(why) if why.contains("not a pod")), "{outcome:?}");
 
     // Without the annotation, the webhook's own --config-map.
-    let answered = answer(&review(unnamed), &settings(), Some("default-sidecar")).unwrap();
-    assert_eq!(answered.outcome, review::Outcome::Injected);
+    let answered = answer(&review(unnamed), &settings(), Some("default-sidecar"), None).unwrap();
+    assert_eq!(answered.outcome, review::Outcome::Injected(Mode::Native));
 
     // No uid to answer: the API server's failure policy decides.
-    assert!(answer(b"{}", &settings(), None).unwrap_err().contains("no request"));
-    assert!(answer(b"{\"request\": {}}", &settings(), None).unwrap_err().contains("uid"));
-    assert!(answer(b"not json", &settings(), None).unwrap_err().contains("not an AdmissionReview"));
+    assert!(answer(b"{}", &settings(), None, None).unwrap_err().contains("no request"));
+    assert!(answer(b"{\"request\": {}}", &settings(), None, None).unwrap_err().contains("uid"));
+    assert!(answer(b"not json", &settings(), None, None).unwrap_err().contains("not an AdmissionReview"));
     let mut long_uid: serde_json::Value = serde_json::from_slice(&review(orders_pod())).unwrap();
     long_uid["request"]["uid"] = "u".repeat(129).into();
-    let refused = answer(&serde_json::to_vec(&long_uid).unwrap(), &settings(), None).unwrap_err();
+    let refused = answer(&serde_json::to_vec(&long_uid).unwrap(), &settings(), None, None).unwrap_err();
     assert!(refused.contains("longer than 128"), "{refused}");
 }
 
 /// Patches `pod` with the webhook's answer for it.
 fn webhook_patched(pod: &serde_json::Value, settings: &Settings) -> Result<serde_json::Value, review::Outcome> {
-    let answered = answer(&review(pod.clone()), settings, None).unwrap();
-    if answered.outcome != review::Outcome::Injected {
+    let answered = answer(&review(pod.clone()), settings, None, None).unwrap();
+    if !matches!(answered.outcome, review::Outcome::Injected(_)) {
         return Err(answered.outcome);
     }
     let answered: serde_json::Value = serde_json::from_str(&answered.review).unwrap();
@@ -448,8 +496,8 @@ fn the_patch_holds_only_what_changes_whatever_the_pods_size() {
     let mut pod = orders_pod();
     let env: Vec<_> = (0..20_000).map(|i| serde_json::json!({"name": format!("V{i}"), "value": "x"})).collect();
     pod["spec"]["initContainers"][0]["env"] = env.into();
-    let small = answer(&review(orders_pod()), &settings(), None).unwrap().review.len();
-    let large = answer(&review(pod.clone()), &settings(), None).unwrap().review.len();
+    let small = answer(&review(orders_pod()), &settings(), None, None).unwrap().review.len();
+    let large = answer(&review(pod.clone()), &settings(), None, None).unwrap().review.len();
     assert_eq!(small, large);
     // An earlier sidecar anywhere in the lists is taken out, in both modes, as `inject` does.
     let mut earlier = orders_pod();
@@ -458,12 +506,12 @@ fn the_patch_holds_only_what_changes_whatever_the_pods_size() {
     earlier["spec"]["initContainers"].as_array_mut().unwrap().push(stale);
     earlier["spec"]["volumes"].as_array_mut().unwrap().insert(0, serde_json::json!({"name": VOLUME, "emptyDir": {}}));
     earlier["metadata"].as_object_mut().unwrap().remove("labels");
-    for classic in [false, true] {
-        let settings = Settings { classic, ..settings() };
+    for native in [Native::True, Native::False] {
+        let settings = Settings { native, ..settings() };
         let mut injected: Value = serde_json::from_value(earlier.clone()).unwrap();
-        super::pod(&mut injected, &settings, "orders-sidecar").unwrap();
+        super::pod(&mut injected, &settings, "orders-sidecar", None).unwrap();
         let patched = webhook_patched(&earlier, &settings).unwrap();
-        assert_eq!(patched, serde_json::to_value(&injected).unwrap(), "classic: {classic}");
+        assert_eq!(patched, serde_json::to_value(&injected).unwrap(), "{native:?}");
     }
     // Two of them: Kubernetes refuses the pod, so it is left to that.
     let mut twice = orders_pod();
