@@ -1,6 +1,8 @@
 //! The HTTP admin listener both binaries run (`/metrics`, probes, status pages): every GET is
 //! answered by the caller's route, on a thread and runtime of its own so that it answers while
-//! the data path is saturated.
+//! the data path is saturated. The `/debug/` pages, which show every client and its demand, can
+//! have a listener of their own (`--debug-addr`, e.g. on loopback for `kubectl port-forward`)
+//! while probes and `/metrics` stay where the kubelet and Prometheus reach them.
 //!
 //! Its memory is bounded whatever clients do: at most [`ADMIN_MAX_CONNECTIONS`] connections,
 //! each with small buffers, let go when idle ([`ADMIN_HEADER_TIMEOUT`]) or when they stop
@@ -39,16 +41,64 @@ use crate::defaults::{
     ADMIN_HEADER_TIMEOUT, ADMIN_MAX_CONNECTIONS, ADMIN_WRITE_TIMEOUT,
 };
 
-/// Answers every GET on `listener` with `route` until the process exits. The `probes` (paths
-/// whose answers are a few bytes: liveness and readiness) are answered at once; every other
-/// page is rendered on a thread of its own, one at a time, once one of the
-/// [`ADMIN_ANSWERS_AT_ONCE`] turns is free, so that probes and accepting go on while a large
-/// page renders and a kubelet's probe is never queued behind large pages.
-pub fn serve<F>(listener: std::net::TcpListener, probes: &'static [&'static str], route: F) -> std::io::Result<()>
+/// The pages under this prefix go to the debug listener when there is one.
+const DEBUG_PAGES: &str = "/debug/";
+
+/// Which of the routes one listener answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Share {
+    All,
+    /// The `/debug/` pages only (the debug listener).
+    Debug,
+    /// All but the `/debug/` pages (the admin listener beside a debug listener).
+    NotDebug,
+}
+
+impl Share {
+    fn serves(self, path: &str) -> bool {
+        let debug = path.starts_with(DEBUG_PAGES);
+        match self {
+            Share::All => true,
+            Share::Debug => debug,
+            Share::NotDebug => !debug,
+        }
+    }
+}
+
+/// Answers every GET on `admin` with `route` until the process exits, the `/debug/` pages on
+/// `debug` instead when given (and nothing else there). The `probes` (paths whose answers are a
+/// few bytes: liveness and readiness) are answered at once; every other page is rendered on a
+/// thread of its own, one at a time, once one of the [`ADMIN_ANSWERS_AT_ONCE`] turns is free, so
+/// that probes and accepting go on while a large page renders and a kubelet's probe is never
+/// queued behind large pages.
+pub fn serve<F>(
+    admin: std::net::TcpListener,
+    debug: Option<std::net::TcpListener>,
+    probes: &'static [&'static str],
+    route: F,
+) -> std::io::Result<()>
 where
     F: Fn(&Request<Incoming>) -> Response<Full<Bytes>> + Send + Sync + 'static,
 {
     let route = Arc::new(route);
+    match debug {
+        None => serve_share(admin, probes, Share::All, route),
+        Some(debug) => {
+            serve_share(admin, probes, Share::NotDebug, route.clone())?;
+            serve_share(debug, &[], Share::Debug, route)
+        }
+    }
+}
+
+fn serve_share<F>(
+    listener: std::net::TcpListener,
+    probes: &'static [&'static str],
+    share: Share,
+    route: Arc<F>,
+) -> std::io::Result<()>
+where
+    F: Fn(&Request<Incoming>) -> Response<Full<Bytes>> + Send + Sync + 'static,
+{
     let (renderer, to_render) = std::sync::mpsc::channel::<(Request<Incoming>, Rendered)>();
     let rendering = route.clone();
     thread::Builder::new().name("sluice-admin-pages".into()).spawn(move || {
@@ -56,7 +106,8 @@ where
             let _ = rendered.send(rendering(&req));
         }
     })?;
-    let pages = Arc::new(Pages { route, probes, turns: Arc::new(Semaphore::new(ADMIN_ANSWERS_AT_ONCE)), renderer });
+    let turns = Arc::new(Semaphore::new(ADMIN_ANSWERS_AT_ONCE));
+    let pages = Arc::new(Pages { route, probes, share, turns, renderer });
     let connections = Arc::new(Semaphore::new(ADMIN_MAX_CONNECTIONS));
     listener.set_nonblocking(true)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -107,6 +158,7 @@ type Rendered = oneshot::Sender<Response<Full<Bytes>>>;
 struct Pages<F> {
     route: Arc<F>,
     probes: &'static [&'static str],
+    share: Share,
     turns: Arc<Semaphore>,
     renderer: std::sync::mpsc::Sender<(Request<Incoming>, Rendered)>,
 }
@@ -122,6 +174,12 @@ where
             let mut refused = reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "only GET\n".into());
             refused.headers_mut().insert(hyper::header::ALLOW, "GET, HEAD".parse().expect("a header value"));
             (refused, None)
+        } else if !self.share.serves(req.uri().path()) {
+            let elsewhere = match self.share {
+                Share::Debug => "only the /debug/ pages are served here\n",
+                _ => "the /debug/ pages are served on --debug-addr\n",
+            };
+            (reply(StatusCode::NOT_FOUND, "text/plain", elsewhere.into()), None)
         } else if self.probes.contains(&req.uri().path()) {
             ((self.route)(&req), None)
         } else {

@@ -45,6 +45,12 @@ pub fn exit(binary: &str, why: &str, code: u8) -> ExitCode {
     ExitCode::from(code)
 }
 
+/// A listener of the admin thread's (`what`: admin or debug), bound before anything starts.
+pub fn bind_admin(address: std::net::SocketAddr, what: &str) -> Result<std::net::TcpListener, Failure> {
+    std::net::TcpListener::bind(address)
+        .map_err(|e| Failure::Runtime(format!("cannot listen on {address} ({what}): {e}")))
+}
+
 /// The configuration file's name and text, or the embedded default's when there is no file.
 pub fn read_config(path: Option<&std::path::Path>, embedded: &str) -> Result<(String, String), Failure> {
     match path {

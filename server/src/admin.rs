@@ -22,14 +22,16 @@ use crate::{
     status::{self, ResourceHistory},
 };
 
-/// Serves the server's debug listener on a thread of its own until the process exits.
+/// Serves the server's admin listener (and its debug pages on `debug`, when given) on a thread
+/// of its own until the process exits.
 pub fn spawn(
     listener: std::net::TcpListener,
+    debug: Option<std::net::TcpListener>,
     state: Arc<State>,
     history: Arc<Mutex<ResourceHistory>>,
     handle: PrometheusHandle,
 ) -> std::io::Result<()> {
-    serve(listener, &["/healthz", "/readyz"], move |req| route(req, &state, &history, &handle))
+    serve(listener, debug, &["/healthz", "/readyz"], move |req| route(req, &state, &history, &handle))
 }
 
 fn route(

@@ -14,7 +14,7 @@ use sluice_proto::{FILE_DESCRIPTOR_SET, capacity_server::CapacityServer};
 use sluice_runtime::{
     defaults::HISTORY_LENGTH,
     history::History,
-    process::{Failure, read_config, termination},
+    process::{Failure, bind_admin, read_config, termination},
     reload::{ConfigStatus, Reloader, rotating},
     telemetry,
 };
@@ -62,8 +62,8 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let grpc = TcpListener::bind(args.grpc_addr)
         .await
         .map_err(|e| Failure::Runtime(format!("cannot listen on {} (gRPC): {e}", args.grpc_addr)))?;
-    let admin = std::net::TcpListener::bind(args.admin_addr)
-        .map_err(|e| Failure::Runtime(format!("cannot listen on {} (admin): {e}", args.admin_addr)))?;
+    let admin = bind_admin(args.admin_addr, "admin")?;
+    let debug = args.debug_addr.map(|a| bind_admin(a, "debug")).transpose()?;
     let local = |l: Result<std::net::SocketAddr, std::io::Error>| l.map_or_else(|e| e.to_string(), |a| a.to_string());
     let (grpc_addr, admin_addr) = (local(grpc.local_addr()), local(admin.local_addr()));
 
@@ -97,7 +97,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let history =
         Arc::new(Mutex::new(History::new(HISTORY_LENGTH, args.history_interval.as_secs_f64(), HISTORY_RESOURCES)));
     tokio::spawn(record_history(state.clone(), history.clone(), args.history_interval));
-    admin::spawn(admin, state.clone(), history, handle.clone())
+    admin::spawn(admin, debug, state.clone(), history, handle.clone())
         .map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
     let election = election.map(|settings| Election::spawn(settings, state.clone()));
     tokio::spawn(sweep(state.clone(), handle));

@@ -40,9 +40,15 @@ pub struct Args {
     #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = defaults::GRPC_ADDR)]
     pub grpc_addr: SocketAddr,
 
-    /// HTTP debug listen address (/metrics, /healthz, /readyz, /debug/status).
+    /// HTTP admin listen address (/metrics, /healthz, /readyz, and the /debug/ pages unless
+    /// --debug-addr is given).
     #[arg(long, env = "SLUICE_ADMIN_ADDR", default_value = defaults::ADMIN_ADDR)]
     pub admin_addr: SocketAddr,
+
+    /// HTTP listen address of the /debug/ pages (every client and its demand), apart from
+    /// --admin-addr: e.g. 127.0.0.1:7779, reached with `kubectl port-forward`.
+    #[arg(long, env = "SLUICE_DEBUG_ADDR")]
+    pub debug_addr: Option<SocketAddr>,
 
     /// Address clients are told to use for this server (Discovery); defaults to the gRPC
     /// listen address. With --etcd-endpoints, the master publishes it as its election value.

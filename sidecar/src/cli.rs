@@ -89,9 +89,15 @@ pub struct Args {
     #[arg(long, env = "SLUICE_SIDECAR_SERVER_ADDRESSES", value_delimiter = ',', value_parser = host_port)]
     pub server_addresses: Vec<String>,
 
-    /// Admin listen address (/metrics, /live, /ready, /debug/status).
+    /// Admin listen address (/metrics, /live, /ready, and the /debug/ pages unless --debug-addr
+    /// is given).
     #[arg(long, env = "SLUICE_SIDECAR_ADMIN_ADDR", default_value = defaults::ADMIN_ADDR)]
     pub admin_addr: SocketAddr,
+
+    /// Listen address of the /debug/ pages apart from --admin-addr: e.g. 127.0.0.1:9902, reached
+    /// with `kubectl port-forward`.
+    #[arg(long, env = "SLUICE_SIDECAR_DEBUG_ADDR")]
+    pub debug_addr: Option<SocketAddr>,
 
     /// Client id toward the capacity servers; default: $POD_NAME or the host name, plus the
     /// first listener's port.

@@ -67,6 +67,7 @@ fn the_chart_lints_and_every_rendering_validates_strictly() {
     let leaf = container(pod_template(find(&tree, "StatefulSet", "sluice-leaf")), "server");
     let args: Vec<&str> = leaf["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
     for expected in [
+        "--debug-addr=127.0.0.1:7779",
         "--parent=sluice-root.sluice.svc:7777",
         "--server-id=sluice-leaf",
         "--etcd-endpoints=http://sluice-etcd.sluice.svc:2379",
@@ -179,6 +180,7 @@ fn the_rate_limit_service_runs_the_sidecar_on_the_files_the_root_tier_loads_too(
         [
             "--config=/etc/sluice/sidecar.yaml",
             "--admin-addr=$(POD_IP):9901",
+            "--debug-addr=127.0.0.1:9902",
             "--server-addresses=sluice-root.sluice.svc:7777"
         ]
     );

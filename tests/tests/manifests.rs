@@ -223,6 +223,9 @@ fn the_servers_and_the_sidecar_the_manifests_describe_run_and_answer_their_probe
                     .starts_with(&format!("{pod}.sluice-{tier}-peers.sluice.svc:"))
             );
             let admin = loopback();
+            // Each pod has a loopback of its own; here they share one.
+            assert_eq!(launch.flag("--debug-addr"), Some("127.0.0.1:7779"), "the status pages on loopback");
+            launch.set_flag("--debug-addr", &loopback().to_string());
             launch.set_flag("--grpc-addr", &grpc.to_string());
             launch.set_flag("--admin-addr", &admin.to_string());
             launch.set_flag("--advertise-address", &grpc.to_string());
@@ -279,6 +282,9 @@ fn the_servers_and_the_sidecar_the_manifests_describe_run_and_answer_their_probe
     assert_eq!(launch.flag("--admin-addr"), Some("127.0.0.1:9901"), "on the pod IP");
     assert_eq!(launch.flag("--server-addresses"), Some("sluice-root.sluice.svc:7777"));
     let admin = loopback();
+    assert_eq!(launch.flag("--debug-addr"), Some("127.0.0.1:9902"), "the status pages on loopback");
+    let debug = loopback();
+    launch.set_flag("--debug-addr", &debug.to_string());
     launch.set_flag("--admin-addr", &admin.to_string());
     launch.set_flag("--server-addresses", &grpc_of["leaf"][0].to_string());
     let mount = sidecar["volumeMounts"][0]["mountPath"].as_str().unwrap().to_owned();
@@ -287,16 +293,18 @@ fn the_servers_and_the_sidecar_the_manifests_describe_run_and_answer_their_probe
     let asked = runner.probe(&process, sidecar, &ports);
     println!("sidecar: {}", asked.join(", "));
     assert_eq!(asked.len(), 2, "startup and liveness");
+    assert_eq!(http_get(admin, "/debug/status").unwrap().0, 404, "not on the pod IP");
+    assert_eq!(http_get(debug, "/debug/status").unwrap().0, 200);
     let (_, metrics) = http_get(admin, "/metrics").unwrap();
     assert!(metrics.contains("sluice_sidecar_"), "metrics on the named port");
-    let (_, status) = http_get(admin, "/debug/status.json").unwrap();
+    let (_, status) = http_get(debug, "/debug/status.json").unwrap();
     let status: Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["client_id"], "orders-client-7d9c5-x2x4z:9000".replace("9000", &listen.port().to_string()));
     // The application's call, through the sidecar, to the service it calls.
     let why = lazily(|| format!("no request passed the sidecar; logs:\n{}", runner.logs(&process)));
     eventually_blocking(why, || matches!(http_get(listen, "/echo"), Ok((200, _))));
     // And its lease comes down the tree: root master → leaf → sidecar.
-    let status = || serde_json::from_str::<Value>(&http_get(admin, "/debug/status.json").unwrap().1).unwrap();
+    let status = || serde_json::from_str::<Value>(&http_get(debug, "/debug/status.json").unwrap().1).unwrap();
     let why = lazily(|| format!("no lease through the tree: {}", status()));
     eventually_blocking(why, || status()["resources"][0]["mode"] == "leased");
     running.push(process);

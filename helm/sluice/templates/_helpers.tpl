@@ -121,6 +121,8 @@ when "sluice.nativeSidecar" says so, else first under containers, together with 
   - /etc/sluice/sidecar.yaml
   - --admin-addr
   - $(POD_IP):9901
+  - --debug-addr
+  - 127.0.0.1:9902
   - --log-format
   - json
   - --server-addresses

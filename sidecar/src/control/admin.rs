@@ -83,8 +83,12 @@ impl Admin {
     }
 }
 
-pub fn spawn(listener: std::net::TcpListener, admin: Arc<Admin>) -> std::io::Result<()> {
-    serve(listener, &["/live", "/ready"], move |req| route(req, &admin))
+pub fn spawn(
+    listener: std::net::TcpListener,
+    debug: Option<std::net::TcpListener>,
+    admin: Arc<Admin>,
+) -> std::io::Result<()> {
+    serve(listener, debug, &["/live", "/ready"], move |req| route(req, &admin))
 }
 
 fn route(req: &Request<Incoming>, admin: &Admin) -> Response<Full<Bytes>> {

@@ -11,7 +11,7 @@ use arc_swap::ArcSwap;
 use sluice_runtime::{
     defaults::HISTORY_LENGTH,
     history::History,
-    process::{Failure, read_config, termination},
+    process::{Failure, bind_admin, read_config, termination},
     reload::{self, ConfigStatus, Reloader},
     telemetry,
 };
@@ -68,8 +68,8 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         })?),
         None => None,
     };
-    let admin_listener = std::net::TcpListener::bind(args.admin_addr)
-        .map_err(|e| Failure::Runtime(format!("cannot listen on {} (admin): {e}", args.admin_addr)))?;
+    let admin_listener = bind_admin(args.admin_addr, "admin")?;
+    let debug_listener = args.debug_addr.map(|a| bind_admin(a, "debug")).transpose()?;
 
     let plan = Plan::build(config, None, cue.as_ref()).map_err(|e| Failure::config(&source, &e))?;
     if let Some(leasing) = &leasing {
@@ -88,7 +88,8 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         history: Mutex::new(History::new(HISTORY_LENGTH, args.history_interval.as_secs_f64(), HISTORY_RESOURCES)),
         leasing: leasing.clone(),
     });
-    admin::spawn(admin_listener, admin.clone()).map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
+    admin::spawn(admin_listener, debug_listener, admin.clone())
+        .map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
     tokio::spawn(admin.clone().record_history(args.history_interval));
 
     // Installed before serving: SIGHUP's default action would end the process.

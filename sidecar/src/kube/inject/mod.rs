@@ -59,6 +59,9 @@ pub const BINARY: &str = "/usr/local/bin/sluice-sidecar";
 pub const ADMIN_PORT: u16 = 9901;
 pub const ADMIN_PORT_NAME: &str = "sluice-admin";
 
+/// Where the injected sidecar's `/debug/` pages listen: the pod's loopback.
+pub const DEBUG_ADDR: &str = "127.0.0.1:9902";
+
 /// The image's non-root user (distroless' `nonroot`).
 const USER: u32 = 65532;
 
@@ -537,6 +540,9 @@ fn container(settings: &Settings, mode: Mode) -> Value {
         // On the pod IP, so that the kubelet's probes and Prometheus reach it.
         "--admin-addr".into(),
         format!("$(POD_IP):{ADMIN_PORT}").into(),
+        // The status pages on loopback only: `kubectl port-forward pod/<pod> 9902`.
+        "--debug-addr".into(),
+        DEBUG_ADDR.into(),
         // One JSON object a line, as the cluster's log collectors read best.
         "--log-format".into(),
         "json".into(),

@@ -66,10 +66,9 @@ fn every_kind_with_pods_gets_the_sidecar_first_among_its_init_containers() {
         assert_eq!(sidecar["image"], DEFAULT_IMAGE);
         assert_eq!(sidecar["command"][0], BINARY);
         let args: Vec<&str> = sidecar["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
-        assert_eq!(
-            args,
-            ["--config", "/etc/sluice/sidecar.yaml", "--admin-addr", "$(POD_IP):9901", "--log-format", "json"]
-        );
+        let expected = ["--config", "/etc/sluice/sidecar.yaml", "--admin-addr", "$(POD_IP):9901"];
+        let expected = [&expected[..], &["--debug-addr", "127.0.0.1:9902", "--log-format", "json"]].concat();
+        assert_eq!(args, expected);
         assert_eq!(sidecar["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
         assert_eq!(sidecar["env"][1]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
         assert_eq!(sidecar["ports"][0]["name"], ADMIN_PORT_NAME);
@@ -200,7 +199,7 @@ fn servers_and_resources_come_from_the_flags() {
     let out = parse_all(&injected(WORKLOADS, &settings, "app-sidecar"));
     let sidecar = &out[0]["spec"]["initContainers"][0];
     let args = sidecar["args"].as_sequence().unwrap();
-    assert_eq!(args[6..], [Value::from("--server-addresses"), "sluice-leaf.sluice:7777,backup:7777".into()]);
+    assert_eq!(args[8..], [Value::from("--server-addresses"), "sluice-leaf.sluice:7777,backup:7777".into()]);
     assert_eq!(sidecar["resources"]["requests"]["cpu"], "100m");
     assert_eq!(sidecar["resources"]["limits"]["cpu"], "1");
     assert_eq!(sidecar["resources"]["limits"]["memory"], "64Mi");
@@ -217,6 +216,8 @@ fn the_sidecar_takes_the_args_it_is_given_and_logs_json() {
         .expect("the sidecar's own flags");
     assert!(cli.command.is_none());
     assert!(matches!(cli.sidecar.log_format, sluice_runtime::cli::LogFormat::Json));
+    // The status pages on the pod's loopback, apart from the probes and metrics.
+    assert_eq!(cli.sidecar.debug_addr, Some(DEBUG_ADDR.parse().unwrap()));
 }
 
 #[test]
