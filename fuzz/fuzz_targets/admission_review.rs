@@ -7,19 +7,28 @@
 use base64::{Engine, engine::general_purpose::STANDARD};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
-use sluice_sidecar::kube::inject::{self, CONFIG_ANNOTATION, DEFAULT_IMAGE, Settings, review::answer};
+use sluice_sidecar::kube::{
+    cluster::{KubeVersion, Native},
+    inject::{self, CONFIG_ANNOTATION, DEFAULT_IMAGE, Settings, review::answer},
+};
 
 fuzz_target!(|data: &[u8]| {
     let settings = Settings {
         image: DEFAULT_IMAGE.into(),
         servers: vec!["leaf:7777".into()],
-        classic: data.first() == Some(&b' '),
+        native: match data.first() {
+            Some(b' ') => Native::False,
+            Some(b'\t') => Native::Auto,
+            _ => Native::True,
+        },
         cpu_request: "50m".into(),
         memory_request: "32Mi".into(),
         cpu_limit: None,
         memory_limit: "128Mi".into(),
     };
-    let answered = match answer(data, &settings, Some("default")) {
+    // The API server's version as the webhook last asked it: unknown, or 1.0 to 1.39.
+    let version = data.get(1).map(|b| KubeVersion { major: 1, minor: u32::from(b % 40) });
+    let answered = match answer(data, &settings, Some("default"), version) {
         Err(reason) => return assert!(!reason.contains('\n'), "one line: {reason:?}"),
         Ok(answered) => answered,
     };
@@ -36,6 +45,6 @@ fuzz_target!(|data: &[u8]| {
     json_patch::patch(&mut patched, &patch).expect("the patch applies to the pod");
     let mut injected: yaml_serde::Value = serde_json::from_value(request["object"].clone()).expect("as YAML");
     let config_map = request["object"]["metadata"]["annotations"][CONFIG_ANNOTATION].as_str().unwrap_or("default");
-    inject::pod(&mut injected, &settings, config_map).expect("inject takes the pod the webhook injected");
+    inject::pod(&mut injected, &settings, config_map, version).expect("inject takes the pod the webhook injected");
     assert!(patched == serde_json::to_value(&injected).expect("as JSON"), "the webhook's pod is inject's");
 });

@@ -1,5 +1,5 @@
 //! The server's configuration file (Doorman's ResourceRepository in YAML): any text is accepted
-//! or refused with a one-line reason, never a panic; an accepted one has a catch-all template
+//! or refused with a line per error found, never a panic; an accepted one has a catch-all template
 //! last, finite non-negative capacities, and finds a template for any resource id.
 #![no_main]
 #![forbid(unsafe_code)]
@@ -10,7 +10,7 @@ use sluice_server::config;
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
     match config::parse(text, std::path::Path::new("")) {
-        Err(reason) => assert!(!reason.contains('\n'), "one line: {reason:?}"),
+        Err(reason) => assert!(one_per_line(&reason), "a line per error: {reason:?}"),
         Ok(repository) => {
             let templates = repository.templates();
             assert_eq!(templates.last().map(|t| t.identifier_glob.as_str()), Some("*"), "a catch-all comes last");
@@ -27,3 +27,8 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
+
+/// Errors one to a line: none empty, no carriage return hiding a second line.
+fn one_per_line(reason: &str) -> bool {
+    !reason.contains('\r') && reason.split('\n').all(|line| !line.trim().is_empty())
+}

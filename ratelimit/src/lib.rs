@@ -192,7 +192,7 @@ pub struct Found {
 impl Domain {
     /// Reads and checks a file; the error is one line naming where in the file it is wrong.
     pub fn parse(text: &str) -> Result<Domain, String> {
-        let doc: FileDoc = yaml_serde::from_str(text).map_err(|e| e.to_string().replace('\n', " "))?;
+        let doc: FileDoc = yaml_serde::from_str(text).map_err(|e| e.to_string().replace(['\n', '\r'], " "))?;
         if doc.domain.is_empty() {
             return Err("domain: must not be empty".into());
         }

@@ -91,7 +91,7 @@ pub fn summary(text: &str, dir: &Path) -> Result<String, String> {
 
 /// [`parse`], and how many of the templates the rate limit files made.
 fn parse_counting(text: &str, dir: &Path) -> Result<(Repository, usize), String> {
-    let doc: Document = yaml_serde::from_str(text).map_err(|e| e.to_string().replace('\n', " "))?;
+    let doc: Document = yaml_serde::from_str(text).map_err(|e| e.to_string().replace(['\n', '\r'], " "))?;
     let templates: Vec<Template> = doc.resources.into_iter().map(template).collect();
     let Some(rate_limits) = doc.rate_limits else {
         return Ok((repository(templates)?, 0));

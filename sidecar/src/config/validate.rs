@@ -35,7 +35,7 @@ pub fn parse(text: &str) -> Result<Config, String> {
 /// its upstream, a rule its listener and resources) is checked only once those are valid, so that
 /// one mistake is not also reported as a dangling name.
 pub fn parse_with(text: &str, servers: &[String], base: &Path) -> Result<Config, String> {
-    let mut doc: Document = yaml_serde::from_str(text).map_err(|e| e.to_string().replace('\n', " "))?;
+    let mut doc: Document = yaml_serde::from_str(text).map_err(|e| e.to_string().replace(['\n', '\r'], " "))?;
     if !servers.is_empty() {
         let section = doc.server.get_or_insert_with(|| ServerDoc { addresses: Vec::new(), tls: None });
         section.addresses = servers.to_vec();
