@@ -26,10 +26,11 @@ test: build
 
 # The webhook under a real Kubernetes API server and controller manager (1.20.2, built once from
 # Debian's source package into target/kube/bin by tests/kube/build.sh: about 10 minutes, needs
-# apt). `make test` runs the same test once they are built, and skips it before.
+# apt). `make test` runs the same test once they are built, and skips it before. Built as part of
+# the workspace, so that `make test` reuses the test build.
 test-kube: build
 	tests/kube/build.sh
-	$(CARGO) test -p sluice-tests --test kube_apiserver
+	$(CARGO) test --workspace --test kube_apiserver
 
 # Coverage-guided fuzzing (libFuzzer on the stable toolchain; docs/sidecar.md, Fuzzing): every target
 # for FUZZ_SECONDS, or FUZZ_TARGETS only. A crash fails the run and leaves its input under
