@@ -156,9 +156,10 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Trust for `https://` upstreams: the configured CA bundle, else the system's roots, else
-/// the Mozilla roots compiled in (for images without a CA store).
-fn tls_config(ca: Option<(&std::path::Path, &[u8])>) -> Result<rustls::ClientConfig, String> {
+/// Trust for `https://` upstreams (and the webhook's calls to the API server): the configured CA
+/// bundle, else the system's roots, else the Mozilla roots compiled in (for images without a CA
+/// store).
+pub(crate) fn tls_config(ca: Option<(&std::path::Path, &[u8])>) -> Result<rustls::ClientConfig, String> {
     let mut roots = rustls::RootCertStore::empty();
     match ca {
         Some((path, pem)) => {

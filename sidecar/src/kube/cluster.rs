@@ -16,12 +16,15 @@ use clap::ValueEnum;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
-use rustls::{ClientConfig, RootCertStore, pki_types::CertificateDer, pki_types::pem::PemObject};
+use rustls::ClientConfig;
 use serde::Deserialize;
 use tokio::{net::TcpStream, time::timeout};
 use tokio_rustls::TlsConnector;
 
-use crate::defaults::{KUBE_API_TIMEOUT, MAX_VERSION_BYTES};
+use crate::{
+    defaults::{KUBE_API_TIMEOUT, MAX_VERSION_BYTES},
+    upstream,
+};
 
 /// The first minor version of 1.x whose API servers run native sidecars by default.
 const NATIVE_FROM_MINOR: u32 = 29;
@@ -131,30 +134,22 @@ impl ApiAccess {
         let account = PathBuf::from(SERVICE_ACCOUNT_DIR);
         let ca_path = self.kube_ca.clone().unwrap_or_else(|| account.join("ca.crt"));
         let ca = std::fs::read(&ca_path).map_err(|e| format!("{}: {e}", ca_path.display()))?;
+        let tls = upstream::tls_config(Some((&ca_path, &ca)))?;
         let token = match &self.kube_token {
             Some(path) => Some(std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?),
             None => std::fs::read_to_string(account.join("token")).ok(),
         };
-        timeout(KUBE_API_TIMEOUT, get_version(&host, port, &ca, token.as_deref().map(str::trim)))
+        timeout(KUBE_API_TIMEOUT, get_version(&host, port, tls, token.as_deref().map(str::trim)))
             .await
             .map_err(|_| format!("{url}/version: no answer within {KUBE_API_TIMEOUT:?}"))?
             .map_err(|e| format!("{url}/version: {e}"))
     }
 }
 
-async fn get_version(host: &str, port: u16, ca: &[u8], token: Option<&str>) -> Result<KubeVersion, String> {
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca) {
-        roots.add(cert.map_err(|e| format!("CA: {e}"))?).map_err(|e| format!("CA: {e}"))?;
-    }
-    let config = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+async fn get_version(host: &str, port: u16, tls: ClientConfig, token: Option<&str>) -> Result<KubeVersion, String> {
     let name = rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| format!("{host}: {e}"))?;
     let stream = TcpStream::connect((host, port)).await.map_err(|e| e.to_string())?;
-    let tls = TlsConnector::from(Arc::new(config)).connect(name, stream).await.map_err(|e| format!("TLS: {e}"))?;
+    let tls = TlsConnector::from(Arc::new(tls)).connect(name, stream).await.map_err(|e| format!("TLS: {e}"))?;
     let (mut sender, connection) =
         hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.map_err(|e| e.to_string())?;
     tokio::spawn(connection);
