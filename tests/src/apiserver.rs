@@ -83,8 +83,10 @@ impl ApiServer {
         let address: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let ca_file = file("ca.crt", &ca.pem());
         let kubeconfig = file("kubeconfig", &kubeconfig(address, &ca_file));
-        let apiserver = Command::new(binaries().join("kube-apiserver"))
-            .args([
+        let apiserver = start(
+            dir.path(),
+            "kube-apiserver",
+            &[
                 &format!("--etcd-servers={}", etcd.endpoint()),
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
@@ -98,14 +100,12 @@ impl ApiServer {
                 "--service-account-issuer=https://kubernetes.default.svc",
                 "--service-cluster-ip-range=10.96.0.0/24",
                 "--authorization-mode=RBAC",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log(dir.path(), "apiserver.log"))
-            .spawn()
-            .expect("kube-apiserver (tests/kube/build.sh builds it)");
-        let controllers = Command::new(binaries().join("kube-controller-manager"))
-            .args([
+            ],
+        );
+        let controllers = start(
+            dir.path(),
+            "kube-controller-manager",
+            &[
                 &format!("--kubeconfig={kubeconfig}"),
                 "--controllers=deployment,replicaset,serviceaccount,serviceaccount-token",
                 &format!("--service-account-private-key-file={accounts_key}"),
@@ -113,12 +113,8 @@ impl ApiServer {
                 "--bind-address=127.0.0.1",
                 &format!("--secure-port={}", free_port()),
                 "--port=0",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log(dir.path(), "controllers.log"))
-            .spawn()
-            .expect("kube-controller-manager (tests/kube/build.sh builds it)");
+            ],
+        );
         let mut server = ApiServer { apiserver, controllers, address, ca: ca.pem(), dir, _etcd: etcd };
         server.wait_ready();
         server
@@ -135,7 +131,7 @@ impl ApiServer {
     }
 
     pub fn logs(&self) -> String {
-        ["apiserver.log", "controllers.log"]
+        ["kube-apiserver.log", "kube-controller-manager.log"]
             .map(|name| {
                 let text = fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
                 let tail: Vec<&str> = text.lines().rev().take(40).collect();
@@ -188,8 +184,17 @@ impl Drop for ApiServer {
     }
 }
 
-fn log(dir: &Path, name: &str) -> fs::File {
-    fs::File::create(dir.join(name)).expect("log file")
+/// Starts one of the built binaries with `args`, its log in `dir` under the binary's name
+/// (`kube-apiserver.log`).
+fn start(dir: &Path, binary: &str, args: &[&str]) -> Child {
+    let log = fs::File::create(dir.join(format!("{binary}.log"))).expect("log file");
+    Command::new(binaries().join(binary))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{binary} ({e}): tests/kube/build.sh builds it"))
 }
 
 /// The controllers' kubeconfig: the tests' user, the CA in the file `ca`.
