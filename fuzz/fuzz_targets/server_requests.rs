@@ -62,7 +62,7 @@ fuzz_target!(|data: &[u8]| {
                 Ok(claims) => {
                     assert!(valid_id(&req.client_id));
                     valid_claims(&claims);
-                    let response = service::get_capacity(&mut ledger, now, &req, usize::MAX).expect("validated");
+                    let response = service::get_capacity(&mut ledger, now, &req, None, usize::MAX).expect("validated");
                     for (answer, (id, claim)) in response.response.iter().zip(&claims) {
                         assert_eq!(answer.resource_id, *id);
                         let capacity = answer.gets.capacity;
@@ -78,7 +78,7 @@ fuzz_target!(|data: &[u8]| {
                 Ok(claims) => {
                     assert!(valid_id(&req.server_id));
                     valid_claims(&claims);
-                    let response = service::get_server_capacity(&mut ledger, now, &req, usize::MAX).expect("validated");
+                    let response = service::get_server_capacity(&mut ledger, now, &req, None, usize::MAX).expect("validated");
                     for answer in &response.response {
                         let capacity = answer.gets.capacity;
                         assert!(capacity.is_finite() && capacity >= 0.0, "capacity {capacity}");
@@ -93,7 +93,7 @@ fuzz_target!(|data: &[u8]| {
                 Ok(ids) => {
                     assert!(valid_id(&req.client_id));
                     assert!(ids.iter().all(|id| valid_id(id)));
-                    service::release_capacity(&mut ledger, now, &req).expect("validated");
+                    service::release_capacity(&mut ledger, now, &req, None).expect("validated");
                 }
             }
         }

@@ -26,11 +26,12 @@ use tonic::transport::server::Connected;
 
 use crate::{
     defaults::{ACCEPT_ERROR_PAUSE, ACCEPT_WARNING_INTERVAL, FIRST_BYTE_TIMEOUT},
+    identity::Caller,
     metrics,
 };
 
-/// The connections `listener` accepts, each once `setup` made it ready (`None`: dropped), at
-/// most `max_connections` open at once.
+/// The connections `listener` accepts, each once `setup` made it ready and said who its caller
+/// is (`None`: dropped), at most `max_connections` open at once.
 pub fn incoming<T, F, Fut>(
     listener: TcpListener,
     max_connections: usize,
@@ -39,7 +40,7 @@ pub fn incoming<T, F, Fut>(
 where
     T: Send + 'static,
     F: Fn(TcpStream, SocketAddr) -> Fut + Send + 'static,
-    Fut: Future<Output = Option<T>> + Send + 'static,
+    Fut: Future<Output = Option<(T, Caller)>> + Send + 'static,
 {
     let (sender, receiver) = mpsc::channel(64);
     let places = Arc::new(Semaphore::new(max_connections));
@@ -81,9 +82,9 @@ where
             let ready = setup(stream, peer);
             let sender = sender.clone();
             tokio::spawn(async move {
-                if let Some(io) = ready.await {
+                if let Some((io, caller)) = ready.await {
                     metrics::record_connection(true);
-                    let _ = sender.send(Ok(Counted { io, _place: place })).await;
+                    let _ = sender.send(Ok(Counted { io, caller, _place: place })).await;
                 }
             });
         }
@@ -91,9 +92,11 @@ where
     ReceiverStream::new(receiver)
 }
 
-/// A connection holding its place among the `--max-connections` until it is dropped.
+/// A connection holding its place among the `--max-connections` until it is dropped, and who
+/// is calling on it.
 pub struct Counted<T> {
     io: T,
+    caller: Caller,
     _place: OwnedSemaphorePermit,
 }
 
@@ -103,11 +106,11 @@ impl<T> Drop for Counted<T> {
     }
 }
 
-impl<T: Connected> Connected for Counted<T> {
-    type ConnectInfo = T::ConnectInfo;
+impl<T> Connected for Counted<T> {
+    type ConnectInfo = Caller;
 
-    fn connect_info(&self) -> T::ConnectInfo {
-        self.io.connect_info()
+    fn connect_info(&self) -> Caller {
+        self.caller.clone()
     }
 }
 
@@ -144,11 +147,11 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
 }
 
 /// `stream` once its client has sent something, within [`FIRST_BYTE_TIMEOUT`]; `None` (dropped)
-/// if it did not.
-pub async fn speaking(stream: TcpStream) -> Option<TcpStream> {
+/// if it did not. Over plaintext, no one knows who calls.
+pub async fn speaking(stream: TcpStream) -> Option<(TcpStream, Caller)> {
     let mut first = [0; 1];
     match tokio::time::timeout(FIRST_BYTE_TIMEOUT, stream.peek(&mut first)).await {
-        Ok(Ok(1..)) => Some(stream),
+        Ok(Ok(1..)) => Some((stream, Caller::default())),
         _ => None,
     }
 }

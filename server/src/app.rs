@@ -38,7 +38,7 @@ use crate::{
     inflight::InFlight,
     metrics, parent,
     service::CapacityService,
-    state::{self, ParentLink, State},
+    state::{self, Bounds, ParentLink, State},
     status::{self, ResourceHistory},
     tls,
 };
@@ -90,7 +90,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         election_key,
         parent,
         config_status.clone(),
-        args.max_leases,
+        Bounds { max_leases: args.max_leases, max_clients: args.max_clients_per_resource },
         state::now(),
     ));
     tokio::spawn(parent::run(state.clone()));

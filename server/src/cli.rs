@@ -115,6 +115,13 @@ pub struct Args {
           value_parser = at_least_one, allow_hyphen_values = true)]
     pub max_leases: usize,
 
+    /// Most clients holding leases on one resource; a new client of a resource that has them
+    /// gets RESOURCE_EXHAUSTED, while clients holding leases renew. Keeps one resource's
+    /// clients from taking all of --max-leases.
+    #[arg(long, env = "SLUICE_MAX_CLIENTS_PER_RESOURCE", default_value_t = defaults::MAX_CLIENTS_PER_RESOURCE,
+          value_parser = at_least_one, allow_hyphen_values = true)]
+    pub max_clients_per_resource: usize,
+
     /// Request bytes handled at once, over every gRPC connection and call: a call counts 24 KiB,
     /// its header and its body from its first byte until its answer is sent, and one that finds
     /// no room is refused RESOURCE_EXHAUSTED at once. Bounds the memory requests in flight take

@@ -13,8 +13,8 @@ use serde::Deserialize;
 use sluice_ratelimit::{Domain, Limit, MAX_FILES, Quota, Unit};
 
 use crate::{
-    core::{Algorithm, Kind, Parameter, Repository, Template, check_algorithm},
-    defaults::{RATE_LIMIT_LEASE_LENGTH, RATE_LIMIT_REFRESH_INTERVAL},
+    core::{Algorithm, Kind, Parameter, Policies, Policy, Repository, Template, check_algorithm},
+    defaults::{MAX_CLIENT_IDS_PER_IDENTITY, RATE_LIMIT_LEASE_LENGTH, RATE_LIMIT_REFRESH_INTERVAL},
 };
 
 #[derive(Deserialize)]
@@ -22,6 +22,21 @@ use crate::{
 struct Document {
     rate_limits: Option<RateLimitsDoc>,
     resources: Vec<TemplateDoc>,
+    /// Sluice's own: who may ask for what (docs/server.md, Who may ask for what). Doorman's
+    /// servers ignore it.
+    #[serde(default)]
+    policies: Vec<PolicyDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyDoc {
+    identity: String,
+    client_ids: Vec<String>,
+    resources: Option<Vec<String>>,
+    #[serde(default)]
+    server_capacity: bool,
+    max_client_ids: Option<usize>,
 }
 
 /// envoyproxy/ratelimit's files, each limit of which becomes a template.
@@ -92,16 +107,36 @@ pub fn summary(text: &str, dir: &Path) -> Result<String, String> {
 /// [`parse`], and how many of the templates the rate limit files made.
 fn parse_counting(text: &str, dir: &Path) -> Result<(Repository, usize), String> {
     let doc: Document = yaml_serde::from_str(text).map_err(|e| e.to_string().replace(['\n', '\r'], " "))?;
+    let policies = Policies::new(doc.policies.into_iter().map(policy).collect());
     let templates: Vec<Template> = doc.resources.into_iter().map(template).collect();
-    let Some(rate_limits) = doc.rate_limits else {
-        return Ok((repository(templates)?, 0));
+    let (repository, from_files) = match doc.rate_limits {
+        None => (repository(templates), 0),
+        // Checked alone first, so that an error names one of them by its index in `resources`.
+        Some(rate_limits) => match repository(templates.clone()) {
+            Err(e) => (Err(e), 0),
+            Ok(_) => {
+                let mut made = from_files(rate_limits, dir, &templates)?;
+                let from_files = made.len();
+                made.extend(templates);
+                (repository(made), from_files)
+            }
+        },
     };
-    // Checked alone first, so that an error names one of them by its index in `resources`.
-    repository(templates.clone())?;
-    let mut made = from_files(rate_limits, dir, &templates)?;
-    let from_files = made.len();
-    made.extend(templates);
-    Ok((repository(made)?, from_files))
+    match (repository, policies) {
+        (Ok(repository), Ok(policies)) => Ok((repository.with_policies(policies), from_files)),
+        (Ok(_), Err(e)) | (Err(e), Ok(_)) => Err(e),
+        (Err(templates), Err(policies)) => Err(format!("{templates}\n{policies}")),
+    }
+}
+
+fn policy(p: PolicyDoc) -> Policy {
+    Policy {
+        identity: p.identity,
+        client_ids: p.client_ids,
+        resources: p.resources.unwrap_or_else(|| vec!["*".to_owned()]),
+        server_capacity: p.server_capacity,
+        max_client_ids: p.max_client_ids.unwrap_or(MAX_CLIENT_IDS_PER_IDENTITY),
+    }
 }
 
 /// The files a configuration names (`rate_limits.files`), resolved as [`parse`] resolves them,
@@ -210,7 +245,38 @@ fn describe(file: &Path, limit: &Limit, quota: Quota) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::defaults::EMBEDDED_CONFIG;
+    use crate::{
+        core::{Call, Denial},
+        defaults::EMBEDDED_CONFIG,
+    };
+
+    #[test]
+    fn policies_are_read_beside_the_templates_and_their_faults_reported_with_theirs() {
+        let text = format!(
+            "{EMBEDDED_CONFIG}\npolicies:\n  - identity: spiffe://td/ns/*/pod/*\n    client_ids: [\"{{2}}:*\"]\n    \
+             resources: [\"api/*\"]\n  - identity: spiffe://td/sa/server\n    client_ids: [\"*\"]\n    \
+             server_capacity: true\n    max_client_ids: 1\n"
+        );
+        let repository = parse(&text, Path::new("")).unwrap();
+        let policies = repository.policies();
+        assert_eq!(policies.len(), 2);
+        let admit = |identity, client, server_capacity| {
+            let mut ids = ["api/x"].into_iter();
+            policies.admit(Some(identity), Call { client, resources: &mut ids, server_capacity })
+        };
+        assert_eq!(admit("spiffe://td/ns/a/pod/web", "web:80", false), Ok(Some(MAX_CLIENT_IDS_PER_IDENTITY)));
+        assert_eq!(admit("spiffe://td/ns/a/pod/web", "web:80", true), Err(Denial::ServerCapacity));
+        assert_eq!(admit("spiffe://td/sa/server", "leaf", true), Ok(Some(1)));
+        assert!(parse(EMBEDDED_CONFIG, Path::new("")).unwrap().policies().trusting());
+
+        let bad = "resources:\n  - identifier_glob: \"*\"\n    capacity: -1\n    algorithm: {kind: STATIC, lease_length: 5, \
+                   refresh_interval: 5}\npolicies:\n  - identity: x\n    client_ids: [\"{1}\"]\n";
+        let error = parse(bad, Path::new("")).unwrap_err();
+        let lines: Vec<&str> = error.lines().collect();
+        assert_eq!(lines.len(), 2, "{error}");
+        assert!(lines[0].starts_with("resources[0] (\"*\"): capacity:"), "{error}");
+        assert!(lines[1].starts_with("policies[0] (\"x\"): client_ids[0]:"), "{error}");
+    }
 
     /// A configuration without a file: what it names is found from the working directory.
     fn parse_text(text: &str) -> Result<Repository, String> {

@@ -39,6 +39,27 @@ pub const MAX_RESOURCES: usize = 100_000;
 /// about 210 MB with short client ids, at most about 1.4 GB with ids of 1 KiB.
 pub const MAX_LEASES: usize = 1_000_000;
 
+/// Most clients one resource has leases for at once (`--max-clients-per-resource`): past it a
+/// new client of the resource gets RESOURCE_EXHAUSTED while those holding leases renew, so that
+/// no one resource's clients take all of `--max-leases`. Doorman's deployments count clients of
+/// a resource in thousands.
+pub const MAX_CLIENTS_PER_RESOURCE: usize = 100_000;
+
+/// Most client ids one identity holds leases with at once, unless its policy says otherwise
+/// (`max_client_ids`): a pod's sidecar uses one per listener, an intermediate server one. Bounds
+/// what one pod takes of a fair share by opening many clients.
+pub const MAX_CLIENT_IDS_PER_IDENTITY: usize = 100;
+
+/// Most patterns in a policy's `client_ids` or `resources`.
+pub const MAX_POLICY_PATTERNS: usize = 100;
+
+/// Least time between two log lines about calls a policy refused: each is counted in
+/// `sluice_server_policy_denials_total`, but a client retrying in a loop must not flood the log.
+pub const DENIAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Longest identity taken from a client certificate; a longer one is no identity.
+pub const MAX_IDENTITY_BYTES: usize = 1024;
+
 /// Most priority bands one resource of a GetServerCapacity may claim: Doorman's servers send one
 /// per priority among their clients, a handful. A Sluice server with more priorities among its
 /// clients folds the least important into one band when it asks its parent.

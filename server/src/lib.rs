@@ -12,6 +12,7 @@ pub mod config;
 pub mod core;
 pub mod defaults;
 pub mod election;
+pub mod identity;
 pub mod inflight;
 pub mod metrics;
 pub mod parent;

@@ -38,6 +38,8 @@ const LEASES: &str = "sluice_server_leases";
 const LEASE_LIMIT: &str = "sluice_server_lease_limit";
 const SHED: &str = "sluice_server_requests_shed_total";
 const CONNECTIONS: &str = "sluice_server_grpc_connections";
+const DENIALS: &str = "sluice_server_policy_denials_total";
+const BOUNDS: &str = "sluice_server_bound_refusals_total";
 
 /// Open gRPC connections, kept here and published when scraped: a gauge left unchanged would
 /// go stale and disappear.
@@ -100,6 +102,18 @@ pub fn install() -> Result<PrometheusHandle, String> {
     );
     counter!(SHED).absolute(0);
     describe_gauge!(CONNECTIONS, "Open gRPC connections; at --max-connections the listener accepts no more.");
+    describe_counter!(
+        DENIALS,
+        "gRPC calls refused PERMISSION_DENIED by the configuration's policies, by method and reason."
+    );
+    describe_counter!(
+        BOUNDS,
+        "gRPC calls refused RESOURCE_EXHAUSTED because they would pass a bound (resources, leases, clients_per_resource, client_ids_per_identity)."
+    );
+    // From zero, so that alerts on `increase` see the first refusal.
+    for bound in ["resources", "leases", "clients_per_resource", "client_ids_per_identity"] {
+        counter!(BOUNDS, "bound" => bound).absolute(0);
+    }
     Ok(handle)
 }
 
@@ -111,6 +125,16 @@ pub fn record_request(method: &'static str, code: Code, elapsed: Duration) {
 /// Counts a call refused for want of room in the request bytes in flight.
 pub fn record_refused_in_flight() {
     counter!(SHED).increment(1);
+}
+
+/// Counts a call a policy refused.
+pub fn record_denial(method: &'static str, reason: &'static str) {
+    counter!(DENIALS, "method" => method, "reason" => reason).increment(1);
+}
+
+/// Counts a call refused at one of the server's bounds.
+pub fn record_bound(bound: &'static str) {
+    counter!(BOUNDS, "bound" => bound).increment(1);
 }
 
 /// A gRPC connection opened (`true`) or closed.

@@ -3,7 +3,10 @@
 
 use std::{
     future::Future,
-    sync::{Arc, MutexGuard},
+    sync::{
+        Arc, MutexGuard,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Instant,
 };
 
@@ -15,8 +18,9 @@ use sluice_proto::{
 use tonic::{Code, Request, Response, Status};
 
 use crate::{
-    core::{Algorithm, Full, Grant, Ledger, UnixSeconds},
-    defaults::DEMANDS_PER_LOCK,
+    core::{Algorithm, Call, Denial, Full, Grant, Ledger, Owner, Policies, UnixSeconds},
+    defaults::{DEMANDS_PER_LOCK, DENIAL_LOG_INTERVAL},
+    identity::Caller,
     metrics,
     state::{self, Role, State},
     validate::{self, ResourceClaim},
@@ -39,17 +43,20 @@ impl CapacityService {
     }
 }
 
-/// Answers a GetCapacity on `ledger` at `now` (the RPC without the network, shared with the
-/// simulator): every claim is granted, or none if they do not fit.
+/// Answers a GetCapacity from `identity` on `ledger` at `now` (the RPC without the network,
+/// shared with the simulator): every claim is granted, or none if they do not fit.
 pub fn get_capacity(
     ledger: &mut Ledger,
     now: UnixSeconds,
     req: &GetCapacityRequest,
+    identity: Option<&Arc<str>>,
     max_resources: usize,
 ) -> Result<GetCapacityResponse, Status> {
     let claims = validate::get_capacity(req)?;
-    room(ledger, now, &req.client_id, &claims, max_resources)?;
-    let response = grant(ledger, now, &req.client_id, &claims, capacity_response);
+    let owner = admit(ledger.repository().policies(), identity, GET_CAPACITY, &req.client_id, &claims)?;
+    owned(ledger, GET_CAPACITY, &req.client_id, owner)?;
+    room(ledger, now, &req.client_id, owner, &claims, max_resources)?;
+    let response = grant(ledger, now, &req.client_id, owner, &claims, capacity_response);
     Ok(GetCapacityResponse { response, mastership: None })
 }
 
@@ -58,11 +65,14 @@ pub fn get_server_capacity(
     ledger: &mut Ledger,
     now: UnixSeconds,
     req: &GetServerCapacityRequest,
+    identity: Option<&Arc<str>>,
     max_resources: usize,
 ) -> Result<GetServerCapacityResponse, Status> {
     let claims = validate::get_server_capacity(req)?;
-    room(ledger, now, &req.server_id, &claims, max_resources)?;
-    let response = grant(ledger, now, &req.server_id, &claims, server_capacity_response);
+    let owner = admit(ledger.repository().policies(), identity, GET_SERVER_CAPACITY, &req.server_id, &claims)?;
+    owned(ledger, GET_SERVER_CAPACITY, &req.server_id, owner)?;
+    room(ledger, now, &req.server_id, owner, &claims, max_resources)?;
+    let response = grant(ledger, now, &req.server_id, owner, &claims, server_capacity_response);
     Ok(GetServerCapacityResponse { response, mastership: None })
 }
 
@@ -71,9 +81,80 @@ pub fn release_capacity(
     ledger: &mut Ledger,
     now: UnixSeconds,
     req: &ReleaseCapacityRequest,
+    identity: Option<&Arc<str>>,
 ) -> Result<ReleaseCapacityResponse, Status> {
-    release(ledger, now, &req.client_id, &validate::release_capacity(req)?);
+    let ids = validate::release_capacity(req)?;
+    let owner = admit(ledger.repository().policies(), identity, RELEASE_CAPACITY, &req.client_id, &ids)?;
+    owned(ledger, RELEASE_CAPACITY, &req.client_id, owner)?;
+    release(ledger, now, &req.client_id, &ids);
     Ok(ReleaseCapacityResponse { mastership: None })
+}
+
+const GET_CAPACITY: &str = "GetCapacity";
+const GET_SERVER_CAPACITY: &str = "GetServerCapacity";
+const RELEASE_CAPACITY: &str = "ReleaseCapacity";
+
+/// Something a request names resources in.
+trait Names {
+    fn id(&self) -> &str;
+}
+
+impl Names for ResourceClaim<'_> {
+    fn id(&self) -> &str {
+        self.0
+    }
+}
+
+impl Names for &str {
+    fn id(&self) -> &str {
+        self
+    }
+}
+
+/// Whether the policies let `identity` make this call: PERMISSION_DENIED if not; else the
+/// identity a client id it uses becomes, with its bound (`None`: every caller is trusted).
+fn admit<'a>(
+    policies: &Policies,
+    identity: Option<&'a Arc<str>>,
+    method: &'static str,
+    client: &str,
+    named: &[impl Names],
+) -> Result<Option<Owner<'a>>, Status> {
+    let mut ids = named.iter().map(Names::id);
+    let call = Call { client, resources: &mut ids, server_capacity: method == GET_SERVER_CAPACITY };
+    match policies.admit(identity.map(|i| &**i), call) {
+        Ok(bound) => Ok(bound.zip(identity).map(|(max_client_ids, identity)| Owner { identity, max_client_ids })),
+        Err(denial) => Err(deny(method, identity, client, &denial)),
+    }
+}
+
+/// PERMISSION_DENIED unless `client` is no one's or already `owner`'s: a caller may not renew,
+/// grow or release another identity's leases.
+fn owned(ledger: &Ledger, method: &'static str, client: &str, owner: Option<Owner<'_>>) -> Result<(), Status> {
+    match (owner, ledger.owner(client)) {
+        (Some(owner), Some(holder)) if holder != owner.identity => {
+            Err(deny(method, Some(owner.identity), client, &Denial::Owned))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// When a denial was last logged, in seconds of the process's clock: one line a second at most,
+/// however many calls a misconfigured or hostile client makes.
+static LAST_DENIAL_LOGGED: AtomicU64 = AtomicU64::new(0);
+
+/// A policy's refusal, counted, logged and answered.
+fn deny(method: &'static str, identity: Option<&Arc<str>>, client: &str, denial: &Denial) -> Status {
+    metrics::record_denial(method, denial.reason());
+    let message = denial.message(identity.map(|i| &**i), client);
+    let second = state::precise_now() as u64;
+    let last = LAST_DENIAL_LOGGED.load(Ordering::Relaxed);
+    if second >= last.saturating_add(DENIAL_LOG_INTERVAL.as_secs())
+        && LAST_DENIAL_LOGGED.compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+    {
+        tracing::warn!(method, client, reason = denial.reason(), "{message}");
+    }
+    Status::permission_denied(message)
 }
 
 fn release(ledger: &mut Ledger, now: UnixSeconds, client: &str, ids: &[&str]) {
@@ -102,34 +183,57 @@ fn room(
     ledger: &Ledger,
     now: UnixSeconds,
     client: &str,
+    owner: Option<Owner<'_>>,
     claims: &[ResourceClaim<'_>],
     max_resources: usize,
 ) -> Result<(), Status> {
-    ledger.room(now, client, claims, max_resources).map_err(|full| {
-        Status::resource_exhausted(match full {
-            Full::Resources(limit) => {
-                format!("this server keeps at most {limit} resources; the new ones in this request do not fit")
-            }
-            Full::Leases(limit) => format!(
-                "this server holds at most {limit} leases (--max-leases); the new ones in this request do not fit \
-                 (leases already held renew as before)"
+    ledger.room(now, client, owner, claims, max_resources).map_err(|full| {
+        let (bound, message) = match full {
+            Full::Resources(limit) => (
+                "resources",
+                format!("this server keeps at most {limit} resources; the new ones in this request do not fit"),
             ),
-        })
+            Full::Leases(limit) => (
+                "leases",
+                format!(
+                    "this server holds at most {limit} leases (--max-leases); the new ones in this request do not \
+                     fit (leases already held renew as before)"
+                ),
+            ),
+            Full::Clients(limit) => (
+                "clients_per_resource",
+                format!(
+                    "a resource in this request has {limit} clients, the most (--max-clients-per-resource); \
+                     clients holding leases renew as before"
+                ),
+            ),
+            Full::ClientIds(limit) => (
+                "client_ids_per_identity",
+                format!(
+                    "this identity holds leases with {limit} client ids, the most its policy allows \
+                     (max_client_ids); {client:?} would be one more"
+                ),
+            ),
+        };
+        metrics::record_bound(bound);
+        Status::resource_exhausted(message)
     })
 }
 
-/// Grants every claim, answering each with `respond`.
+/// Grants every claim for `owner`, answering each with `respond`.
 fn grant<T>(
     ledger: &mut Ledger,
     now: UnixSeconds,
     client: &str,
+    owner: Option<Owner<'_>>,
     claims: &[ResourceClaim<'_>],
     respond: impl Fn(&str, &Grant, &Ledger) -> T,
 ) -> Vec<T> {
+    let identity = owner.map(|o| o.identity);
     claims
         .iter()
         .map(|(id, claim)| {
-            let grant = ledger.claim(now, client, id, claim);
+            let grant = ledger.claim_for(now, client, identity, id, claim);
             respond(id, &grant, ledger)
         })
         .collect()
@@ -164,6 +268,11 @@ async fn observe<T>(
     result.map(Response::new)
 }
 
+/// Who calls, as the connection's TLS client certificate says.
+fn identity<T>(request: &Request<T>) -> Option<Arc<str>> {
+    request.extensions().get::<Caller>().and_then(|caller| caller.identity.clone())
+}
+
 fn lease(grant: &Grant) -> proto::Lease {
     proto::Lease { expiry_time: grant.expiry, refresh_interval: grant.refresh_interval, capacity: grant.capacity }
 }
@@ -191,7 +300,9 @@ impl CapacityService {
     /// before stay granted). `Ok(Err)` with who the master is once this server is not.
     async fn grant_in_parts<T>(
         &self,
+        method: &'static str,
         client: &str,
+        owner: Option<Owner<'_>>,
         claims: &[ResourceClaim<'_>],
         respond: impl Fn(&str, &Grant, &Ledger) -> T,
     ) -> Result<Result<Vec<T>, Mastership>, Status> {
@@ -205,8 +316,9 @@ impl CapacityService {
                 Err(mastership) => return Ok(Err(mastership)),
             };
             let now = state::now();
-            room(&ledger, now, client, if i == 0 { claims } else { part }, self.max_resources)?;
-            responses.extend(grant(&mut ledger, now, client, part, &respond));
+            owned(&ledger, method, client, owner)?;
+            room(&ledger, now, client, owner, if i == 0 { claims } else { part }, self.max_resources)?;
+            responses.extend(grant(&mut ledger, now, client, owner, part, &respond));
             self.state.wake_parent_if_due(&ledger);
         }
         Ok(Ok(responses))
@@ -235,11 +347,13 @@ impl Capacity for CapacityService {
         &self,
         request: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
-        observe("GetCapacity", async {
-            let req = request.get_ref();
+        observe(GET_CAPACITY, async {
+            let (req, identity) = (request.get_ref(), identity(&request));
             // Checked before the lock is taken: a large request's checks hold up no one.
             let claims = validate::get_capacity(req)?;
-            Ok(match self.grant_in_parts(&req.client_id, &claims, capacity_response).await? {
+            let owner =
+                admit(self.state.config().policies(), identity.as_ref(), GET_CAPACITY, &req.client_id, &claims)?;
+            Ok(match self.grant_in_parts(GET_CAPACITY, &req.client_id, owner, &claims, capacity_response).await? {
                 Ok(response) => GetCapacityResponse { response, mastership: None },
                 Err(mastership) => GetCapacityResponse { response: Vec::new(), mastership: Some(mastership) },
             })
@@ -251,13 +365,20 @@ impl Capacity for CapacityService {
         &self,
         request: Request<GetServerCapacityRequest>,
     ) -> Result<Response<GetServerCapacityResponse>, Status> {
-        observe("GetServerCapacity", async {
-            let req = request.get_ref();
+        observe(GET_SERVER_CAPACITY, async {
+            let (req, identity) = (request.get_ref(), identity(&request));
             let claims = validate::get_server_capacity(req)?;
-            Ok(match self.grant_in_parts(&req.server_id, &claims, server_capacity_response).await? {
-                Ok(response) => GetServerCapacityResponse { response, mastership: None },
-                Err(mastership) => GetServerCapacityResponse { response: Vec::new(), mastership: Some(mastership) },
-            })
+            let policies = self.state.config();
+            let owner = admit(policies.policies(), identity.as_ref(), GET_SERVER_CAPACITY, &req.server_id, &claims)?;
+            Ok(
+                match self
+                    .grant_in_parts(GET_SERVER_CAPACITY, &req.server_id, owner, &claims, server_capacity_response)
+                    .await?
+                {
+                    Ok(response) => GetServerCapacityResponse { response, mastership: None },
+                    Err(mastership) => GetServerCapacityResponse { response: Vec::new(), mastership: Some(mastership) },
+                },
+            )
         })
         .await
     }
@@ -266,11 +387,14 @@ impl Capacity for CapacityService {
         &self,
         request: Request<ReleaseCapacityRequest>,
     ) -> Result<Response<ReleaseCapacityResponse>, Status> {
-        observe("ReleaseCapacity", async {
-            let req = request.get_ref();
+        observe(RELEASE_CAPACITY, async {
+            let (req, identity) = (request.get_ref(), identity(&request));
             let ids = validate::release_capacity(req)?;
+            let owner =
+                admit(self.state.config().policies(), identity.as_ref(), RELEASE_CAPACITY, &req.client_id, &ids)?;
             Ok(match self.master_ledger() {
                 Ok(mut ledger) => {
+                    owned(&ledger, RELEASE_CAPACITY, &req.client_id, owner)?;
                     release(&mut ledger, state::now(), &req.client_id, &ids);
                     ReleaseCapacityResponse { mastership: None }
                 }

@@ -18,17 +18,21 @@ use crate::core::{Ledger, Repository, UnixSeconds};
 /// An empty ledger that starts serving — and learning — at `now`: a root's, or an intermediate
 /// server's that asks its parent for capacity. The only place a ledger is made: at start, on
 /// winning an election, and on losing one.
-fn fresh_ledger(
-    repository: Arc<Repository>,
-    parent: Option<&ParentLink>,
-    max_leases: usize,
-    now: UnixSeconds,
-) -> Ledger {
-    let ledger = Ledger::new(repository, now).with_max_leases(max_leases);
+fn fresh_ledger(repository: Arc<Repository>, parent: Option<&ParentLink>, bounds: Bounds, now: UnixSeconds) -> Ledger {
+    let ledger = Ledger::new(repository, now).with_max_leases(bounds.max_leases).with_max_clients(bounds.max_clients);
     match parent {
         Some(link) => ledger.with_parent(link.server_id.clone(), now as u64 ^ u64::from(std::process::id())),
         None => ledger,
     }
+}
+
+/// What every ledger of this server holds at most.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    /// Leases over every resource (`--max-leases`).
+    pub max_leases: usize,
+    /// Clients of one resource (`--max-clients-per-resource`).
+    pub max_clients: usize,
 }
 
 /// Where an intermediate server gets its capacity.
@@ -69,8 +73,8 @@ pub struct State {
     election_key: Option<String>,
     /// Set for an intermediate server.
     parent: Option<ParentLink>,
-    /// Every ledger's bound on the leases it holds (`--max-leases`).
-    max_leases: usize,
+    /// Every ledger's bounds.
+    bounds: Bounds,
     /// Tells the parent task that a request is due at once (a resource appeared).
     parent_wanted: Notify,
     ready: AtomicBool,
@@ -87,7 +91,7 @@ impl State {
         election_key: Option<String>,
         parent: Option<ParentLink>,
         config_status: SharedConfigStatus,
-        max_leases: usize,
+        bounds: Bounds,
         now: UnixSeconds,
     ) -> State {
         let repository = Arc::new(repository);
@@ -96,13 +100,13 @@ impl State {
             Some(_) => Role::Follower { leader: None },
         };
         State {
-            ledger: Mutex::new(fresh_ledger(repository.clone(), parent.as_ref(), max_leases, now)),
+            ledger: Mutex::new(fresh_ledger(repository.clone(), parent.as_ref(), bounds, now)),
             config: ArcSwap::new(repository),
             standing: ArcSwap::from_pointee(Standing { role, since: now }),
             advertise_address,
             election_key,
             parent,
-            max_leases,
+            bounds,
             parent_wanted: Notify::new(),
             ready: AtomicBool::new(false),
             config_status,
@@ -137,6 +141,11 @@ impl State {
         self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The configuration in force, as a reload last published it.
+    pub fn config(&self) -> Guard<Arc<Repository>> {
+        self.config.load()
+    }
+
     /// Puts a new, already validated configuration in force.
     pub fn publish(&self, repository: Repository) {
         self.config.store(Arc::new(repository));
@@ -151,7 +160,7 @@ impl State {
     /// knows nothing of the leases its predecessor granted.
     pub fn become_master(&self, now: UnixSeconds) {
         let mut ledger = self.lock_ledger();
-        *ledger = fresh_ledger(self.config.load_full(), self.parent.as_ref(), self.max_leases, now);
+        *ledger = fresh_ledger(self.config.load_full(), self.parent.as_ref(), self.bounds, now);
         self.standing.store(Arc::new(Standing { role: Role::Master, since: now }));
     }
 
@@ -164,7 +173,7 @@ impl State {
         let since = if was_master { now } else { previous.since };
         self.standing.store(Arc::new(Standing { role: Role::Follower { leader }, since }));
         if was_master {
-            *ledger = fresh_ledger(self.config.load_full(), self.parent.as_ref(), self.max_leases, now);
+            *ledger = fresh_ledger(self.config.load_full(), self.parent.as_ref(), self.bounds, now);
         }
         was_master
     }
@@ -231,7 +240,7 @@ mod tests {
             election_key.map(str::to_owned),
             None,
             ConfigStatus::shared(None),
-            10,
+            Bounds { max_leases: 10, max_clients: 10 },
             100,
         )
     }

@@ -9,7 +9,7 @@ use sluice_client::tls::{certificates, files_expected, identity};
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 
-use crate::defaults::TLS_HANDSHAKE_TIMEOUT;
+use crate::{defaults::TLS_HANDSHAKE_TIMEOUT, identity::Caller};
 
 /// Where the gRPC listener's certificate, key and (for mTLS) client CA are.
 #[derive(Clone, Debug)]
@@ -55,10 +55,18 @@ impl TlsFiles {
 }
 
 /// Sets up a TLS connection of the gRPC listener with `config` (the settings in force when it
-/// came), within [`TLS_HANDSHAKE_TIMEOUT`]; `None` if it fails.
-pub async fn handshake(config: Arc<ServerConfig>, stream: TcpStream, peer: SocketAddr) -> Option<TlsStream<TcpStream>> {
+/// came), within [`TLS_HANDSHAKE_TIMEOUT`], and says who its client certificate names; `None`
+/// if it fails.
+pub async fn handshake(
+    config: Arc<ServerConfig>,
+    stream: TcpStream,
+    peer: SocketAddr,
+) -> Option<(TlsStream<TcpStream>, Caller)> {
     match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, TlsAcceptor::from(config).accept(stream)).await {
-        Ok(Ok(tls)) => Some(tls),
+        Ok(Ok(tls)) => {
+            let caller = Caller::of(tls.get_ref().1.peer_certificates());
+            Some((tls, caller))
+        }
         Ok(Err(error)) => {
             tracing::debug!(%peer, %error, "TLS handshake failed");
             None

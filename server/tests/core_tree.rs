@@ -56,14 +56,14 @@ fn ask(ledger: &mut Ledger, now: UnixSeconds, client: &str, priority: i64, wants
         client_id: client.into(),
         resource: vec![ResourceRequest { resource_id: "r".into(), priority, has: None, wants }],
     };
-    let gets = service::get_capacity(ledger, now, &req, MAX_RESOURCES).unwrap().response.remove(0).gets;
+    let gets = service::get_capacity(ledger, now, &req, None, MAX_RESOURCES).unwrap().response.remove(0).gets;
     (gets.capacity, gets.expiry_time, gets.refresh_interval)
 }
 
 /// One round trip from `child` to `parent` at `now`.
 fn refresh(child: &mut Ledger, parent: &mut Ledger, now: UnixSeconds) -> GetServerCapacityResponse {
     let request = child.parent_request(now as f64).expect("a request is due");
-    let response = service::get_server_capacity(parent, now, &request, MAX_RESOURCES).unwrap();
+    let response = service::get_server_capacity(parent, now, &request, None, MAX_RESOURCES).unwrap();
     assert_eq!(child.on_parent_response(now as f64, response.clone()), Answer::Updated);
     response
 }
@@ -108,7 +108,7 @@ fn child_leases_are_capped_by_the_own_lease_and_refresh_decays_per_level() {
     // Demand flows down first: the leaf's client, the leaf at the region, the region at the root.
     ask(&mut leaf, 0, "client", 0, 30.0);
     let leaf_request = leaf.parent_request(0.0).unwrap();
-    service::get_server_capacity(&mut region, 0, &leaf_request, MAX_RESOURCES).unwrap();
+    service::get_server_capacity(&mut region, 0, &leaf_request, None, MAX_RESOURCES).unwrap();
     leaf.on_parent_error(0.0, false);
     let to_root = refresh(&mut region, &mut root, 0);
     let root_lease = &to_root.response[0].gets;
@@ -311,7 +311,7 @@ fn a_child_sends_its_profile_once_its_parent_names_subtree_wants_profile() {
     let profile = |request: &sluice_proto::GetServerCapacityRequest| request.resource[0].wants[0].profile.clone();
     let first = leaf.parent_request(0.0).unwrap();
     assert_eq!((first.resource[0].wants[0].num_clients, profile(&first)), (3, None));
-    let response = service::get_server_capacity(&mut root, 0, &first, MAX_RESOURCES).unwrap();
+    let response = service::get_server_capacity(&mut root, 0, &first, None, MAX_RESOURCES).unwrap();
     leaf.on_parent_response(0.0, response);
     leaf.retry_parent();
     let next = leaf.parent_request(1.0).unwrap();
@@ -400,13 +400,13 @@ fn a_new_intermediate_master_keeps_its_lease_at_the_parent_while_it_learns() {
             wants: 40.0,
         }],
     };
-    let gets = service::get_capacity(&mut replica, 6, &req, MAX_RESOURCES).unwrap().response.remove(0).gets;
+    let gets = service::get_capacity(&mut replica, 6, &req, None, MAX_RESOURCES).unwrap().response.remove(0).gets;
     assert_eq!(gets.capacity, 40.0, "before any lease, a learning master grants what the client holds");
     // Its request carries no `has`: it does not know yet what b holds. The root keeps the
     // whole lease for it rather than the 40 it has heard of, and grants it that.
     let request = replica.parent_request(6.0).unwrap();
     assert_eq!(request.resource[0].has, None);
-    let response = service::get_server_capacity(&mut root, 6, &request, MAX_RESOURCES).unwrap();
+    let response = service::get_server_capacity(&mut root, 6, &request, None, MAX_RESOURCES).unwrap();
     assert_eq!(response.response[0].gets.capacity, 80.0);
     assert_eq!(reserved_for(&root, "leaf"), 80.0);
     replica.on_parent_response(6.0, response);
@@ -416,7 +416,10 @@ fn a_new_intermediate_master_keeps_its_lease_at_the_parent_while_it_learns() {
     // last lease the old master reported under (expiring at 60). Still learning at 64, the
     // replica says nothing yet of what its clients hold, so the root still keeps the 80.
     let b = GetCapacityRequest { client_id: "b".into(), ..req };
-    assert_eq!(service::get_capacity(&mut replica, 30, &b, MAX_RESOURCES).unwrap().response[0].gets.capacity, 40.0);
+    assert_eq!(
+        service::get_capacity(&mut replica, 30, &b, None, MAX_RESOURCES).unwrap().response[0].gets.capacity,
+        40.0
+    );
     assert!(refresh(&mut replica, &mut root, 64).response[0].gets.expiry_time > 64);
     assert_eq!(reserved_for(&root, "leaf"), 80.0);
     assert_eq!(refresh(&mut other, &mut root, 64).response[0].gets.capacity, 20.0, "nothing freed for others");
@@ -537,14 +540,14 @@ fn a_server_whose_clients_all_left_gives_its_lease_back_at_once() {
     }
     assert_eq!(ask(&mut b, now, "y", 0, 60.0).0, 30.0, "an equal share while x holds 30");
     let release = ReleaseCapacityRequest { client_id: "x".into(), resource_id: vec!["r".into()] };
-    service::release_capacity(&mut a, now, &release).unwrap();
+    service::release_capacity(&mut a, now, &release, None).unwrap();
     // Its last client gone, `a` still asks, wanting and holding nothing, and is granted 0 —
     // rather than letting its lease lapse, which the root would keep reserved for its subtree.
     assert!(a.parent_due().is_some(), "a request is due");
     let request = a.parent_request(now as f64).unwrap();
     assert_eq!(request.resource[0].has.as_ref().map(|h| h.capacity), Some(0.0));
     assert!(request.resource[0].wants.is_empty());
-    let response = service::get_server_capacity(&mut root, now, &request, MAX_RESOURCES).unwrap();
+    let response = service::get_server_capacity(&mut root, now, &request, None, MAX_RESOURCES).unwrap();
     assert_eq!(response.response[0].gets.capacity, 0.0);
     a.on_parent_response(now as f64, response);
     refresh(&mut b, &mut root, now);
@@ -583,6 +586,6 @@ fn a_leaf_folds_its_least_important_bands_into_one_within_what_its_parent_accept
     let folded = &bands[MAX_BANDS - 1];
     assert_eq!((folded.priority, folded.num_clients, folded.wants), (3, 4, 40.0), "priorities 3 to 0 in one band");
     assert_eq!(bands[0].priority, priorities - 1, "the most important first, on its own");
-    let response = service::get_server_capacity(&mut root, 0, &request, MAX_RESOURCES).expect("accepted");
+    let response = service::get_server_capacity(&mut root, 0, &request, None, MAX_RESOURCES).expect("accepted");
     assert_eq!(response.response[0].gets.capacity, 10.0 * priorities as f64);
 }

@@ -48,7 +48,7 @@ pub fn get_capacity(
     now: UnixSeconds,
     req: &GetCapacityRequest,
 ) -> Result<GetCapacityResponse, String> {
-    service::get_capacity(ledger, now, req, MAX_RESOURCES).map_err(|status| status.message().to_owned())
+    service::get_capacity(ledger, now, req, None, MAX_RESOURCES).map_err(|status| status.message().to_owned())
 }
 
 pub fn get_server_capacity(
@@ -56,11 +56,11 @@ pub fn get_server_capacity(
     now: UnixSeconds,
     req: &GetServerCapacityRequest,
 ) -> Result<GetServerCapacityResponse, String> {
-    service::get_server_capacity(ledger, now, req, MAX_RESOURCES).map_err(|status| status.message().to_owned())
+    service::get_server_capacity(ledger, now, req, None, MAX_RESOURCES).map_err(|status| status.message().to_owned())
 }
 
 pub fn release_capacity(ledger: &mut Ledger, now: UnixSeconds, req: &ReleaseCapacityRequest) -> Result<(), String> {
-    service::release_capacity(ledger, now, req).map(drop).map_err(|status| status.message().to_owned())
+    service::release_capacity(ledger, now, req, None).map(drop).map_err(|status| status.message().to_owned())
 }
 
 /// What a replica that is not the master answers to GetCapacity: who is, if it knows.

@@ -10,7 +10,7 @@ use hashbrown::HashMap;
 use sluice_client::Answer;
 use sluice_proto::{GetServerCapacityRequest, GetServerCapacityResponse};
 
-use crate::defaults::{EXPIRY_PER_CLAIM, MAX_LEASES};
+use crate::defaults::{EXPIRY_PER_CLAIM, MAX_CLIENTS_PER_RESOURCE, MAX_LEASES};
 
 use super::{
     parent::Parent,
@@ -32,6 +32,26 @@ pub struct Ledger {
     leases: usize,
     /// Most of them: a claim that would file more is refused ([`Ledger::room`]).
     max_leases: usize,
+    /// Most clients with a lease on one resource.
+    max_clients: usize,
+    /// The identity each client id of a policy-bound caller holds its leases for.
+    owners: HashMap<Box<str>, Owned>,
+    /// How many of `owners` each identity has.
+    held: HashMap<Arc<str>, usize>,
+}
+
+/// A client id's owner, and on how many resources the id holds a lease.
+#[derive(Debug)]
+struct Owned {
+    identity: Arc<str>,
+    resources: usize,
+}
+
+/// The identity a policy admitted a call for, and the most client ids it may hold.
+#[derive(Clone, Copy, Debug)]
+pub struct Owner<'a> {
+    pub identity: &'a Arc<str>,
+    pub max_client_ids: usize,
 }
 
 /// Why a request does not fit in the ledger.
@@ -41,6 +61,10 @@ pub enum Full {
     Resources(usize),
     /// Its new leases would file demands beyond the ledger's bound (the limit).
     Leases(usize),
+    /// It would add a client to a resource that has the most clients (the limit).
+    Clients(usize),
+    /// It would add a client id to an identity that holds the most (the limit).
+    ClientIds(usize),
 }
 
 impl Ledger {
@@ -54,7 +78,15 @@ impl Ledger {
             seed: None,
             leases: 0,
             max_leases: MAX_LEASES,
+            max_clients: MAX_CLIENTS_PER_RESOURCE,
+            owners: HashMap::new(),
+            held: HashMap::new(),
         }
+    }
+
+    /// Bounds the clients of each resource (see [`Ledger::room`]).
+    pub fn with_max_clients(self, max_clients: usize) -> Ledger {
+        Ledger { max_clients, ..self }
     }
 
     /// Bounds the leases this ledger holds (see [`Ledger::room`]).
@@ -95,6 +127,19 @@ impl Ledger {
     }
 
     pub fn claim(&mut self, now: UnixSeconds, client: &str, resource_id: &str, claim: &Claim) -> Grant {
+        self.claim_for(now, client, None, resource_id, claim)
+    }
+
+    /// [`Ledger::claim`] for a caller a policy admitted as `identity`: a new lease makes the
+    /// client id that identity's until it holds none.
+    pub fn claim_for(
+        &mut self,
+        now: UnixSeconds,
+        client: &str,
+        identity: Option<&Arc<str>>,
+        resource_id: &str,
+        claim: &Claim,
+    ) -> Grant {
         let (repository, parent, seed) = (&self.repository, &mut self.parent, self.seed);
         let resource = self.resources.entry_ref(resource_id).or_insert_with(|| {
             let template = repository.find(resource_id).clone();
@@ -113,27 +158,58 @@ impl Ledger {
             }
         });
         let before = resource.leases().demands();
-        resource.expire(now, EXPIRY_PER_CLAIM);
+        let (owners, held) = (&mut self.owners, &mut self.held);
+        resource.expire(now, EXPIRY_PER_CLAIM, &mut |gone| disown(owners, held, gone));
         let learning = learning(self.serving_since, resource, now);
+        let had = resource.leases().demands_of(client).is_some();
         let grant = resource.claim(client, claim, now, learning);
         self.leases = self.leases - before + resource.leases().demands();
+        if !had && resource.leases().demands_of(client).is_some() {
+            own(owners, held, client, identity);
+        }
         if let Some(parent) = parent {
             parent.changed(resource, now);
         }
         grant
     }
 
-    /// Whether `client`'s claims fit: the new resources among them within `max_resources`, and
-    /// the demands they add to its leases within the ledger's bound. A lease that files no more
-    /// demands than it did always fits, so clients holding leases renew them at the bound; a
-    /// new lease, or one that grows, must find room.
+    /// The identity that `client` holds its leases for, if a policy bound the caller.
+    pub fn owner(&self, client: &str) -> Option<&Arc<str>> {
+        self.owners.get(client).map(|o| &o.identity)
+    }
+
+    /// How many client ids `identity` holds leases with.
+    pub fn client_ids(&self, identity: &str) -> usize {
+        self.held.get(identity).copied().unwrap_or(0)
+    }
+
+    /// Whether `client`'s claims fit: the new resources among them within `max_resources`, a
+    /// new client of a resource within the ledger's most clients, a new client id of `owner`
+    /// within its most, and the demands they add to its leases within the ledger's bound. A
+    /// lease that files no more demands than it did always fits, so clients holding leases
+    /// renew them at every bound; a new lease, or one that grows, must find room.
     pub fn room(
         &self,
         now: UnixSeconds,
         client: &str,
+        owner: Option<Owner<'_>>,
         claims: &[(&str, Claim)],
         max_resources: usize,
     ) -> Result<(), Full> {
+        if let Some(owner) = owner
+            && !self.owners.contains_key(client)
+            && self.client_ids(owner.identity) >= owner.max_client_ids
+        {
+            return Err(Full::ClientIds(owner.max_client_ids));
+        }
+        let crowded = |(id, _): &&(&str, Claim)| {
+            self.resources
+                .get(*id)
+                .is_some_and(|r| r.leases().len() >= self.max_clients && r.leases().demands_of(client).is_none())
+        };
+        if claims.iter().any(|claim| crowded(&claim)) {
+            return Err(Full::Clients(self.max_clients));
+        }
         // Each costs a lookup or two; only needed near a limit. A claim files at most one
         // demand per entry.
         if self.resources.len() + claims.len() > max_resources {
@@ -175,6 +251,9 @@ impl Ledger {
         let before = resource.leases().demands();
         let released = resource.release(client);
         self.leases = self.leases - before + resource.leases().demands();
+        if released {
+            disown(&mut self.owners, &mut self.held, client);
+        }
         if let Some(parent) = self.parent.as_mut() {
             parent.changed(resource, now);
         }
@@ -186,9 +265,10 @@ impl Ledger {
     /// leases.
     pub fn expire(&mut self, now: UnixSeconds, budget: usize) -> usize {
         let (mut done, mut leases) = (0, 0);
+        let (owners, held) = (&mut self.owners, &mut self.held);
         self.resources.retain(|_, resource| {
             if done < budget {
-                done += resource.expire(now, budget - done);
+                done += resource.expire(now, budget - done, &mut |gone| disown(owners, held, gone));
             }
             leases += resource.leases().demands();
             !resource.leases().is_empty() || resource.remembers_parent(now)
@@ -259,6 +339,40 @@ impl Ledger {
     }
 }
 
+/// `client` took a lease on one more resource: for `identity`, if it is not yet someone's.
+fn own(
+    owners: &mut HashMap<Box<str>, Owned>,
+    held: &mut HashMap<Arc<str>, usize>,
+    client: &str,
+    identity: Option<&Arc<str>>,
+) {
+    if let Some(owned) = owners.get_mut(client) {
+        owned.resources += 1;
+    } else if let Some(identity) = identity {
+        *held.entry_ref(identity).or_insert(0) += 1;
+        owners.insert(client.into(), Owned { identity: identity.clone(), resources: 1 });
+    }
+}
+
+/// `client` let go of, or lost, its lease on one resource: the id is no one's once it holds
+/// none.
+fn disown(owners: &mut HashMap<Box<str>, Owned>, held: &mut HashMap<Arc<str>, usize>, client: &str) {
+    if owners.is_empty() {
+        return;
+    }
+    let Some(owned) = owners.get_mut(client) else { return };
+    owned.resources -= 1;
+    if owned.resources == 0 {
+        let owned = owners.remove(client).expect("just found");
+        if let Some(count) = held.get_mut(&owned.identity) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&owned.identity);
+            }
+        }
+    }
+}
+
 fn learning(serving_since: UnixSeconds, resource: &Resource, now: UnixSeconds) -> bool {
     now < serving_since.saturating_add(resource.template().algorithm.learning_seconds())
 }
@@ -311,15 +425,15 @@ mod tests {
         let one = Claim::single(0, 1.0, None);
         let on = |id, claim: &Claim| [(id, claim.clone())];
         for client in ["a", "b", "c"] {
-            assert_eq!(ledger.room(0, client, &on("r", &one), 100), Ok(()));
+            assert_eq!(ledger.room(0, client, None, &on("r", &one), 100), Ok(()));
             ledger.claim(0, client, "r", &one);
         }
         assert_eq!(ledger.leases(), 3);
-        assert_eq!(ledger.room(0, "d", &on("r", &one), 100), Err(Full::Leases(3)), "a newcomer");
-        assert_eq!(ledger.room(0, "a", &on("s", &one), 100), Err(Full::Leases(3)), "a new lease of a holder");
-        assert_eq!(ledger.room(1, "a", &on("r", &one), 100), Ok(()), "a renewal");
+        assert_eq!(ledger.room(0, "d", None, &on("r", &one), 100), Err(Full::Leases(3)), "a newcomer");
+        assert_eq!(ledger.room(0, "a", None, &on("s", &one), 100), Err(Full::Leases(3)), "a new lease of a holder");
+        assert_eq!(ledger.room(1, "a", None, &on("r", &one), 100), Ok(()), "a renewal");
         let both = [("r", one.clone()), ("s", one.clone())];
-        assert_eq!(ledger.room(1, "a", &both, 100), Err(Full::Leases(3)), "a renewal with a new lease");
+        assert_eq!(ledger.room(1, "a", None, &both, 100), Err(Full::Leases(3)), "a renewal with a new lease");
         // A child server's lease counts once per band: renewed with as many it fits, with more not.
         ledger.release(1, "b", "r");
         ledger.release(1, "c", "r");
@@ -328,20 +442,68 @@ mod tests {
             has: None,
             holds: Holds::Unknown,
         };
-        assert_eq!(ledger.room(1, "leaf", &on("r", &bands(2)), 100), Ok(()));
+        assert_eq!(ledger.room(1, "leaf", None, &on("r", &bands(2)), 100), Ok(()));
         ledger.claim(1, "leaf", "r", &bands(2));
         assert_eq!(ledger.leases(), 3);
-        assert_eq!(ledger.room(2, "leaf", &on("r", &bands(2)), 100), Ok(()));
-        assert_eq!(ledger.room(2, "leaf", &on("r", &bands(3)), 100), Err(Full::Leases(3)));
+        assert_eq!(ledger.room(2, "leaf", None, &on("r", &bands(2)), 100), Ok(()));
+        assert_eq!(ledger.room(2, "leaf", None, &on("r", &bands(3)), 100), Err(Full::Leases(3)));
         // Leases that run out make room; a child server's lapses into one demand for a while.
         assert_eq!(ledger.expire(20, usize::MAX), 2);
         assert_eq!(ledger.leases(), 1);
         assert_eq!(ledger.expire(100, usize::MAX), 1);
         assert_eq!(ledger.leases(), 0);
-        assert_eq!(ledger.room(100, "d", &on("r", &one), 100), Ok(()));
+        assert_eq!(ledger.room(100, "d", None, &on("r", &one), 100), Ok(()));
         // And the resource bound: a new resource beyond it, not a known one.
         ledger.claim(100, "d", "r", &one);
-        assert_eq!(ledger.room(100, "e", &on("s", &one), 1), Err(Full::Resources(1)));
-        assert_eq!(ledger.room(100, "e", &on("r", &one), 1), Ok(()));
+        assert_eq!(ledger.room(100, "e", None, &on("s", &one), 1), Err(Full::Resources(1)));
+        assert_eq!(ledger.room(100, "e", None, &on("r", &one), 1), Ok(()));
+    }
+
+    #[test]
+    fn a_crowded_resource_refuses_new_clients_and_renews_those_it_has() {
+        let mut ledger = ledger().with_max_clients(2);
+        let one = Claim::single(0, 1.0, None);
+        let on = |id, claim: &Claim| [(id, claim.clone())];
+        for client in ["a", "b"] {
+            ledger.claim(0, client, "r", &one);
+        }
+        assert_eq!(ledger.room(0, "c", None, &on("r", &one), 100), Err(Full::Clients(2)));
+        assert_eq!(ledger.room(0, "c", None, &on("s", &one), 100), Ok(()), "another resource has room");
+        assert_eq!(ledger.room(0, "a", None, &on("r", &one), 100), Ok(()), "a renewal");
+        ledger.release(0, "b", "r");
+        assert_eq!(ledger.room(0, "c", None, &on("r", &one), 100), Ok(()));
+    }
+
+    #[test]
+    fn an_identity_holds_at_most_its_client_ids_until_they_let_go() {
+        let mut ledger = ledger();
+        let one = Claim::single(0, 1.0, None);
+        let on = |id, claim: &Claim| [(id, claim.clone())];
+        let (pod, other): (Arc<str>, Arc<str>) = ("pod".into(), "other".into());
+        let owner = Some(Owner { identity: &pod, max_client_ids: 2 });
+        for client in ["p1", "p2"] {
+            assert_eq!(ledger.room(0, client, owner, &on("r", &one), 100), Ok(()));
+            ledger.claim_for(0, client, Some(&pod), "r", &one);
+        }
+        // The same ids on more resources are no more ids.
+        ledger.claim_for(0, "p1", Some(&pod), "s", &one);
+        assert_eq!(ledger.client_ids("pod"), 2);
+        assert_eq!(ledger.room(0, "p3", owner, &on("r", &one), 100), Err(Full::ClientIds(2)));
+        assert_eq!(ledger.room(0, "p1", owner, &on("t", &one), 100), Ok(()), "a held id takes a new resource");
+        assert_eq!(ledger.owner("p1"), Some(&pod));
+        // Another identity's ids do not count against this one, nor are they its.
+        ledger.claim_for(0, "o1", Some(&other), "r", &one);
+        assert_eq!(ledger.owner("o1"), Some(&other));
+        // An id is no one's once it holds no lease: released here, expired there.
+        ledger.release(1, "p1", "r");
+        assert_eq!(ledger.client_ids("pod"), 2, "p1 still holds s");
+        ledger.release(1, "p1", "s");
+        assert_eq!((ledger.owner("p1"), ledger.client_ids("pod")), (None, 1));
+        assert_eq!(ledger.room(1, "p3", owner, &on("r", &one), 100), Ok(()));
+        ledger.expire(20, usize::MAX);
+        assert_eq!((ledger.owner("p2"), ledger.owner("o1"), ledger.client_ids("pod")), (None, None, 0));
+        // Trusted callers' ids are no one's.
+        ledger.claim(20, "t", "r", &one);
+        assert_eq!(ledger.owner("t"), None);
     }
 }

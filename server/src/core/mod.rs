@@ -6,6 +6,7 @@
 //! - [`algorithm`]: the four ways of sharing a capacity;
 //! - [`store`]: the leases of one resource and their expiry;
 //! - [`template`]: configuration templates and their lookup;
+//! - [`policy`]: who may use which client ids and ask for which resources;
 //! - [`resource`]: a resource's template and leases, turning claims into grants;
 //! - [`priority`]: demands by priority band, shared from the most important down;
 //! - [`ledger`]: all resources of a server, and learning mode;
@@ -16,6 +17,7 @@ pub mod algorithm;
 pub mod band;
 pub mod ledger;
 pub mod parent;
+pub mod policy;
 pub mod priority;
 pub mod resource;
 pub mod store;
@@ -23,8 +25,9 @@ pub mod template;
 
 pub use algorithm::{Algorithm, Choice, Kind, Parameter};
 pub use band::{Band, Demand, Sums};
-pub use ledger::{Full, Ledger};
+pub use ledger::{Full, Ledger, Owner};
 pub use parent::Parent;
+pub use policy::{Call, Denial, Policies, Policy};
 pub use priority::{Bands, PriorityMode, SubtreeWants, Wants};
 pub use resource::{Claim, Grant, ParentLease, Resource, Supply};
 pub use store::{Holds, LeaseStore, LeaseView, UnixSeconds};

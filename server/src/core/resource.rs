@@ -276,17 +276,18 @@ impl Resource {
         self.leases.remove(client)
     }
 
-    /// Takes up to `budget` expired leases; returns how many. A child server's lease
+    /// Takes up to `budget` expired leases, telling `gone` each client forgotten; returns how
+    /// many. A child server's lease
     /// that ran out without a release stays reserved for [`LAPSED_LEASE_LENGTHS`] more lease
     /// lengths as the safe capacity its cut-off subtree hands out meanwhile (its subclients'
     /// worth, even where that is more than the lease it last held), so that giving its share to
     /// others does not overshoot the capacity. The ledger may then hold more than the capacity
     /// until the others have shrunk: so do the clients.
-    pub fn expire(&mut self, now: UnixSeconds, budget: usize) -> usize {
+    pub fn expire(&mut self, now: UnixSeconds, budget: usize, gone: &mut dyn FnMut(&str)) -> usize {
         let safe = self.safe_capacity(now);
         let fallback = |demand: &Demand| if safe < 0.0 { demand.has } else { safe * demand.subclients };
         let grace = self.algorithm().lease_length.saturating_mul(LAPSED_LEASE_LENGTHS);
-        let expired = self.leases.expire(now, budget, grace, fallback);
+        let expired = self.leases.expire(now, budget, grace, fallback, gone);
         self.expired_since_report |= expired > 0;
         expired
     }

@@ -245,13 +245,14 @@ impl LeaseStore {
     /// client's lease is forgotten. A child server's lease that ran out without a release
     /// lapses instead: its subtree is presumably cut off and handing out safe capacity, so the
     /// store keeps `fallback(demand)` reserved for it for `grace` more seconds, after which it
-    /// is forgotten too.
+    /// is forgotten too. `gone` hears of each client forgotten.
     pub fn expire(
         &mut self,
         now: UnixSeconds,
         budget: usize,
         grace: UnixSeconds,
         fallback: impl Fn(&Demand) -> f64,
+        gone: &mut dyn FnMut(&str),
     ) -> usize {
         let mut done = 0;
         while done < budget {
@@ -277,6 +278,7 @@ impl LeaseStore {
                     continue;
                 }
             }
+            gone(&self.entries[slot as usize].client);
             self.release(slot);
         }
         done
@@ -384,7 +386,7 @@ mod tests {
 
     /// Expires without lapsing anything.
     fn expire(store: &mut LeaseStore, now: UnixSeconds, budget: usize) -> usize {
-        store.expire(now, budget, 0, |_| 0.0)
+        store.expire(now, budget, 0, |_| 0.0, &mut |_| {})
     }
 
     #[test]
@@ -443,7 +445,7 @@ mod tests {
         assert_eq!(store.claim("doorman", &few, Holds::Unknown, 1, 11, |_, _, _, _| 10.0), 10.0);
         // ...except once after its lease lapsed: its subtree may live on the safe capacity
         // reserved meanwhile (here 2 per subclient).
-        assert_eq!(store.expire(11, usize::MAX, 30, |d| 2.0 * d.subclients), 1);
+        assert_eq!(store.expire(11, usize::MAX, 30, |d| 2.0 * d.subclients, &mut |_| {}), 1);
         assert_eq!(store.claim("doorman", &few, Holds::Unknown, 12, 22, |_, _, _, _| 1.0), 2.0);
         assert_eq!(store.claim("doorman", &few, Holds::Unknown, 13, 23, |_, _, _, _| 1.0), 1.0);
     }
@@ -456,7 +458,7 @@ mod tests {
         claim(&mut store, "client", 5.0, 10);
         let safe_per_subclient = 4.0;
         let fallback = |d: &Demand| safe_per_subclient * d.subclients;
-        assert_eq!(store.expire(10, usize::MAX, 30, fallback), 2);
+        assert_eq!(store.expire(10, usize::MAX, 30, fallback, &mut |_| {}), 2);
         assert!(store.get("client").is_none());
         let leaf = store.get("leaf").unwrap();
         assert!(leaf.lapsed);
@@ -467,13 +469,13 @@ mod tests {
         assert!(!store.get("leaf").unwrap().lapsed);
         assert_eq!(store.get("leaf").unwrap().demand.has, 12.0);
         // Lapsed again, then gone after the grace.
-        assert_eq!(store.expire(50, usize::MAX, 30, fallback), 1);
-        assert_eq!(store.expire(79, usize::MAX, 30, fallback), 0);
-        assert_eq!(store.expire(80, usize::MAX, 30, fallback), 1);
+        assert_eq!(store.expire(50, usize::MAX, 30, fallback, &mut |_| {}), 1);
+        assert_eq!(store.expire(79, usize::MAX, 30, fallback, &mut |_| {}), 0);
+        assert_eq!(store.expire(80, usize::MAX, 30, fallback, &mut |_| {}), 1);
         assert!(store.is_empty());
         // A subtree that held less than its safe capacity falls back on all of it when cut off.
         store.claim("small", &wants, Holds::Reported(0.0), 80, 90, |_, _, _, _| 5.0);
-        assert_eq!(store.expire(90, usize::MAX, 30, fallback), 1);
+        assert_eq!(store.expire(90, usize::MAX, 30, fallback, &mut |_| {}), 1);
         assert_eq!(store.get("small").unwrap().demand.has, 12.0);
         // Back, it first knows only the clients that asked it again: the reservation stays for
         // a while whatever it says, then follows what it holds.

@@ -1,13 +1,14 @@
 //! Templates say how the resources whose ids match a glob are shared; a repository is a valid,
-//! ordered list of them (Doorman's `ResourceRepository`).
+//! ordered list of them (Doorman's `ResourceRepository`), with the policies that say who may ask.
 
 use std::{collections::HashMap, fmt, sync::Arc};
 
-use globset::{GlobBuilder, GlobMatcher};
+use globset::{Glob, GlobBuilder, GlobMatcher};
 
 use super::{
     algorithm::Algorithm,
     algorithm::Choice,
+    policy::Policies,
     priority::{PriorityMode, SubtreeWants},
 };
 use sluice_client::{defaults::MAX_AMOUNT, out_of_range};
@@ -46,6 +47,8 @@ pub struct Repository {
     templates: Vec<Arc<Template>>,
     matchers: Vec<GlobMatcher>,
     exact: HashMap<String, usize>,
+    /// Who may ask for what; none: every caller is trusted.
+    policies: Policies,
 }
 
 /// Checks a template parameter's value: `Err` says what is wrong.
@@ -77,7 +80,21 @@ impl Repository {
         if !errors.is_empty() {
             return Err(TemplateError(errors.join("\n")));
         }
-        Ok(Repository { templates: templates.into_iter().map(Arc::new).collect(), matchers, exact })
+        Ok(Repository {
+            templates: templates.into_iter().map(Arc::new).collect(),
+            matchers,
+            exact,
+            policies: Policies::default(),
+        })
+    }
+
+    /// The repository with these policies.
+    pub fn with_policies(self, policies: Policies) -> Repository {
+        Repository { policies, ..self }
+    }
+
+    pub fn policies(&self) -> &Policies {
+        &self.policies
     }
 
     /// The template for a resource: the one whose glob is exactly the id, else the first whose
@@ -112,11 +129,14 @@ fn check(t: &Template, exact: &HashMap<String, usize>) -> Result<GlobMatcher, (S
     if let Some(first) = exact.get(&t.identifier_glob) {
         return fail("identifier_glob", format!("duplicates resources[{first}]"));
     }
-    let glob = GlobBuilder::new(&t.identifier_glob).literal_separator(false).backslash_escape(true).build();
+    glob(&t.identifier_glob).map(|g| g.compile_matcher()).or_else(|e| fail("identifier_glob", e))
+}
+
+/// A resource id glob as `identifier_glob`s are written: `*` matches `/` too.
+pub(super) fn glob(pattern: &str) -> Result<Glob, String> {
+    let glob = GlobBuilder::new(pattern).literal_separator(false).backslash_escape(true).build();
     // The error quotes the character the glob choked on, which may be a line break.
-    let malformed =
-        |e: globset::Error| format!("malformed glob: {}", e.kind()).replace('\n', "\\n").replace('\r', "\\r");
-    glob.map(|g| g.compile_matcher()).or_else(|e| fail("identifier_glob", malformed(e)))
+    glob.map_err(|e| format!("malformed glob: {}", e.kind()).replace('\n', "\\n").replace('\r', "\\r"))
 }
 
 /// Checks an algorithm's settings (SPEC §3.1): `Err` names the field (`lease_length`,
