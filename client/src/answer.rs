@@ -57,6 +57,39 @@ pub fn safe_capacity(sent: Option<f64>) -> Option<f64> {
     sent.filter(|safe| safe.is_finite()).map(|safe| if safe < 0.0 { -1.0 } else { safe.min(MAX_AMOUNT) })
 }
 
+/// The metadata key under which a server names, one value each, the resources a policy does not
+/// let the caller ask for (a Sluice extension to PERMISSION_DENIED; Doorman's clients see only
+/// the status).
+const DENIED_RESOURCE: &str = "sluice-denied-resource-bin";
+
+/// Names `ids` in `status`, as many as fit in `budget` bytes (one at least): a client learns
+/// the rest on its next try.
+pub fn name_denied(status: &mut tonic::Status, ids: &[String], budget: usize) {
+    let mut used = 0;
+    for id in ids {
+        used += id.len();
+        if used > budget && used > id.len() {
+            break;
+        }
+        status.metadata_mut().append_bin(DENIED_RESOURCE, tonic::metadata::MetadataValue::from_bytes(id.as_bytes()));
+    }
+}
+
+/// The resources a PERMISSION_DENIED names as outside the caller's policy (none for another
+/// status, or from a server that names none). Ids that are not UTF-8 are no one's resources.
+pub fn denied(status: &tonic::Status) -> Vec<String> {
+    if status.code() != tonic::Code::PermissionDenied {
+        return Vec::new();
+    }
+    status
+        .metadata()
+        .get_all_bin(DENIED_RESOURCE)
+        .iter()
+        .filter_map(|value| value.to_bytes().ok())
+        .filter_map(|bytes| String::from_utf8(bytes.to_vec()).ok())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,5 +123,19 @@ mod tests {
         assert_eq!(safe_capacity(Some(-0.5)), Some(-1.0));
         assert_eq!(safe_capacity(Some(4.0)), Some(4.0));
         assert_eq!(safe_capacity(Some(1e300)), Some(MAX_AMOUNT));
+    }
+
+    #[test]
+    fn denied_resources_travel_in_the_status_as_far_as_the_budget_goes() {
+        let ids: Vec<String> = ["a", "b/ü", "ccc"].map(str::to_owned).into();
+        let mut status = tonic::Status::permission_denied("no");
+        name_denied(&mut status, &ids, 5);
+        assert_eq!(denied(&status), ["a", "b/ü"]);
+        let mut one = tonic::Status::permission_denied("no");
+        name_denied(&mut one, &ids[2..], 1);
+        assert_eq!(denied(&one), ["ccc"], "one at least");
+        let mut other = tonic::Status::unavailable("no");
+        name_denied(&mut other, &ids, 100);
+        assert!(denied(&other).is_empty());
     }
 }

@@ -4,6 +4,7 @@
 //! its parent.
 
 use std::{
+    fmt,
     future::Future,
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
@@ -19,6 +20,7 @@ use tonic::{
 use sluice_runtime::{reload::rotating, telemetry::with_causes};
 
 use crate::{
+    answer,
     defaults::{CAPACITY_CONNECT_TIMEOUT, CAPACITY_RPC_TIMEOUT, MAX_ANSWER_BYTES},
     schedule::Round,
     tls::ClientTlsFiles,
@@ -157,8 +159,9 @@ impl Servers {
         Ok(channel)
     }
 
-    /// One RPC to the master; errors come back as one line.
-    pub async fn call<T, F, Fut>(&self, method: &'static str, rpc: F) -> Result<T, String>
+    /// One RPC to the master; errors come back as one line, with the resources a policy
+    /// refused.
+    pub async fn call<T, F, Fut>(&self, method: &'static str, rpc: F) -> Result<T, CallError>
     where
         F: FnOnce(CapacityClient<Channel>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
@@ -168,9 +171,12 @@ impl Servers {
             Ok(channel) => {
                 let answer = rpc(CapacityClient::new(channel).max_decoding_message_size(MAX_ANSWER_BYTES)).await;
                 (self.record)(method, answer.is_ok());
-                answer.map(Response::into_inner).map_err(|s| format!("{method}: {:?}: {}", s.code(), described(&s)))
+                answer.map(Response::into_inner).map_err(|s| CallError {
+                    message: format!("{method}: {:?}: {}", s.code(), described(&s)),
+                    denied: answer::denied(&s),
+                })
             }
-            Err(error) => Err(error),
+            Err(message) => Err(CallError { message, denied: Vec::new() }),
         };
         let mut current = self.lock();
         current.failed_with = answer.is_err().then_some(settings).flatten();
@@ -209,6 +215,27 @@ impl Servers {
         current.master = None;
         current.index = (current.index + 1) % self.addresses.len();
         current.round.failed(self.addresses.len())
+    }
+}
+
+/// Why a call failed.
+#[derive(Debug)]
+pub struct CallError {
+    /// One line.
+    pub message: String,
+    /// The resources the server's policy refused (PERMISSION_DENIED), if it named them.
+    pub denied: Vec<String>,
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<CallError> for String {
+    fn from(error: CallError) -> String {
+        error.message
     }
 }
 

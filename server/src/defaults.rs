@@ -57,6 +57,10 @@ pub const MAX_POLICY_PATTERNS: usize = 100;
 /// `sluice_server_policy_denials_total`, but a client retrying in a loop must not flood the log.
 pub const DENIAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Bytes of resource ids a PERMISSION_DENIED names as outside the caller's policy (one id at
+/// least): well within a client's header limits; a client learns any others on its next try.
+pub const DENIED_NAMES_BYTES: usize = 4 << 10;
+
 /// Longest identity taken from a client certificate; a longer one is no identity.
 pub const MAX_IDENTITY_BYTES: usize = 1024;
 

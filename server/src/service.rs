@@ -15,11 +15,12 @@ use sluice_proto::{
     GetServerCapacityRequest, GetServerCapacityResponse, Mastership, ReleaseCapacityRequest, ReleaseCapacityResponse,
     ResourceResponse, ServerCapacityResourceResponse, capacity_server::Capacity,
 };
+use sluice_client::answer::name_denied;
 use tonic::{Code, Request, Response, Status};
 
 use crate::{
     core::{Algorithm, Call, Denial, Full, Grant, Ledger, Owner, Policies, UnixSeconds},
-    defaults::{DEMANDS_PER_LOCK, DENIAL_LOG_INTERVAL},
+    defaults::{DEMANDS_PER_LOCK, DENIAL_LOG_INTERVAL, DENIED_NAMES_BYTES},
     identity::Caller,
     metrics,
     state::{self, Role, State},
@@ -154,7 +155,12 @@ fn deny(method: &'static str, identity: Option<&Arc<str>>, client: &str, denial:
     {
         tracing::warn!(method, client, reason = denial.reason(), "{message}");
     }
-    Status::permission_denied(message)
+    let mut status = Status::permission_denied(message);
+    if let Denial::Resources(ids) = denial {
+        // So that a Sluice client asks again without them and keeps the others' leases.
+        name_denied(&mut status, ids, DENIED_NAMES_BYTES);
+    }
+    status
 }
 
 fn release(ledger: &mut Ledger, now: UnixSeconds, client: &str, ids: &[&str]) {

@@ -139,6 +139,10 @@ pub const LEASE_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 /// Without it the first lease asked for one arrival's worth, and refused the rest for a second.
 pub const FIRST_ASK_AFTER: f64 = 0.25;
 
+/// Seconds a resource the server's policy refused lets nothing pass and is left out of
+/// requests, before it is asked for again (the policy may have changed by then: a reload).
+pub const DENIED_RETRY: f64 = 30.0;
+
 /// A resource whose wants moved by more than this fraction since they were last reported is
 /// asked for again before the refresh interval is up...
 pub const DEMAND_CHANGE: f64 = 0.1;

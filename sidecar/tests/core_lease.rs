@@ -4,7 +4,7 @@ use sluice_client::defaults::BACKOFF_CAP;
 use sluice_proto::{GetCapacityResponse, Lease, Mastership, ResourceResponse};
 use sluice_sidecar::{
     core::{Answer, Effective, Fallback, LeaseClient, Mode, ResourceSpec},
-    defaults::FIRST_ASK_AFTER,
+    defaults::{DENIED_RETRY, FIRST_ASK_AFTER},
 };
 
 const T0: f64 = 1_700_000_000.0;
@@ -384,4 +384,38 @@ fn a_first_lease_short_of_the_demand_is_corrected_at_once() {
     // Past its first moments, the usual spacing.
     client.demand_moved(T0 + 2.0, |_| 150.0);
     assert_eq!(client.next_due(), Some(at + 0.25 + 2.5));
+}
+
+#[test]
+fn resources_a_policy_refuses_let_nothing_pass_while_the_others_are_asked_for_at_once() {
+    let mut client = asking(&[("allowed", Fallback::Optimistic), ("refused", Fallback::Optimistic)]);
+    assert!(client.on_denied(T0 + 0.1, &["refused".to_string()]));
+    let refused = client.effective(T0 + 0.1, "refused").unwrap();
+    assert_eq!((refused.capacity, refused.mode, refused.label()), (0.0, Mode::Denied, "denied"));
+    assert!(is_due(&client, T0 + 0.1), "the others are asked for at once");
+    let request = client.request(T0 + 0.1, |_| 10.0).unwrap();
+    let ids: Vec<&str> = request.resource.iter().map(|r| r.resource_id.as_str()).collect();
+    assert_eq!(ids, ["allowed"]);
+    client.on_response(T0 + 0.2, answer(vec![grant("allowed", 10.0, T0 + 60.0, 5, None)]));
+    assert_eq!(client.effective(T0 + 1.0, "allowed").unwrap().mode, Mode::Leased);
+    // Asked for again once the refusal is over, with the next refresh; refused until a lease
+    // comes, not on its fallback meanwhile.
+    let later = T0 + 0.1 + DENIED_RETRY;
+    assert_eq!(client.effective(later, "refused").unwrap().mode, Mode::Denied);
+    let request = client.request(later, |_| 10.0).unwrap();
+    assert_eq!(request.resource.len(), 2);
+    client.on_response(later + 0.1, answer(vec![grant("refused", 3.0, later + 60.0, 5, None)]));
+    assert_eq!(client.effective(later + 0.2, "refused").unwrap().mode, Mode::Leased);
+}
+
+#[test]
+fn a_client_whose_every_resource_is_refused_asks_again_when_the_refusal_ends() {
+    let mut client = asking(&[("refused", Fallback::Safe)]);
+    assert!(client.on_denied(T0, &["refused".to_string()]));
+    assert!(client.request(T0, |_| 10.0).is_none(), "nothing to ask for meanwhile");
+    assert_eq!(client.next_due(), Some(T0 + DENIED_RETRY));
+    // A refusal naming nothing configured here is an error like any other: backed off.
+    let mut other = asking(&[("a", Fallback::Safe)]);
+    assert!(!other.on_denied(T0, &["unknown".to_string()]));
+    assert!(!is_due(&other, T0));
 }

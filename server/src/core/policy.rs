@@ -62,8 +62,8 @@ pub enum Denial {
     Unknown,
     /// The client id is not among the policy's.
     ClientId,
-    /// A resource is outside the policy's globs.
-    Resource(String),
+    /// These resources of the call (all of them) are outside the policy's globs.
+    Resources(Vec<String>),
     /// The policy does not allow `GetServerCapacity`.
     ServerCapacity,
     /// Another identity holds leases under this client id.
@@ -77,7 +77,7 @@ impl Denial {
             Denial::Anonymous => "anonymous",
             Denial::Unknown => "no_policy",
             Denial::ClientId => "client_id",
-            Denial::Resource(_) => "resource",
+            Denial::Resources(_) => "resource",
             Denial::ServerCapacity => "server_capacity",
             Denial::Owned => "owned",
         }
@@ -90,7 +90,13 @@ impl Denial {
             Denial::Anonymous => "this server's policies need a client certificate that names the caller".into(),
             Denial::Unknown => format!("no policy of this server matches the identity {who}"),
             Denial::ClientId => format!("the policy for {who} does not allow the client id {client:?}"),
-            Denial::Resource(id) => format!("the policy for {who} does not allow the resource {id:?}"),
+            Denial::Resources(ids) => match ids.as_slice() {
+                [id] => format!("the policy for {who} does not allow the resource {id:?}"),
+                [id, rest @ ..] => {
+                    format!("the policy for {who} does not allow the resource {id:?}, nor {} more in this call", rest.len())
+                }
+                [] => format!("the policy for {who} does not allow these resources"),
+            },
             Denial::ServerCapacity => format!("the policy for {who} does not allow GetServerCapacity"),
             Denial::Owned => format!("the client id {client:?} holds leases for another identity"),
         }
@@ -134,7 +140,7 @@ impl Policies {
 
     /// Whether `identity` may make `call`: `Ok(None)` when every caller is trusted, else the
     /// most client ids it may hold.
-    pub fn admit(&self, identity: Option<&str>, mut call: Call<'_, '_>) -> Result<Option<usize>, Denial> {
+    pub fn admit(&self, identity: Option<&str>, call: Call<'_, '_>) -> Result<Option<usize>, Denial> {
         if self.trusting() {
             return Ok(None);
         }
@@ -156,8 +162,9 @@ impl Policies {
         if !rule.client_ids.iter().any(|pattern| matches(pattern, &capture, call.client)) {
             return Err(Denial::ClientId);
         }
-        if let Some(id) = Iterator::find(&mut call.resources, |id| !rule.resources.is_match(id)) {
-            return Err(Denial::Resource(id.to_owned()));
+        let outside: Vec<String> = call.resources.filter(|id| !rule.resources.is_match(id)).map(str::to_owned).collect();
+        if !outside.is_empty() {
+            return Err(Denial::Resources(outside));
         }
         Ok(Some(rule.policy.max_client_ids))
     }
@@ -325,7 +332,7 @@ mod tests {
         assert_eq!(admit(&p, me, "web-1:8080", &["api/orders", "db"]), Ok(Some(4)));
         assert_eq!(admit(&p, me, "web-2:8080", &["db"]), Err(Denial::ClientId));
         assert_eq!(admit(&p, me, "web-1", &["db"]), Err(Denial::ClientId));
-        assert_eq!(admit(&p, me, "web-1:8080", &["db", "cache"]), Err(Denial::Resource("cache".into())));
+        assert_eq!(admit(&p, me, "web-1:8080", &["db", "cache"]), Err(Denial::Resources(vec!["cache".into()])));
         let mut none = std::iter::empty();
         let call = Call { client: "web-1:1", resources: &mut none, server_capacity: true };
         assert_eq!(p.admit(me, call), Err(Denial::ServerCapacity));

@@ -216,6 +216,18 @@ impl Leasing {
                             Answer::Redirect(master) => self.servers.redirect(master),
                         }
                     }
+                    Err(error) if !error.denied.is_empty() => {
+                        // The servers answered: the others are asked for again at once.
+                        sync::lock(&self.contact).answered(now);
+                        if self.lock().on_denied(now, &error.denied) {
+                            tracing::warn!(
+                                resources = %error.denied.join(","),
+                                retry_seconds = defaults::DENIED_RETRY,
+                                "the capacity servers' policy refuses these resources to this client: nothing passes \
+                                 for them until they are asked for again; {error}"
+                            );
+                        }
+                    }
                     Err(error) => {
                         // The first failure in a row is a warning, the rest are not news.
                         let failing = sync::lock(&self.contact).failed_calls;
@@ -224,7 +236,7 @@ impl Leasing {
                         } else {
                             tracing::debug!(%error, failed_attempts = failing + 1, "still no lease from the capacity servers");
                         }
-                        sync::lock(&self.contact).failed(now, &error);
+                        sync::lock(&self.contact).failed(now, &error.message);
                         let untried = self.servers.move_on();
                         self.lock().on_error(now, untried);
                     }

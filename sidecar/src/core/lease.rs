@@ -9,7 +9,7 @@ use sluice_client::{Granted, Schedule, defaults::MAX_AMOUNT, safe_capacity};
 use sluice_proto::{GetCapacityRequest, GetCapacityResponse, Lease, ResourceRequest};
 
 use super::Capacity;
-use crate::defaults::{DEMAND_CHANGE, EARLY_REFRESH, FIRST_ASK_AFTER};
+use crate::defaults::{DEMAND_CHANGE, DENIED_RETRY, EARLY_REFRESH, FIRST_ASK_AFTER};
 
 /// What a resource enforces while it holds no valid lease (`when_unreachable`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +52,9 @@ pub enum Mode {
     Leased,
     /// Asked for, and no valid lease came or the last one expired: the fallback applies.
     Fallback,
+    /// The server's policy does not let this client ask for it: nothing passes until a lease
+    /// comes; it is asked for again after [`DENIED_RETRY`].
+    Denied,
 }
 
 /// The lease a resource currently enforces, for status and metrics.
@@ -77,8 +80,8 @@ pub struct Effective {
 }
 
 impl Effective {
-    /// The mode as a metric label: "pending", "leased", "fallback_safe", "fallback_optimistic"
-    /// or "fallback_pessimistic".
+    /// The mode as a metric label: "pending", "leased", "fallback_safe", "fallback_optimistic",
+    /// "fallback_pessimistic" or "denied".
     pub fn label(&self) -> &'static str {
         match (self.mode, self.fallback) {
             (Mode::Pending, _) => "pending",
@@ -86,6 +89,7 @@ impl Effective {
             (Mode::Fallback, Fallback::Safe) => "fallback_safe",
             (Mode::Fallback, Fallback::Optimistic) => "fallback_optimistic",
             (Mode::Fallback, Fallback::Pessimistic) => "fallback_pessimistic",
+            (Mode::Denied, _) => "denied",
         }
     }
 }
@@ -105,6 +109,9 @@ struct Entry {
     server_safe: Option<f64>,
     /// The wants in the last request.
     reported: f64,
+    /// When a resource the server's policy refused is asked for again; `None`: not refused,
+    /// or a lease came since.
+    denied: Option<f64>,
 }
 
 impl Entry {
@@ -118,6 +125,7 @@ impl Entry {
             lease: None,
             server_safe: None,
             reported: 0.0,
+            denied: None,
         }
     }
 
@@ -248,7 +256,7 @@ impl LeaseClient {
         let resource: Vec<ResourceRequest> = self
             .entries
             .values_mut()
-            .filter(|entry| entry.used)
+            .filter(|entry| entry.used && entry.denied.is_none_or(|retry| retry <= now))
             .filter_map(|entry| {
                 let wants = wants(&entry.spec.id);
                 if wants == 0.0 && entry.valid_lease(now).is_some_and(|lease| lease.capacity == 0.0) {
@@ -269,6 +277,11 @@ impl LeaseClient {
             .collect();
         if resource.is_empty() {
             self.schedule.rest();
+            // Asked for again once the policy's refusal is over.
+            let retries = self.entries.values().filter(|entry| entry.used).filter_map(|entry| entry.denied);
+            if let Some(retry) = retries.min_by(f64::total_cmp) {
+                self.schedule.wake_at(retry);
+            }
             return None;
         }
         self.schedule.begin();
@@ -318,6 +331,7 @@ impl LeaseClient {
             // Leases for resources no longer configured are ignored: they are being released.
             if let Some(entry) = self.entries.get_mut(&granted.resource_id) {
                 entry.lease = Some(Granted::clean(now, &granted.gets));
+                entry.denied = None;
                 if let Some(safe) = safe_capacity(granted.safe_capacity) {
                     entry.server_safe = Some(safe);
                 }
@@ -352,10 +366,37 @@ impl LeaseClient {
         }
     }
 
+    /// The request in flight was refused PERMISSION_DENIED for these resources, which the
+    /// server's policy does not let this client ask for: they let nothing pass until a lease
+    /// comes, and are left out of requests for [`DENIED_RETRY`]; the others are asked for again
+    /// at once. `false` (an
+    /// error, backed off) if none of them is configured here.
+    pub fn on_denied(&mut self, now: f64, ids: &[String]) -> bool {
+        let mut any = false;
+        for id in ids {
+            if let Some(entry) = self.entries.get_mut(id) {
+                entry.denied = Some(now + DENIED_RETRY);
+                entry.lease = None;
+                any = true;
+            }
+        }
+        if !any {
+            self.on_error(now, false);
+            return false;
+        }
+        self.conclude(true);
+        self.schedule.failed_over();
+        true
+    }
+
     /// What a resource should enforce now; `None` if it is not configured.
     pub fn effective(&self, now: f64, id: &str) -> Option<Effective> {
         let entry = self.entries.get(id)?;
         let fallback = entry.spec.fallback;
+        if entry.denied.is_some() {
+            let mode = Mode::Denied;
+            return Some(Effective { capacity: 0.0, mode, fallback, expiry: None, refresh_interval: None });
+        }
         if let Some(lease) = entry.valid_lease(now) {
             return Some(Effective {
                 capacity: lease.capacity,

@@ -110,7 +110,7 @@ const RESOURCE_FAMILIES: [Family; 9] = [
 
 /// Every mode a resource can be in; exactly one has the value 1.
 pub const MODES: &[&str] =
-    &["standalone", "pending", "leased", "fallback_safe", "fallback_optimistic", "fallback_pessimistic"];
+    &["standalone", "pending", "leased", "fallback_safe", "fallback_optimistic", "fallback_pessimistic", "denied"];
 
 /// Installs the process-wide recorder, with a thread of its own folding histogram samples into
 /// their buckets (off the data path, scraped or not).

@@ -10,6 +10,46 @@ use super::{ConfigFile, yaml};
 pub struct ServerConfig {
     rate_limits: Option<RateLimits>,
     resources: Vec<Template>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    policies: Vec<Policy>,
+}
+
+/// Who may ask for what: the client ids, resources and calls of the identities that match.
+#[derive(Clone, Debug, Serialize)]
+pub struct Policy {
+    identity: String,
+    client_ids: Vec<String>,
+    resources: Option<Vec<String>>,
+    server_capacity: bool,
+    max_client_ids: Option<usize>,
+}
+
+impl Policy {
+    pub fn new(identity: &str, client_ids: &[&str]) -> Self {
+        Policy {
+            identity: identity.into(),
+            client_ids: client_ids.iter().map(|&c| c.into()).collect(),
+            resources: None,
+            server_capacity: false,
+            max_client_ids: None,
+        }
+    }
+
+    pub fn resources(mut self, globs: &[&str]) -> Self {
+        self.resources = Some(globs.iter().map(|&g| g.into()).collect());
+        self
+    }
+
+    /// May call GetServerCapacity, as an intermediate server does.
+    pub fn server_capacity(mut self) -> Self {
+        self.server_capacity = true;
+        self
+    }
+
+    pub fn max_client_ids(mut self, n: usize) -> Self {
+        self.max_client_ids = Some(n);
+        self
+    }
 }
 
 /// envoyproxy/ratelimit files, each of whose limits is a template ahead of `resources`.
@@ -33,6 +73,11 @@ impl ServerConfig {
 
     pub fn template(mut self, template: Template) -> Self {
         self.resources.push(template);
+        self
+    }
+
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policies.push(policy);
         self
     }
 }
