@@ -10,12 +10,12 @@ use std::{
     time::Instant,
 };
 
+use sluice_client::answer::name_denied;
 use sluice_proto::{
     self as proto, DiscoveryRequest, DiscoveryResponse, GetCapacityRequest, GetCapacityResponse,
     GetServerCapacityRequest, GetServerCapacityResponse, Mastership, ReleaseCapacityRequest, ReleaseCapacityResponse,
     ResourceResponse, ServerCapacityResourceResponse, capacity_server::Capacity,
 };
-use sluice_client::answer::name_denied;
 use tonic::{Code, Request, Response, Status};
 
 use crate::{

@@ -5,6 +5,7 @@
 //! - [`band`]: demands ordered by wants per subclient, with exact running sums;
 //! - [`algorithm`]: the four ways of sharing a capacity;
 //! - [`store`]: the leases of one resource and their expiry;
+//! - [`glob`]: resource id globs;
 //! - [`template`]: configuration templates and their lookup;
 //! - [`policy`]: who may use which client ids and ask for which resources;
 //! - [`resource`]: a resource's template and leases, turning claims into grants;
@@ -15,6 +16,7 @@
 
 pub mod algorithm;
 pub mod band;
+pub mod glob;
 pub mod ledger;
 pub mod parent;
 pub mod policy;

@@ -9,7 +9,7 @@ use globset::{GlobSet, GlobSetBuilder};
 use regex::Regex;
 use smallvec::SmallVec;
 
-use super::template::glob;
+use super::glob::glob;
 use crate::defaults::MAX_POLICY_PATTERNS;
 
 /// One policy as configured.
@@ -93,7 +93,10 @@ impl Denial {
             Denial::Resources(ids) => match ids.as_slice() {
                 [id] => format!("the policy for {who} does not allow the resource {id:?}"),
                 [id, rest @ ..] => {
-                    format!("the policy for {who} does not allow the resource {id:?}, nor {} more in this call", rest.len())
+                    format!(
+                        "the policy for {who} does not allow the resource {id:?}, nor {} more in this call",
+                        rest.len()
+                    )
                 }
                 [] => format!("the policy for {who} does not allow these resources"),
             },
@@ -162,7 +165,8 @@ impl Policies {
         if !rule.client_ids.iter().any(|pattern| matches(pattern, &capture, call.client)) {
             return Err(Denial::ClientId);
         }
-        let outside: Vec<String> = call.resources.filter(|id| !rule.resources.is_match(id)).map(str::to_owned).collect();
+        let outside: Vec<String> =
+            call.resources.filter(|id| !rule.resources.is_match(id)).map(str::to_owned).collect();
         if !outside.is_empty() {
             return Err(Denial::Resources(outside));
         }

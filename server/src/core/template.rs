@@ -3,11 +3,12 @@
 
 use std::{collections::HashMap, fmt, sync::Arc};
 
-use globset::{Glob, GlobBuilder, GlobMatcher};
+use globset::GlobMatcher;
 
 use super::{
     algorithm::Algorithm,
     algorithm::Choice,
+    glob::glob,
     policy::Policies,
     priority::{PriorityMode, SubtreeWants},
 };
@@ -130,13 +131,6 @@ fn check(t: &Template, exact: &HashMap<String, usize>) -> Result<GlobMatcher, (S
         return fail("identifier_glob", format!("duplicates resources[{first}]"));
     }
     glob(&t.identifier_glob).map(|g| g.compile_matcher()).or_else(|e| fail("identifier_glob", e))
-}
-
-/// A resource id glob as `identifier_glob`s are written: `*` matches `/` too.
-pub(super) fn glob(pattern: &str) -> Result<Glob, String> {
-    let glob = GlobBuilder::new(pattern).literal_separator(false).backslash_escape(true).build();
-    // The error quotes the character the glob choked on, which may be a line break.
-    glob.map_err(|e| format!("malformed glob: {}", e.kind()).replace('\n', "\\n").replace('\r', "\\r"))
 }
 
 /// Checks an algorithm's settings (SPEC §3.1): `Err` names the field (`lease_length`,
