@@ -91,17 +91,20 @@ impl From<Error> for String {
 pub struct Etcd {
     endpoints: Vec<String>,
     tls: Option<Arc<ArcSwap<ClientTlsConfig>>>,
+    /// Whether the connections present a client certificate.
+    certificate: bool,
     user: Option<Credentials>,
 }
 
 impl Etcd {
     /// Reads and checks the TLS files, then polls them every `poll`. Must be called on a runtime.
     pub fn new(settings: Settings, poll: Duration) -> Result<Arc<Etcd>, String> {
+        let certificate = settings.tls.as_ref().is_some_and(|files| files.identity.is_some());
         let tls = settings
             .tls
             .map(|files| rotating("etcd client", files.paths(), poll, move |content| files.client_config(content)))
             .transpose()?;
-        Ok(Arc::new(Etcd { endpoints: settings.endpoints, tls, user: settings.user }))
+        Ok(Arc::new(Etcd { endpoints: settings.endpoints, tls, certificate, user: settings.user }))
     }
 
     /// Whether etcd takes this server: connects, authenticates and reads `key` (without its
@@ -138,6 +141,7 @@ impl Etcd {
         let connection = Connection {
             channel: Channel::balance_list(endpoints.into_iter()),
             token: Token::default(),
+            certificate: self.certificate,
             user: self.user.clone(),
         };
         connection.authenticate().await?;
@@ -150,6 +154,7 @@ impl Etcd {
 pub struct Connection {
     channel: Channel,
     token: Token,
+    certificate: bool,
     user: Option<Credentials>,
 }
 
@@ -171,11 +176,11 @@ impl Connection {
     {
         match bounded(call(self.service())).await {
             Err(Refused(status)) if self.user.is_some() && status.code() == Code::Unauthenticated => {
-                tracing::debug!(what, "etcd refused the auth token: authenticating again");
+                tracing::info!(what, "etcd refused the auth token: authenticating again");
                 self.authenticate().await?;
-                bounded(call(self.service())).await.map_err(|e| e.into_error(what))
+                bounded(call(self.service())).await.map_err(|e| e.into_error(what, self.certificate))
             }
-            answer => answer.map_err(|e| e.into_error(what)),
+            answer => answer.map_err(|e| e.into_error(what, self.certificate)),
         }
     }
 
@@ -199,7 +204,7 @@ impl Connection {
         let token = match answer {
             Ok(answer) => Some(answer.token),
             Err(Refused(status)) if status.message().contains("authentication is not enabled") => None,
-            Err(e) => return Err(e.into_error(&what)),
+            Err(e) => return Err(e.into_error(&what, self.certificate)),
         };
         let token = token.map(|t| MetadataValue::try_from(t.as_str())).transpose().map_err(|_| Error {
             message: format!("{what}: the token etcd gave is not ASCII"),
@@ -232,10 +237,21 @@ enum Failed {
 use Failed::Refused;
 
 impl Failed {
-    fn into_error(self, what: &str) -> Error {
+    /// The error, one line; `certificate`: the connection presented a client certificate.
+    fn into_error(self, what: &str, certificate: bool) -> Error {
         match self {
             Refused(status) => Error {
-                message: format!("{what}: {:?}: {}", status.code(), with_causes(status.message(), &status)),
+                message: format!(
+                    "{what}: {:?}: {}{}",
+                    status.code(),
+                    with_causes(status.message(), &status),
+                    // Over TLS 1.3 the client learns only that etcd hung up.
+                    if certificate && status.code() == Code::Cancelled {
+                        " (as etcd does when it does not take the client certificate, --etcd-cert)"
+                    } else {
+                        ""
+                    }
+                ),
                 unreachable: unreachable(&status),
                 code: Some(status.code()),
             },
