@@ -303,3 +303,28 @@ fn unreachable(status: &Status) -> bool {
     }
     false
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_are_name_colon_password_and_never_print_the_password() {
+        let user = Credentials::parse("sluice:pa:ss").unwrap();
+        assert_eq!((user.name.as_str(), user.password.as_str()), ("sluice", "pa:ss"), "the first colon splits");
+        assert_eq!(format!("{user:?}"), "sluice:<password>");
+        assert_eq!(Credentials::parse("sluice:").unwrap().password, "");
+        for bad in ["sluice", ":password", ""] {
+            assert!(Credentials::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_refused_connection_is_unreachable_and_a_refusal_by_etcd_is_not() {
+        let refused = Status::from_error(Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)));
+        assert!(unreachable(&refused));
+        assert!(!unreachable(&Status::invalid_argument("etcdserver: authentication failed")));
+        let tls = std::io::Error::new(std::io::ErrorKind::InvalidData, rustls::Error::General("bad".into()));
+        assert!(!unreachable(&Status::from_error(Box::new(tls))));
+    }
+}
