@@ -175,7 +175,7 @@ impl Connection {
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         match bounded(call(self.service())).await {
-            Err(Refused(status)) if self.user.is_some() && status.code() == Code::Unauthenticated => {
+            Err(Failed::Refused(status)) if self.user.is_some() && stale_token(&status) => {
                 tracing::info!(what, "etcd refused the auth token: authenticating again");
                 self.authenticate().await?;
                 bounded(call(self.service())).await.map_err(|e| e.into_error(what, self.certificate))
@@ -203,7 +203,7 @@ impl Connection {
         let answer = bounded(AuthClient::new(self.channel.clone()).authenticate(request)).await;
         let token = match answer {
             Ok(answer) => Some(answer.token),
-            Err(Refused(status)) if status.message().contains("authentication is not enabled") => None,
+            Err(Failed::Refused(status)) if status.message().contains("authentication is not enabled") => None,
             Err(e) => return Err(e.into_error(&what, self.certificate)),
         };
         let token = token.map(|t| MetadataValue::try_from(t.as_str())).transpose().map_err(|_| Error {
@@ -234,27 +234,26 @@ enum Failed {
     Refused(Status),
     NoAnswer,
 }
-use Failed::Refused;
 
 impl Failed {
     /// The error, one line; `certificate`: the connection presented a client certificate.
     fn into_error(self, what: &str, certificate: bool) -> Error {
         match self {
-            Refused(status) => Error {
-                message: format!(
-                    "{what}: {:?}: {}{}",
-                    status.code(),
-                    with_causes(status.message(), &status),
-                    // Over TLS 1.3 the client learns only that etcd hung up.
-                    if certificate && status.code() == Code::Cancelled {
-                        " (as etcd does when it does not take the client certificate, --etcd-cert)"
-                    } else {
-                        ""
-                    }
-                ),
-                unreachable: unreachable(&status),
-                code: Some(status.code()),
-            },
+            Failed::Refused(status) => {
+                let why = with_causes(status.message(), &status);
+                // Over TLS 1.3 etcd refuses a client certificate after the handshake: depending on
+                // timing the client reads the alert, or only that the connection ended.
+                let hint = if certificate && matches!(status.code(), Code::Cancelled | Code::Unknown) {
+                    " (as when etcd does not take the client certificate, --etcd-cert)"
+                } else {
+                    ""
+                };
+                Error {
+                    message: format!("{what}: {:?}: {why}{hint}", status.code()),
+                    unreachable: unreachable(&status),
+                    code: Some(status.code()),
+                }
+            }
             Failed::NoAnswer => Error {
                 message: format!("{what}: no answer within {ETCD_REQUEST_TIMEOUT:?}"),
                 unreachable: true,
@@ -267,9 +266,17 @@ impl Failed {
 async fn bounded<T>(call: impl Future<Output = Result<tonic::Response<T>, Status>>) -> Result<T, Failed> {
     match timeout(ETCD_REQUEST_TIMEOUT, call).await {
         Ok(Ok(answer)) => Ok(answer.into_inner()),
-        Ok(Err(status)) => Err(Refused(status)),
+        Ok(Err(status)) => Err(Failed::Refused(status)),
         Err(_) => Err(Failed::NoAnswer),
     }
+}
+
+/// Whether etcd refused a call for want of a valid token, as etcd's own client sees it: the token
+/// expired or is unknown (etcd restarted), the auth store changed since it was given, or there
+/// was none (auth turned on after the connection authenticated).
+fn stale_token(status: &Status) -> bool {
+    status.code() == Code::Unauthenticated
+        || ["user name is empty", "revision of auth store is old"].iter().any(|m| status.message().contains(m))
 }
 
 /// Whether a failed call never reached etcd: refused or unanswered connections, as while etcd is

@@ -151,6 +151,27 @@ async fn election_and_configuration_with_a_user_and_an_expiring_token() {
 }
 
 #[tokio::test]
+async fn a_user_given_before_etcd_turns_auth_on_is_used_once_it_does() {
+    let mut etcd = Etcd::start();
+    etcd.put(KEY, &config(100.0)).await;
+    let server = Server::launch()
+        .args(["--etcd-endpoints", &etcd.endpoint(), "--etcd-user", "sluice:s3cret", "--election-key", ELECTION])
+        .args(["--config", &format!("etcd:{KEY}")])
+        .start();
+    eventually("master", async || is_master(&server).await).await;
+    etcd.enable_auth("sluice", "s3cret", "/sluice/").await;
+    // The connection has no token: its next read authenticates.
+    server.signal("HUP");
+    eventually(lazily(|| format!("the key read with a token:\n{}", server.logs())), async || {
+        server.metric("sluice_server_config_reloads_total{result=\"success\"}") == Some(1.0)
+    })
+    .await;
+    assert!(server.logs().contains("authenticating again"), "{}", server.logs());
+    let took = follow(&etcd, &[&server], 200.0).await;
+    assert!(took < Duration::from_secs(1), "{took:?}");
+}
+
+#[tokio::test]
 async fn a_rotated_client_certificate_is_used_without_a_restart() {
     let mut etcd = Etcd::start_tls(&[]);
     etcd.put(KEY, &config(100.0)).await;
@@ -240,7 +261,7 @@ async fn a_wrong_ca_certificate_or_password_is_one_line_at_start() {
         replace(&mut wrong_cert, "--etcd-key", &key_path);
         let line = one_line(&refused(&wrong_cert, &[]));
         println!("client certificate refused: {line}");
-        assert!(line.contains("does not take the client certificate"), "{line}");
+        assert!(line.contains("as when etcd does not take the client certificate, --etcd-cert"), "{line}");
 
         // A wrong password, given in the environment.
         let no_user = with(&files, &etcd, source);
