@@ -101,8 +101,9 @@ async fn three_servers_follow_the_key_keep_the_last_good_value_and_outlive_etcd(
         assert_eq!(capacity(server), 400.0);
         assert_eq!(server.get("/healthz").0, 200);
     }
-    // Back: the servers watch again and follow the next change. It is put before they have
-    // reconnected (their backoff has grown to 2 s): they read it with the key, not from a watch.
+    // Back: the servers watch again and follow the next change. It is put as soon as etcd is
+    // back, usually before they have reconnected (their backoff has grown to 2 s): they then read
+    // it with the key when they reconnect, not from a watch.
     etcd.restart();
     let took = follow(&etcd, &servers, 500.0).await;
     println!("3 servers followed the first change after etcd restarted in {took:?}");
