@@ -183,16 +183,20 @@ async fn a_rotated_client_certificate_is_used_without_a_restart() {
     etcd.stop("TERM");
     etcd.trust_new_clients_ca();
     etcd.restart();
+    // A change the server cannot see yet.
+    etcd.put(KEY, &config(200.0)).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(!is_master(&server).await, "the old certificate is refused:\n{}", server.logs());
     assert_eq!(capacity(&server), 100.0, "the configuration in force stays");
 
-    // The files rotate in place: the next connection presents the new certificate.
+    // The files rotate in place: the next connection presents the new certificate, and the key,
+    // read again, brings the change made meanwhile.
     files.issue(&etcd);
     let took =
         eventually(lazily(|| format!("master again:\n{}", server.logs())), async || is_master(&server).await).await;
     println!("master again {took:?} after the client certificate rotated");
     assert!(server.logs().contains("TLS files changed"), "{}", server.logs());
+    eventually("the change made while disconnected", async || capacity(&server) == 200.0).await;
     let took = follow(&etcd, &[&server], 300.0).await;
     println!("and following the key again {took:?} later");
 }
