@@ -50,20 +50,22 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let etcd = args.etcd().map_err(Failure::Usage)?;
     let etcd =
         etcd.map(|settings| Etcd::new(settings, args.config_poll_interval)).transpose().map_err(Failure::Usage)?;
-    let (source, text, dir) = match (&args.config, &etcd) {
+    let (source, text, dir) = match &args.config {
         // The files it names are found in the working directory.
-        (Some(ConfigSource::Etcd(key)), Some(etcd)) => {
+        Some(ConfigSource::Etcd(key)) => {
             let source = format!("etcd:{key}");
+            let etcd =
+                etcd.as_ref().ok_or_else(|| Failure::Usage(format!("--config {source} needs --etcd-endpoints")))?;
             let text = etcd_config::read_at_start(etcd, key).await.map_err(|e| etcd_failure(&source, e))?;
             (source, text, PathBuf::new())
         }
-        (Some(ConfigSource::File(path)), _) => {
+        Some(ConfigSource::File(path)) => {
             let (source, text) = read_config(Some(path), EMBEDDED_CONFIG)?;
             // The files it names are found beside it.
             (source, text, path.parent().unwrap_or(Path::new("")).to_owned())
         }
         // The embedded default's, in the working directory.
-        _ => {
+        None => {
             let (source, text) = read_config(None, EMBEDDED_CONFIG)?;
             (source, text, PathBuf::new())
         }
