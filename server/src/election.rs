@@ -67,7 +67,7 @@ impl Election {
     pub async fn resign(self) {
         let _ = self.resign.send(true);
         let mut task = self.task;
-        // Resigning takes at most two etcd requests.
+        // Resigning takes two etcd requests (a refused token adds a quick round trip or two).
         if timeout(2 * ETCD_REQUEST_TIMEOUT, &mut task).await.is_err() {
             task.abort();
         }
