@@ -2,7 +2,8 @@
 //! goes into force atomically; an invalid or unreadable one is logged and counted, and the
 //! configuration in force stays. Shared by the server and the sidecar, which differ only in how
 //! a file's text is applied. The files a configuration names can be watched with it
-//! ([`Reloader::also_watching`]).
+//! ([`Reloader::also_watching`]). A configuration from elsewhere (the server's etcd key) goes
+//! into force the same way ([`Applier`]).
 //! [`Watch`], the polling itself, also keeps TLS settings up to date as their files rotate
 //! ([`rotating`]).
 
@@ -22,7 +23,7 @@ use crate::{clock::now, html::escape, when::date_and_age};
 /// pages show it, so that a rejected file is seen without reading the logs.
 #[derive(Clone, Debug, Serialize)]
 pub struct ConfigStatus {
-    /// The file watched; `null`: the embedded default.
+    /// The file watched (or `etcd:<key>`); `null`: the embedded default.
     pub path: Option<String>,
     /// Unix time the configuration in force was applied.
     pub applied_at: i64,
@@ -43,8 +44,13 @@ pub type SharedConfigStatus = Arc<Mutex<ConfigStatus>>;
 impl ConfigStatus {
     /// The configuration read from `path` (`None`: the embedded one), applied now.
     pub fn shared(path: Option<&std::path::Path>) -> SharedConfigStatus {
-        let path = path.map(|p| p.display().to_string());
-        Arc::new(Mutex::new(ConfigStatus { path, applied_at: now(), rejected: None }))
+        ConfigStatus::from_source(path.map(|p| p.display().to_string()))
+    }
+
+    /// The configuration read from `source` as people name it (`None`: the embedded one),
+    /// applied now.
+    pub fn from_source(source: Option<String>) -> SharedConfigStatus {
+        Arc::new(Mutex::new(ConfigStatus { path: source, applied_at: now(), rejected: None }))
     }
 
     /// A copy of what `shared` holds now.
@@ -73,11 +79,48 @@ pub type Record = fn(bool);
 /// [`Reloader::also_watching`]).
 pub type Named = Box<dyn Fn(&str) -> Vec<PathBuf> + Send>;
 
-pub struct Reloader {
-    path: PathBuf,
+/// A configuration's text put into force, whatever its source: applied, or rejected with the
+/// configuration in force kept; either way counted, shown on the status pages and logged once.
+pub struct Applier {
+    /// The source as the log names it: a file's path, `etcd:<key>`.
+    source: String,
     apply: Apply,
     record: Record,
     status: SharedConfigStatus,
+}
+
+impl Applier {
+    pub fn new(source: String, apply: Apply, record: Record, status: SharedConfigStatus) -> Applier {
+        Applier { source, apply, record, status }
+    }
+
+    /// Applies `text`, or records why it could not be read; `true` when it went into force.
+    pub fn take(&mut self, text: Result<String, String>) -> bool {
+        let outcome = text.and_then(|text| (self.apply)(&text));
+        (self.record)(outcome.is_ok());
+        {
+            let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+            match &outcome {
+                Ok(_) => (status.applied_at, status.rejected) = (now(), None),
+                Err(error) => status.rejected = Some(Rejected { at: now(), error: error.clone() }),
+            }
+        }
+        match outcome {
+            Ok(summary) => {
+                tracing::info!(path = %self.source, %summary, "configuration reloaded");
+                true
+            }
+            Err(error) => {
+                tracing::error!(path = %self.source, %error, "configuration rejected; the previous one stays in force");
+                false
+            }
+        }
+    }
+}
+
+pub struct Reloader {
+    path: PathBuf,
+    applier: Applier,
     watch: Watch,
     /// The files the configuration names, watched apart from it: while one cannot be read, a
     /// change of the configuration is still seen.
@@ -135,7 +178,8 @@ impl Reloader {
     /// `loaded` is the content the process started with; `status` what the status pages show.
     pub fn new(path: PathBuf, loaded: Vec<u8>, apply: Apply, record: Record, status: SharedConfigStatus) -> Reloader {
         let watch = Watch::new(vec![path.clone()], Ok(vec![loaded]));
-        Reloader { path, apply, record, status, watch, named: None }
+        let applier = Applier::new(path.display().to_string(), apply, record, status);
+        Reloader { path, applier, watch, named: None }
     }
 
     /// Also watches the files that `named` says the configuration's text names: a settled change
@@ -191,21 +235,7 @@ impl Reloader {
             // Read before `apply` reads them, so that a change in between is seen at the next poll.
             *watch = named_watch(named, text);
         }
-        let outcome = text.and_then(|text| (self.apply)(&text));
-        (self.record)(outcome.is_ok());
-        {
-            let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
-            match &outcome {
-                Ok(_) => (status.applied_at, status.rejected) = (now(), None),
-                Err(error) => status.rejected = Some(Rejected { at: now(), error: error.clone() }),
-            }
-        }
-        match outcome {
-            Ok(summary) => tracing::info!(path = %self.path.display(), %summary, "configuration reloaded"),
-            Err(error) => {
-                tracing::error!(path = %self.path.display(), %error, "configuration rejected; the previous one stays in force")
-            }
-        }
+        self.applier.take(text);
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::{
     future::Future,
-    path::Path,
+    path::{Path, PathBuf},
     pin::Pin,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
@@ -15,7 +15,7 @@ use sluice_runtime::{
     defaults::HISTORY_LENGTH,
     history::History,
     process::{Failure, bind_admin, read_config, termination},
-    reload::{ConfigStatus, Reloader, rotating},
+    reload::{Applier, Apply, ConfigStatus, Reloader, rotating},
     telemetry,
 };
 use tokio::{
@@ -28,13 +28,15 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
     accept, admin,
-    cli::Args,
+    cli::{Args, ConfigSource},
     config,
     defaults::{
         EMBEDDED_CONFIG, HEALTH_CHECK_INTERVAL, HISTORY_RESOURCES, HTTP2_WINDOW, MAX_CONCURRENT_STREAMS,
         MAX_HEADER_LIST_BYTES, MAX_REQUEST_BYTES, SHUTDOWN_GRACE, SWEEP_BATCH, SWEEP_INTERVAL,
     },
     election::Election,
+    etcd::Etcd,
+    etcd_config,
     inflight::InFlight,
     metrics, parent,
     service::CapacityService,
@@ -45,10 +47,40 @@ use crate::{
 
 pub async fn run(args: Args) -> Result<(), Failure> {
     telemetry::init(args.log_format, &args.log).map_err(Failure::Usage)?;
-    let (source, text) = read_config(args.config.as_deref(), EMBEDDED_CONFIG)?;
-    // Where the files it names are found: beside it; the embedded default's, in the working directory.
-    let dir = args.config.as_deref().and_then(Path::parent).unwrap_or(Path::new("")).to_owned();
+    let etcd = args.etcd().map_err(Failure::Usage)?;
+    let etcd =
+        etcd.map(|settings| Etcd::new(settings, args.config_poll_interval)).transpose().map_err(Failure::Usage)?;
+    let (source, text, dir) = match &args.config {
+        // The files it names are found in the working directory.
+        Some(ConfigSource::Etcd(key)) => {
+            let source = format!("etcd:{key}");
+            let etcd =
+                etcd.as_ref().ok_or_else(|| Failure::Usage(format!("--config {source} needs --etcd-endpoints")))?;
+            let text = etcd_config::read_at_start(etcd, key).await.map_err(|e| etcd_failure(&source, e))?;
+            (source, text, PathBuf::new())
+        }
+        Some(ConfigSource::File(path)) => {
+            let (source, text) = read_config(Some(path), EMBEDDED_CONFIG)?;
+            // The files it names are found beside it.
+            (source, text, path.parent().unwrap_or(Path::new("")).to_owned())
+        }
+        // The embedded default's, in the working directory.
+        None => {
+            let (source, text) = read_config(None, EMBEDDED_CONFIG)?;
+            (source, text, PathBuf::new())
+        }
+    };
     let repository = config::parse(&text, &dir).map_err(|e| Failure::config(&source, &e))?;
+    let election = args.election();
+    if let (Some(etcd), Some(election), Some(ConfigSource::File(_)) | None) = (&etcd, &election, &args.config) {
+        // What only etcd can say is wrong (a certificate, a password, a permission) stops the
+        // start; etcd down does not, since the election waits for it.
+        match etcd.check(&election.key).await {
+            Ok(()) => {}
+            Err(e) if e.unreachable => tracing::warn!(error = %e, "etcd unreachable at start; the election retries"),
+            Err(e) => return Err(etcd_failure("--etcd-endpoints", e)),
+        }
+    }
     let tls = args
         .tls()
         .map(|files| {
@@ -81,9 +113,8 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         .map_err(Failure::Usage)?;
         Some(ParentLink { servers, server_id: args.server_id.clone().unwrap_or_else(|| args.advertise_address()) })
     };
-    let election = args.election();
     let election_key = election.as_ref().map(|e| e.key.clone());
-    let config_status = ConfigStatus::shared(args.config.as_deref());
+    let config_status = ConfigStatus::from_source(args.config.as_ref().map(ConfigSource::to_string));
     let state = Arc::new(State::new(
         repository,
         args.advertise_address(),
@@ -99,25 +130,31 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     tokio::spawn(record_history(state.clone(), history.clone(), args.history_interval));
     admin::spawn(admin, debug, state.clone(), history, handle.clone())
         .map_err(|e| Failure::Runtime(format!("admin listener: {e}")))?;
-    let election = election.map(|settings| Election::spawn(settings, state.clone()));
+    let election = election.zip(etcd.clone()).map(|(settings, etcd)| Election::spawn(settings, etcd, state.clone()));
     tokio::spawn(sweep(state.clone(), handle));
     // Installed before serving: SIGHUP's default action would end the process.
     let hangup = signal(SignalKind::hangup()).map_err(|e| Failure::Runtime(format!("SIGHUP handler: {e}")))?;
-    match args.config.clone() {
-        Some(path) => {
-            let (state, at) = (state.clone(), dir.clone());
-            let apply = Box::new(move |text: &str| {
-                let repository = config::parse(text, &at)?;
-                let summary = format!("{} templates", repository.templates().len());
-                state.publish(repository);
-                Ok(summary)
-            });
+    let apply: Apply = Box::new({
+        let (state, at) = (state.clone(), dir.clone());
+        move |text: &str| {
+            let repository = config::parse(text, &at)?;
+            let summary = format!("{} templates", repository.templates().len());
+            state.publish(repository);
+            Ok(summary)
+        }
+    });
+    match (args.config.clone(), etcd) {
+        (Some(ConfigSource::File(path)), _) => {
             // A change of only a rate limit file re-applies the configuration, which reads it.
             let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload, config_status)
                 .also_watching(Box::new(move |text| config::named_files(text, &dir)));
             tokio::spawn(reloader.run(args.config_poll_interval, hangup));
         }
-        None => {
+        (Some(ConfigSource::Etcd(key)), Some(etcd)) => {
+            let applier = Applier::new(source.clone(), apply, metrics::record_reload, config_status);
+            tokio::spawn(etcd_config::follow(etcd, key, text, applier, hangup));
+        }
+        _ => {
             tokio::spawn(Reloader::without_file(hangup));
         }
     }
@@ -180,6 +217,13 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         }
     };
     served.map_err(|e| Failure::Runtime(format!("gRPC server: {e}")))
+}
+
+/// A start stopped by etcd (`what`: the setting it was for): 64 as for a bad setting when etcd
+/// refused this server, 1 when it could not be reached.
+fn etcd_failure(what: &str, error: crate::etcd::Error) -> Failure {
+    let why = format!("{what}: {error}");
+    if error.unreachable { Failure::Runtime(why) } else { Failure::Usage(why) }
 }
 
 /// Keeps the gRPC health service's answer, overall and for `doorman.Capacity`, in step with

@@ -1,13 +1,17 @@
 //! Command-line flags; each of the server's own can also come from a `SLUICE_*` environment
 //! variable. Without a subcommand the binary is the server; `check` validates a configuration.
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{fmt, net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand};
 use sluice_client::{id, tls::ClientTlsFiles};
 use sluice_runtime::cli::{Check, LogFormat, host_port, poll_interval, positive_duration};
 
-use crate::{defaults, election, tls::TlsFiles};
+use crate::{
+    defaults, election,
+    etcd::{self, Credentials},
+    tls::TlsFiles,
+};
 
 /// Sluice capacity server: shares each resource's capacity among its clients with Doorman's
 /// protocol and algorithms.
@@ -32,9 +36,10 @@ pub enum Command {
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Configuration file (Doorman's YAML ResourceRepository); reloaded when it changes and on
-    /// SIGHUP. Without it, the embedded default applies.
-    #[arg(long, env = "SLUICE_CONFIG")]
-    pub config: Option<PathBuf>,
+    /// SIGHUP. `etcd:<key>` (Doorman's form): the same YAML in that etcd key, watched (needs
+    /// --etcd-endpoints). Without it, the embedded default applies.
+    #[arg(long, env = "SLUICE_CONFIG", value_parser = config_source)]
+    pub config: Option<ConfigSource>,
 
     /// gRPC listen address.
     #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = defaults::GRPC_ADDR)]
@@ -79,10 +84,30 @@ pub struct Args {
     #[arg(long, env = "SLUICE_PARENT_TLS_KEY", requires = "parent_tls_cert")]
     pub parent_tls_key: Option<PathBuf>,
 
-    /// etcd v3 endpoints, comma-separated (e.g. "http://etcd-0:2379,http://etcd-1:2379"): the
-    /// replicas elect their master there. Without it, this server is always the master.
+    /// etcd v3 endpoints, comma-separated (e.g. "http://etcd-0:2379,http://etcd-1:2379", or all
+    /// https:// for TLS): the replicas elect their master there. Without it, this server is
+    /// always the master.
     #[arg(long, env = "SLUICE_ETCD_ENDPOINTS", value_delimiter = ',', value_parser = etcd_endpoint)]
     pub etcd_endpoints: Vec<String>,
+
+    /// PEM CA bundle that signs etcd's certificate (https:// endpoints); the system roots when
+    /// absent. Reloaded when it changes.
+    #[arg(long, env = "SLUICE_ETCD_CACERT", requires = "etcd_endpoints")]
+    pub etcd_cacert: Option<PathBuf>,
+
+    /// PEM client certificate chain presented to etcd (mTLS, etcd's --client-cert-auth).
+    /// Reloaded when it changes.
+    #[arg(long, env = "SLUICE_ETCD_CERT", requires_all = ["etcd_endpoints", "etcd_key"])]
+    pub etcd_cert: Option<PathBuf>,
+
+    /// PEM private key for --etcd-cert.
+    #[arg(long, env = "SLUICE_ETCD_KEY", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+
+    /// etcd user, as name:password (etcd's user/password auth).
+    #[arg(long, env = "SLUICE_ETCD_USER", value_parser = Credentials::parse, hide_env_values = true,
+          requires = "etcd_endpoints")]
+    pub etcd_user: Option<Credentials>,
 
     /// etcd key prefix the replicas of this capacity server campaign on; one per deployment.
     #[arg(long, env = "SLUICE_ELECTION_KEY", default_value = defaults::ELECTION_KEY,
@@ -184,10 +209,25 @@ impl Args {
         self.advertise_address.clone().unwrap_or_else(|| self.grpc_addr.to_string())
     }
 
+    /// How this server reaches etcd; `None` without etcd. TLS files go with `https://`
+    /// endpoints only, and the endpoints share one scheme.
+    pub fn etcd(&self) -> Result<Option<etcd::Settings>, String> {
+        let Some(first) = self.etcd_endpoints.first() else { return Ok(None) };
+        let https = first.starts_with("https://");
+        if self.etcd_endpoints.iter().any(|e| e.starts_with("https://") != https) {
+            return Err("--etcd-endpoints: all http:// or all https://, not both".into());
+        }
+        let identity = self.etcd_cert.clone().zip(self.etcd_key.clone());
+        if !https && (self.etcd_cacert.is_some() || identity.is_some()) {
+            return Err("--etcd-cacert, --etcd-cert and --etcd-key need https:// --etcd-endpoints".into());
+        }
+        let tls = https.then(|| ClientTlsFiles { ca: self.etcd_cacert.clone(), identity, server_name: None });
+        Ok(Some(etcd::Settings { endpoints: self.etcd_endpoints.clone(), tls, user: self.etcd_user.clone() }))
+    }
+
     /// The etcd election this server takes part in; `None` in the embedded mode.
     pub fn election(&self) -> Option<election::Settings> {
         (!self.etcd_endpoints.is_empty()).then(|| election::Settings {
-            endpoints: self.etcd_endpoints.clone(),
             key: self.election_key.clone(),
             lease_ttl: self.etcd_lease_ttl,
             address: self.advertise_address(),
@@ -219,13 +259,39 @@ fn max_connections(text: &str) -> Result<usize, String> {
     within(text, 1..=defaults::MAX_CONNECTIONS_LIMIT)
 }
 
-/// An etcd endpoint URL. Plain HTTP only: this build has no TLS client for etcd.
+/// Where the configuration comes from.
+#[derive(Clone, Debug)]
+pub enum ConfigSource {
+    File(PathBuf),
+    /// An etcd key holding the file's YAML.
+    Etcd(String),
+}
+
+/// As people name it: the file's path, or `etcd:<key>`.
+impl fmt::Display for ConfigSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigSource::File(path) => write!(f, "{}", path.display()),
+            ConfigSource::Etcd(key) => write!(f, "etcd:{key}"),
+        }
+    }
+}
+
+/// `etcd:<key>`, else a file's path (a file whose name starts with `etcd:` as `./etcd:...`).
+fn config_source(text: &str) -> Result<ConfigSource, String> {
+    match text.strip_prefix("etcd:") {
+        Some("") => Err("etcd: needs a key, e.g. etcd:/sluice/config".into()),
+        Some(key) => Ok(ConfigSource::Etcd(key.to_owned())),
+        None => Ok(ConfigSource::File(PathBuf::from(text))),
+    }
+}
+
+/// An etcd endpoint URL, http:// or https://.
 fn etcd_endpoint(text: &str) -> Result<String, String> {
     let uri: hyper::Uri = text.parse().map_err(|e| format!("{e}"))?;
     match (uri.scheme_str(), uri.host()) {
-        (Some("http"), Some(_)) => Ok(text.to_owned()),
-        (Some("https"), _) => Err("https etcd endpoints are not supported yet; use http://".into()),
-        _ => Err("expected a URL such as http://127.0.0.1:2379".into()),
+        (Some("http" | "https"), Some(_)) => Ok(text.to_owned()),
+        _ => Err("expected a URL such as http://127.0.0.1:2379 or https://etcd:2379".into()),
     }
 }
 

@@ -234,6 +234,19 @@ pub const ETCD_LEASE_TTL: i64 = 10;
 /// unreachable etcd must not stall the election task or shutdown.
 pub const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How often an idle etcd connection is pinged (HTTP/2 PING, answered within
+/// `ETCD_REQUEST_TIMEOUT`): a configuration watch, which otherwise only waits, notices a
+/// connection that died silently and connects anew.
+pub const ETCD_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// First wait before trying etcd again after a configuration watch broke; it doubles on each
+/// failure up to `CONFIG_WATCH_RETRY_MAX`.
+pub const CONFIG_WATCH_RETRY_MIN: Duration = Duration::from_millis(200);
+
+/// Longest wait between attempts to watch the configuration's etcd key again: a change made
+/// while etcd was unreachable is applied at most about this long after etcd is back.
+pub const CONFIG_WATCH_RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// First wait before trying etcd again after losing the election session; it doubles on each
 /// failure up to `ELECTION_RETRY_MAX`.
 pub const ELECTION_RETRY_MIN: Duration = Duration::from_millis(200);

@@ -12,36 +12,33 @@ use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use sluice_etcd::{
     etcdserverpb::{
-        LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseRevokeRequest,
-        lease_client::LeaseClient as Leases,
+        LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseRevokeRequest, lease_client::LeaseClient,
     },
     mvccpb::KeyValue,
     v3electionpb::{
         CampaignRequest, LeaderKey, LeaderRequest, LeaderResponse, ResignRequest, election_client::ElectionClient,
     },
 };
-use sluice_runtime::telemetry::with_causes;
 use tokio::{
     sync::{mpsc, watch},
     task::JoinHandle,
     time::{Instant, sleep, sleep_until, timeout, timeout_at},
 };
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{
-    Code, Status, Streaming,
-    transport::{Channel, Endpoint},
-};
+use tonic::{Code, Status, Streaming};
 
 use crate::{
     defaults::{ELECTION_RETRY_MAX, ELECTION_RETRY_MIN, ETCD_REQUEST_TIMEOUT},
+    etcd::{Connection, Etcd, Service},
     metrics,
     state::{self, Role, State},
 };
 
+type Leases = LeaseClient<Service>;
+
 /// What a replica needs to take part in an election.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    pub endpoints: Vec<String>,
     /// The etcd key prefix the replicas campaign on.
     pub key: String,
     /// Seconds.
@@ -58,10 +55,10 @@ pub struct Election {
 }
 
 impl Election {
-    /// Starts campaigning; the task sets `state`'s role from then on.
-    pub fn spawn(settings: Settings, state: Arc<State>) -> Election {
+    /// Starts campaigning on `etcd`; the task sets `state`'s role from then on.
+    pub fn spawn(settings: Settings, etcd: Arc<Etcd>, state: Arc<State>) -> Election {
         let (resign, resigned) = watch::channel(false);
-        let candidate = Candidate { settings, state: state.clone(), last_lease: None };
+        let candidate = Candidate { settings, etcd, state: state.clone(), last_lease: None };
         Election { resign, task: tokio::spawn(candidate.run(resigned)), state }
     }
 
@@ -70,7 +67,7 @@ impl Election {
     pub async fn resign(self) {
         let _ = self.resign.send(true);
         let mut task = self.task;
-        // Resigning takes at most two etcd requests.
+        // Resigning takes two etcd requests (a refused token adds a quick round trip or two).
         if timeout(2 * ETCD_REQUEST_TIMEOUT, &mut task).await.is_err() {
             task.abort();
         }
@@ -82,6 +79,7 @@ impl Election {
 /// One replica's side of the election, across etcd sessions.
 struct Candidate {
     settings: Settings,
+    etcd: Arc<Etcd>,
     state: Arc<State>,
     /// The lease of the session that ended last. It may outlive the session (etcd renews every
     /// lease when it restarts), and its campaign would hold the election until it expired.
@@ -118,20 +116,20 @@ impl Candidate {
     /// One etcd session: a lease, a campaign, and mastership once won. Ends with `Ok` when the
     /// server resigns, with why otherwise.
     async fn session(&mut self, resign: &mut watch::Receiver<bool>) -> Result<(), String> {
-        let channel = connect(&self.settings.endpoints)?;
-        let mut leases = Leases::new(channel.clone());
-        self.revoke_last_lease(&mut leases).await?;
+        let etcd = self.etcd.connect().await?;
+        let leases = Leases::new(etcd.service());
+        self.revoke_last_lease(&etcd).await?;
         let settings = &self.settings;
         let asked = Instant::now();
-        let lease =
-            request("lease grant", leases.lease_grant(LeaseGrantRequest { ttl: settings.lease_ttl, id: 0 })).await?;
+        let grant = LeaseGrantRequest { ttl: settings.lease_ttl, id: 0 };
+        let lease = etcd.request("lease grant", |s| async move { Leases::new(s).lease_grant(grant).await }).await?;
         if !lease.error.is_empty() {
             return Err(format!("lease grant: {}", lease.error));
         }
         self.last_lease = Some(lease.id);
         // etcd may grant a longer TTL than asked (it has a floor).
         let keep_alive = keep_alive(leases.clone(), lease.id, seconds(lease.ttl), asked);
-        let mut elections = ElectionClient::new(channel);
+        let elections = ElectionClient::new(etcd.service());
         let mut campaigner = elections.clone();
         let campaign = campaigner.campaign(CampaignRequest {
             name: settings.key.clone().into_bytes(),
@@ -169,12 +167,19 @@ impl Candidate {
                     // Stop granting before etcd lets a replica win.
                     self.state.follow(None, state::now());
                     if let Some(mine) = leading {
-                        let resigned = request("resign", elections.resign(ResignRequest { leader: Some(mine) }));
-                        if let Err(e) = resigned.await {
+                        let resign = ResignRequest { leader: Some(mine) };
+                        let resigned = etcd
+                            .request("resign", |s| {
+                                let resign = resign.clone();
+                                async move { ElectionClient::new(s).resign(resign).await }
+                            })
+                            .await;
+                        if let Err(e) = resigned {
                             tracing::warn!(error = %e, "could not resign; replicas wait for the lease to expire");
                         }
                     }
-                    let _ = request("lease revoke", leases.lease_revoke(LeaseRevokeRequest { id: lease.id })).await;
+                    let revoke = LeaseRevokeRequest { id: lease.id };
+                    let _ = etcd.request("lease revoke", |s| async move { Leases::new(s).lease_revoke(revoke).await }).await;
                     tracing::info!("left the election");
                     return Ok(());
                 }
@@ -184,13 +189,16 @@ impl Candidate {
 
     /// Revokes the last session's lease unless it is gone: its campaign would otherwise hold
     /// the election until the lease expired.
-    async fn revoke_last_lease(&mut self, leases: &mut Leases<Channel>) -> Result<(), String> {
+    async fn revoke_last_lease(&mut self, etcd: &Connection) -> Result<(), String> {
         let Some(id) = self.last_lease else { return Ok(()) };
-        match timeout(ETCD_REQUEST_TIMEOUT, leases.lease_revoke(LeaseRevokeRequest { id })).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(status)) if status.code() == Code::NotFound => {}
-            Ok(Err(e)) => return Err(format!("revoking the last lease: {}", e.message())),
-            Err(_) => return Err(format!("revoking the last lease: no answer within {ETCD_REQUEST_TIMEOUT:?}")),
+        let revoke = LeaseRevokeRequest { id };
+        match etcd
+            .request("revoking the last lease", |s| async move { Leases::new(s).lease_revoke(revoke).await })
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if e.code == Some(Code::NotFound) => {}
+            Err(e) => return Err(e.message),
         }
         self.last_lease = None;
         Ok(())
@@ -210,7 +218,7 @@ impl Candidate {
 /// Keeps a lease alive until it cannot, and says why. The session counts as lost a TTL after
 /// the last answered keep-alive was *sent*: no later than etcd's own deadline, so this replica
 /// has stepped down before another can win, even if etcd never answers again.
-async fn keep_alive(mut leases: Leases<Channel>, id: i64, ttl: Duration, granted: Instant) -> String {
+async fn keep_alive(mut leases: Leases, id: i64, ttl: Duration, granted: Instant) -> String {
     let sent = Instant::now();
     // The stream's first request renews the lease once; each later one is sent on the channel.
     let (keeper, requests) = mpsc::channel(1);
@@ -266,7 +274,7 @@ enum Leaders {
 }
 
 impl Leaders {
-    fn new(mut elections: ElectionClient<Channel>, key: String) -> Leaders {
+    fn new(mut elections: ElectionClient<Service>, key: String) -> Leaders {
         Leaders::Calling(Box::pin(async move { elections.observe(LeaderRequest { name: key.into_bytes() }).await }))
     }
 
@@ -290,30 +298,6 @@ impl Leaders {
             }
         }
     }
-}
-
-/// An etcd request that should answer at once, bounded so that an unreachable etcd cannot stall
-/// the session.
-async fn request<T>(what: &str, call: impl Future<Output = Result<tonic::Response<T>, Status>>) -> Result<T, String> {
-    match timeout(ETCD_REQUEST_TIMEOUT, call).await {
-        Ok(Ok(answer)) => Ok(answer.into_inner()),
-        Ok(Err(e)) => Err(format!("{what}: {:?}: {}", e.code(), with_causes(e.message(), &e))),
-        Err(_) => Err(format!("{what}: no answer within {ETCD_REQUEST_TIMEOUT:?}")),
-    }
-}
-
-/// One channel balanced over the etcd endpoints, connecting lazily: each request is bounded
-/// on its own, and a long call (a campaign, a stream) is not.
-fn connect(endpoints: &[String]) -> Result<Channel, String> {
-    let endpoints = endpoints
-        .iter()
-        .map(|url| {
-            Endpoint::from_shared(url.clone())
-                .map(|e| e.connect_timeout(ETCD_REQUEST_TIMEOUT).tcp_nodelay(true))
-                .map_err(|e| format!("etcd endpoint {url}: {e}"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Channel::balance_list(endpoints.into_iter()))
 }
 
 /// Resolves once the server resigns (or the handle that would tell it is gone).

@@ -12,6 +12,8 @@ pub mod config;
 pub mod core;
 pub mod defaults;
 pub mod election;
+pub mod etcd;
+pub mod etcd_config;
 pub mod identity;
 pub mod inflight;
 pub mod metrics;

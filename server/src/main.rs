@@ -13,6 +13,12 @@ use sluice_server::{
 
 fn main() -> ExitCode {
     let args = match cli::parse::<Cli>("sluice-server") {
+        Ok(Cli { command: Some(Command::Check(check)), .. }) if check.config.starts_with("etcd:") => {
+            // What `check` is for, checking a value before it goes into force, is done on the file
+            // the value is put into etcd from.
+            let why = "check reads files: check the value as a file before putting it into etcd";
+            return process::exit("sluice-server", why, 64);
+        }
         Ok(Cli { command: Some(Command::Check(check)), .. }) => return process::check(&check.config, config::summary),
         Ok(Cli { server, .. }) => server,
         Err(code) => return code,

@@ -234,7 +234,7 @@ async fn the_master_steps_down_within_a_ttl_when_etcd_stops_answering() {
 fn bad_election_flags_exit_64_with_one_line() {
     for args in [
         &["--etcd-endpoints", "ftp://127.0.0.1:2379"][..],
-        &["--etcd-endpoints", "https://127.0.0.1:2379"],
+        &["--etcd-endpoints", "http://127.0.0.1:2379,https://127.0.0.1:2379"],
         &["--election-key", "/sluice/x"],
         &["--etcd-endpoints", "http://127.0.0.1:2379", "--etcd-lease-ttl", "0"],
         &["--etcd-endpoints", "http://127.0.0.1:2379", "--election-key", ""],

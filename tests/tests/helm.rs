@@ -341,7 +341,113 @@ fn a_rate_limit_service_with_an_unknown_fallback_or_a_path_for_a_file_name_is_re
 
 #[test]
 fn a_tier_without_a_name_or_configuration_is_refused() {
-    refused("tiers:\n  - replicas: 1\n", "missing properties 'name', 'config'");
+    refused("tiers:\n  - replicas: 1\n", "missing property 'name'");
+    refused("tiers:\n  - {name: root}\n", "tiers[0] (root): set config or configKey, one of them");
+    refused(
+        "etcd: {trial: {enabled: true}}\ntiers:\n  - {name: root, config: 'resources: []', configKey: /sluice/c}\n",
+        "tiers[0] (root): set config or configKey, one of them",
+    );
+}
+
+#[test]
+fn a_configuration_key_without_etcd_is_refused() {
+    refused(
+        "tiers:\n  - {name: root, configKey: /sluice/config}\n",
+        "tiers[0] (root): configKey reads etcd: set etcd.endpoints or etcd.trial.enabled",
+    );
+}
+
+#[test]
+fn etcd_tls_without_https_endpoints_is_refused() {
+    refused(
+        "etcd:\n  endpoints: [\"http://etcd:2379\"]\n  tls: {secretName: etcd-client}\n",
+        "etcd.tls.secretName: TLS toward etcd needs https:// etcd.endpoints",
+    );
+    refused(
+        "etcd:\n  trial: {enabled: true}\n  auth: {secretName: etcd-user}\n",
+        "etcd.tls and etcd.auth are for etcd.endpoints, not the trial etcd",
+    );
+}
+
+/// etcd over TLS with a client certificate and a user, and a root tier whose configuration is an
+/// etcd key: the flags, the Secret's volume and the user's environment variable are on every
+/// server, the password nowhere in the objects, and only the leaf's configuration is checked at
+/// install.
+#[test]
+fn etcd_tls_auth_and_a_configuration_key_render_and_validate() {
+    if !tools_ready("the chart test") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("values.yaml");
+    let chart_values = serde_json::json!({
+        "etcd": {
+            "endpoints": ["https://etcd-0.etcd:2379", "https://etcd-1.etcd:2379"],
+            "tls": {"secretName": "sluice-etcd-client"},
+            "auth": {"secretName": "sluice-etcd-user", "key": "credentials"},
+        },
+        "tiers": [
+            {"name": "root", "replicas": 3, "configKey": "/sluice/config/root"},
+            {"name": "leaf", "replicas": 2, "parent": "root", "config": "resources: []\n"},
+        ],
+    });
+    fs::write(&values, yaml_serde::to_string(&chart_values).unwrap()).unwrap();
+    let values = values.to_str().unwrap();
+    let lint = helm(&["lint", "--strict", chart().to_str().unwrap(), "--values", values]);
+    assert!(lint.as_ref().is_ok_and(|out| out.contains("0 chart(s) failed")), "{lint:?}");
+    let yaml = render(&chart(), &["--values", values]).unwrap();
+    println!("{}", validate(&yaml).unwrap());
+    let objects = documents(&yaml);
+    for tier in ["root", "leaf"] {
+        let set = find(&objects, "StatefulSet", &format!("sluice-{tier}"));
+        let server = container(pod_template(set), "server");
+        let args: Vec<&str> = server["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        for expected in [
+            "--etcd-endpoints=https://etcd-0.etcd:2379,https://etcd-1.etcd:2379",
+            "--etcd-cacert=/etc/sluice/etcd-tls/ca.crt",
+            "--etcd-cert=/etc/sluice/etcd-tls/tls.crt",
+            "--etcd-key=/etc/sluice/etcd-tls/tls.key",
+        ] {
+            assert!(args.contains(&expected), "{tier}: {expected} in {args:?}");
+        }
+        let user = server["env"].as_array().unwrap().iter().find(|e| e["name"] == "SLUICE_ETCD_USER").unwrap();
+        assert_eq!(
+            user["valueFrom"]["secretKeyRef"],
+            serde_json::json!({"name": "sluice-etcd-user", "key": "credentials"})
+        );
+        let mount = server["volumeMounts"].as_array().unwrap().iter().find(|m| m["name"] == "etcd-tls").unwrap();
+        assert_eq!(mount["mountPath"], "/etc/sluice/etcd-tls");
+        let volumes = pod_template(set)["spec"]["volumes"].as_array().unwrap();
+        let volume = volumes.iter().find(|v| v["name"] == "etcd-tls").unwrap();
+        assert_eq!(volume["secret"]["secretName"], "sluice-etcd-client");
+        let config = if tier == "root" {
+            "--config=etcd:/sluice/config/root"
+        } else {
+            "--config=/etc/sluice/config/server.yaml"
+        };
+        assert!(args.contains(&config), "{tier}: {config} in {args:?}");
+    }
+    let root = container(pod_template(find(&objects, "StatefulSet", "sluice-root")), "server");
+    assert_eq!(root["workingDir"], "/etc/sluice/config", "the key's rate limit files are found in the ConfigMap");
+    assert!(find(&objects, "ConfigMap", "sluice-root")["data"].get("server.yaml").is_none());
+    let check = find(&objects, "Job", "sluice-config-check");
+    let checked: Vec<&str> = pod_template(check)["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(checked, ["leaf"], "the key's value is checked by the servers as they apply it");
+    // A configuration only in etcd: nothing to check at install.
+    let only_keys = serde_json::json!({
+        "etcd": {"trial": {"enabled": true}},
+        "tiers": [{"name": "root", "configKey": "/sluice/config/root"}],
+    });
+    let file = dir.path().join("only-keys.yaml");
+    fs::write(&file, yaml_serde::to_string(&only_keys).unwrap()).unwrap();
+    let yaml = render(&chart(), &["--values", file.to_str().unwrap()]).unwrap();
+    validate(&yaml).unwrap();
+    assert!(!kinds(&documents(&yaml)).contains(&"Job".to_owned()));
 }
 
 #[test]
@@ -366,8 +472,8 @@ fn a_bad_sidecar_memory_quantity_is_refused() {
 }
 
 #[test]
-fn an_https_etcd_endpoint_is_refused() {
-    refused("etcd:\n  endpoints: [\"https://etcd:2379\"]\n", "at '/etcd/endpoints/0'");
+fn an_etcd_endpoint_that_is_not_http_or_https_is_refused() {
+    refused("etcd:\n  endpoints: [\"ftp://etcd:2379\"]\n", "at '/etcd/endpoints/0'");
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! What the manifests describe really runs: the chart's server containers (a root tier of two
-//! replicas electing through a real etcd, and a leaf tier under it) and the sidecar of
+//! replicas electing through a real etcd and reading their configuration from a key there, and a
+//! leaf tier under it) and the sidecar of
 //! deploy/k8s/example-app.yaml are started with exactly the command, args and environment the
 //! objects give (the kubelet's `$(VAR)` expansion and downward API done here), with only their
 //! addresses moved to free loopback ports; then every probe they declare is asked on the port it
@@ -191,10 +192,12 @@ fn the_servers_and_the_sidecar_the_manifests_describe_run_and_answer_their_probe
     let tier = |capacity: f64| {
         ServerConfig::new().template(Template::catch_all(capacity, Algorithm::fair_share(10, 2).learning(0))).yaml()
     };
+    let key = "/sluice/manifests/root";
+    tokio::runtime::Runtime::new().unwrap().block_on(etcd.put(key, &tier(100.0)));
     let chart_values = serde_json::json!({
         "etcd": {"endpoints": [etcd.endpoint()], "leaseTTL": 2},
         "tiers": [
-            {"name": "root", "replicas": 2, "config": tier(100.0)},
+            {"name": "root", "replicas": 2, "configKey": key},
             {"name": "leaf", "parent": "root", "config": tier(0.0)},
         ],
     });
@@ -208,7 +211,9 @@ fn the_servers_and_the_sidecar_the_manifests_describe_run_and_answer_their_probe
     for tier in ["root", "leaf"] {
         let set = find(&objects, "StatefulSet", &format!("sluice-{tier}"));
         let server = container(pod_template(set), "server");
-        let config = find(&objects, "ConfigMap", &format!("sluice-{tier}"))["data"]["server.yaml"].as_str().unwrap();
+        // The root's is in etcd.
+        let config =
+            find(&objects, "ConfigMap", &format!("sluice-{tier}"))["data"]["server.yaml"].as_str().unwrap_or_default();
         let config_dir = mounted(&dir, tier, "server.yaml", config);
         let mount = server["volumeMounts"][0]["mountPath"].as_str().unwrap().to_owned();
         let replicas: Vec<SocketAddr> = (0..set["spec"]["replicas"].as_u64().unwrap()).map(|_| loopback()).collect();
@@ -222,6 +227,9 @@ fn the_servers_and_the_sidecar_the_manifests_describe_run_and_answer_their_probe
                     .unwrap()
                     .starts_with(&format!("{pod}.sluice-{tier}-peers.sluice.svc:"))
             );
+            if tier == "root" {
+                assert_eq!(launch.flag("--config"), Some(format!("etcd:{key}").as_str()));
+            }
             let admin = loopback();
             // Each pod has a loopback of its own; here they share one.
             assert_eq!(launch.flag("--debug-addr"), Some("127.0.0.1:7779"), "the status pages on loopback");

@@ -8,7 +8,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rcgen::{CertificateParams, KeyPair};
 use sluice_proto::{DiscoveryRequest, capacity_client::CapacityClient};
 use sluice_tests::{
     config::{ConfigFile, Kind, Listener, Resource, Rule, ServerTls, SidecarConfig, Upstream},
@@ -30,13 +29,8 @@ impl Pki {
     /// in files; and a file that is not PEM.
     fn new() -> Pki {
         let ca = sluice_tests::pki::ca();
-        let leaf = |names: Vec<String>| {
-            let key = KeyPair::generate().unwrap();
-            let cert = CertificateParams::new(names).unwrap().signed_by(&key, &ca).unwrap();
-            (cert.pem(), key.serialize_pem())
-        };
-        let (server_cert, server_key) = leaf(vec!["127.0.0.1".into(), "localhost".into()]);
-        let (client_cert_pem, client_key_pem) = leaf(vec!["client.sluice.test".into()]);
+        let (server_cert, server_key) = sluice_tests::pki::leaf(&ca, &["127.0.0.1", "localhost"]);
+        let (client_cert_pem, client_key_pem) = sluice_tests::pki::leaf(&ca, &["client.sluice.test"]);
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
         std::fs::write(dir.path().join("server.pem"), server_cert).unwrap();

@@ -66,13 +66,27 @@ http://{{ include "sluice.fullname" . }}-etcd.{{ .Release.Namespace }}.svc:2379
 {{- end -}}
 
 {{/*
-The values checks that a JSON schema cannot express: the tree's shape, etcd for replicated tiers,
-gRPC probes on plaintext tiers only, rate limit files named apart from the tiers' configurations in
-the configuration check, and the sidecars' tier.
+The values checks that a JSON schema cannot express: the tree's shape, etcd for replicated tiers
+and for configurations from etcd, one configuration source a tier, etcd TLS with https://
+endpoints, gRPC probes on plaintext tiers only, rate limit files named apart from the tiers'
+configurations in the configuration check, and the sidecars' tier.
 */}}
 {{- define "sluice.validate" -}}
 {{- $seen := list -}}
+{{- $etcd := include "sluice.etcdEndpoints" . -}}
+{{- if and .Values.etcd.tls.secretName (not (hasPrefix "https://" $etcd)) -}}
+{{- fail "etcd.tls.secretName: TLS toward etcd needs https:// etcd.endpoints" -}}
+{{- end -}}
+{{- if and $etcd (or .Values.etcd.tls.secretName .Values.etcd.auth.secretName) (not .Values.etcd.endpoints) -}}
+{{- fail "etcd.tls and etcd.auth are for etcd.endpoints, not the trial etcd" -}}
+{{- end -}}
 {{- range $i, $tier := .Values.tiers -}}
+{{- if eq (empty $tier.config) (empty $tier.configKey) -}}
+{{- fail (printf "tiers[%d] (%s): set config or configKey, one of them" $i $tier.name) -}}
+{{- end -}}
+{{- if and $tier.configKey (not $etcd) -}}
+{{- fail (printf "tiers[%d] (%s): configKey reads etcd: set etcd.endpoints or etcd.trial.enabled" $i $tier.name) -}}
+{{- end -}}
 {{- if has $tier.name $seen -}}
 {{- fail (printf "tiers[%d]: the name %q is used twice" $i $tier.name) -}}
 {{- end -}}
