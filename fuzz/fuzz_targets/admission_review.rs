@@ -9,7 +9,7 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use sluice_sidecar::kube::{
     cluster::{KubeVersion, Native},
-    inject::{self, CONFIG_ANNOTATION, DEFAULT_IMAGE, Settings, review::answer},
+    inject::{self, CONFIG_ANNOTATION, DEFAULT_IMAGE, Identity, Settings, review::answer},
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -25,6 +25,13 @@ fuzz_target!(|data: &[u8]| {
         memory_request: "32Mi".into(),
         cpu_limit: None,
         memory_limit: "128Mi".into(),
+        // Every other input with the identity volume, so that both volumes' edits are fuzzed.
+        identity: Identity {
+            issuer: (data.len() % 2 == 0).then(|| "sluice-identity".into()),
+            issuer_kind: "ClusterIssuer".into(),
+            issuer_group: None,
+            trust_domain: "cluster.local".into(),
+        },
     };
     // The API server's version as the webhook last asked it: unknown, or 1.0 to 1.39.
     let version = data.get(1).map(|b| KubeVersion { major: 1, minor: u32::from(b % 40) });

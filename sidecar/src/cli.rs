@@ -10,6 +10,7 @@ use sluice_client::id;
 use sluice_runtime::cli::{Check, LogFormat, host_port, poll_interval, positive_duration};
 
 use crate::{
+    config::ServerFlags,
     defaults,
     kube::{
         hold,
@@ -89,6 +90,19 @@ pub struct Args {
     #[arg(long, env = "SLUICE_SIDECAR_SERVER_ADDRESSES", value_delimiter = ',', value_parser = host_port)]
     pub server_addresses: Vec<String>,
 
+    /// CA bundle that signs the capacity servers' certificates, in place of the configuration's
+    /// `server.tls.ca` (an injected sidecar's, from its identity volume).
+    #[arg(long, env = "SLUICE_SIDECAR_SERVER_TLS_CA")]
+    pub server_tls_ca: Option<PathBuf>,
+
+    /// Client certificate toward the capacity servers (mTLS), in place of `server.tls.cert`.
+    #[arg(long, env = "SLUICE_SIDECAR_SERVER_TLS_CERT", requires = "server_tls_key")]
+    pub server_tls_cert: Option<PathBuf>,
+
+    /// Private key of --server-tls-cert, in place of `server.tls.key`.
+    #[arg(long, env = "SLUICE_SIDECAR_SERVER_TLS_KEY", requires = "server_tls_cert")]
+    pub server_tls_key: Option<PathBuf>,
+
     /// Admin listen address (/metrics, /live, /ready, and the /debug/ pages unless --debug-addr
     /// is given).
     #[arg(long, env = "SLUICE_SIDECAR_ADMIN_ADDR", default_value = defaults::ADMIN_ADDR)]
@@ -135,4 +149,16 @@ pub struct Args {
     /// server: a filter naming only `sluice_sidecar` hides a rejected file.
     #[arg(long, env = "SLUICE_SIDECAR_LOG", default_value = "info")]
     pub log: String,
+}
+
+impl Args {
+    /// What the flags say of the capacity servers, in place of the configuration's.
+    pub fn server_flags(&self) -> ServerFlags {
+        ServerFlags {
+            addresses: self.server_addresses.clone(),
+            ca: self.server_tls_ca.clone(),
+            cert: self.server_tls_cert.clone(),
+            key: self.server_tls_key.clone(),
+        }
+    }
 }

@@ -241,6 +241,15 @@ pub const REVIEW_SHOWN_CHARS: usize = 253;
 /// the parser refuses documents nested deeper than this anyway.
 pub const MAX_FLOW_DEPTH: usize = 128;
 
+/// Trust domain of the injected sidecars' SPIFFE ids (`--identity-trust-domain`): Kubernetes'
+/// default cluster domain, as Istio's.
+pub const IDENTITY_TRUST_DOMAIN: &str = "cluster.local";
+
+/// Kind of the issuer of the injected sidecars' certificates (`--identity-issuer-kind`): a
+/// ClusterIssuer, since cert-manager's CSI driver asks for a pod's certificate in the pod's own
+/// namespace, where an Issuer of the release's namespace is not seen.
+pub const IDENTITY_ISSUER_KIND: &str = "ClusterIssuer";
+
 /// Descriptors one rate limit service call may carry: Envoy sends one per `rate_limits` action
 /// list that applies to a request, a handful in practice.
 pub const RLS_MAX_DESCRIPTORS: usize = 64;

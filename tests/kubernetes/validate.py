@@ -26,6 +26,7 @@ CUSTOM = {
     ("monitoring.coreos.com/v1", "PrometheusRule"): prometheus_operator.PrometheusRule,
     ("cert-manager.io/v1", "Certificate"): cert_manager.Certificate,
     ("cert-manager.io/v1", "Issuer"): cert_manager.Issuer,
+    ("cert-manager.io/v1", "ClusterIssuer"): cert_manager.ClusterIssuer,
 }
 
 

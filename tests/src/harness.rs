@@ -157,6 +157,12 @@ impl ServerLaunch {
         self
     }
 
+    /// The configuration as written elsewhere (a chart's rendering).
+    pub fn config_text(mut self, text: &str) -> Self {
+        self.config = Some(text.into());
+        self
+    }
+
     /// A file beside the configuration, named `name`, that it names (an envoyproxy/ratelimit file).
     pub fn file(mut self, name: &str, text: &str) -> Self {
         self.files.push((name.into(), text.into()));

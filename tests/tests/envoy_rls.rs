@@ -485,8 +485,8 @@ async fn hostile_callers_leave_the_service_bounded_and_answering() {
 fn the_envoy_example_is_what_the_sidecar_the_server_and_envoy_take() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/envoy");
     let sidecar = std::fs::read_to_string(example.join("sluice.yaml")).unwrap();
-    let config =
-        sluice_sidecar::config::parse_with(&sidecar, &[], &example).unwrap_or_else(|e| panic!("sluice.yaml: {e}"));
+    let config = sluice_sidecar::config::parse_with(&sidecar, &Default::default(), &example)
+        .unwrap_or_else(|e| panic!("sluice.yaml: {e}"));
     assert!(config.listeners.is_empty() && config.rate_limit_service.is_some());
     assert!(config.resources.iter().any(|r| r.id == "edge/generic_key=demo"));
     // The server, on free ports: ready means its configuration and the file it names were taken.

@@ -11,6 +11,7 @@
 use std::{collections::HashMap, fs, path::Path, process::Command};
 
 use serde_json::Value;
+use sluice_sidecar::config::ServerFlags;
 use sluice_tests::{
     harness::{binary, free_port, http_get},
     kube::{
@@ -195,7 +196,8 @@ fn the_rate_limit_service_runs_the_sidecar_on_the_files_the_root_tier_loads_too(
         fs::write(dir.path().join(name), text.as_str().unwrap()).unwrap();
     }
     let sidecar_yaml = config["sidecar.yaml"].as_str().unwrap();
-    let parsed = sluice_sidecar::config::parse_with(sidecar_yaml, &["sluice-root.sluice.svc:7777".into()], dir.path())
+    let servers = ServerFlags { addresses: vec!["sluice-root.sluice.svc:7777".into()], ..ServerFlags::default() };
+    let parsed = sluice_sidecar::config::parse_with(sidecar_yaml, &servers, dir.path())
         .unwrap_or_else(|e| panic!("{e}:\n{sidecar_yaml}"));
     let service = parsed.rate_limit_service.expect("the rate limit service");
     assert_eq!(service.address.port(), 8081);
@@ -609,15 +611,20 @@ fn the_named_template_is_the_container_inject_adds() {
     let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: app\nspec:\n";
     let app = "    - name: app\n      image: example.com/app:1\n";
     let sidecar = "    {{- include \"sluice.sidecar\" (dict \"root\" $) | nindent 4 }}\n";
-    let volume =
-        "  volumes:\n    {{- include \"sluice.sidecarVolume\" (dict \"configMap\" \"app-sidecar\") | nindent 4 }}\n";
+    let volume = "  volumes:\n    {{- include \"sluice.sidecarVolume\" (dict \"configMap\" \"app-sidecar\" \"root\" $) \
+                  | nindent 4 }}\n";
+    // With identities, the certificate's volume and flags, as the chart's injector is told.
+    let identity = ["--identity-issuer=sluice-sluice-identity", "--identity-issuer-kind=ClusterIssuer"];
     // `native: auto` by the cluster's version as `helm install` reports it: native from 1.29.
-    for (kube_version, native, template) in [
-        ("1.30.0", "--native=true", format!("{pod}  containers:\n{app}  initContainers:\n{sidecar}{volume}")),
-        ("1.28.0", "--native=false", format!("{pod}  containers:\n{sidecar}{app}{volume}")),
+    for (kube_version, native, template, with_identity) in [
+        ("1.30.0", "--native=true", format!("{pod}  containers:\n{app}  initContainers:\n{sidecar}{volume}"), false),
+        ("1.28.0", "--native=false", format!("{pod}  containers:\n{sidecar}{app}{volume}"), false),
+        ("1.30.0", "--native=true", format!("{pod}  containers:\n{app}  initContainers:\n{sidecar}{volume}"), true),
     ] {
         fs::write(copy.join("templates/app.yaml"), template).unwrap();
         let set = [
+            "--set",
+            if with_identity { "identity.enabled=true" } else { "identity.enabled=false" },
             "--set",
             "sidecar.resources.limits.cpu=500m",
             "--kube-version",
@@ -627,12 +634,11 @@ fn the_named_template_is_the_container_inject_adds() {
         ];
         let rendered = documents(&render(&copy, &set).unwrap()).remove(0);
         let plain = format!("{pod}  containers:\n{app}");
-        let injected = documents(&inject(
-            &plain,
-            &["--config-map", "app-sidecar", "--server", "sluice-root.sluice.svc:7777", "--cpu-limit", "500m", native],
-        ))
-        .remove(0);
-        assert_eq!(rendered["spec"], injected["spec"], "Kubernetes {kube_version}");
+        let flags =
+            ["--config-map", "app-sidecar", "--server", "sluice-root.sluice.svc:7777", "--cpu-limit", "500m", native];
+        let flags = [&flags[..], if with_identity { &identity[..] } else { &[] }].concat();
+        let injected = documents(&inject(&plain, &flags)).remove(0);
+        assert_eq!(rendered["spec"], injected["spec"], "Kubernetes {kube_version}, identity {with_identity}");
         let list = if native == "--native=true" { "initContainers" } else { "containers" };
         let args = rendered["spec"][list][0]["args"].as_array().unwrap();
         assert!(args.windows(2).any(|w| w == ["--log-format", "json"]), "the sidecar logs JSON: {args:?}");
@@ -659,3 +665,281 @@ fn the_named_template_is_the_container_inject_adds() {
         true
     );
 }
+
+/// A root tier of two replicas with a policy of its own and a leaf under it, with identities, the
+/// webhook and the rate limit service.
+fn identity_values(dir: &Path) -> String {
+    let tier = |capacity: i32| {
+        format!(
+            "resources:\n  - identifier_glob: \"*\"\n    capacity: {capacity}\n    \
+             algorithm: {{kind: FAIR_SHARE, lease_length: 60, refresh_interval: 15}}\n"
+        )
+    };
+    let values = serde_json::json!({
+        "identity": {"enabled": true},
+        "etcd": {"trial": {"enabled": true}},
+        "injector": {"enabled": true},
+        "rateLimitService": {"enabled": true},
+        "tiers": [
+            {"name": "root", "replicas": 2, "config": tier(100),
+             "policies": [{"identity": "spiffe://cluster.local/ns/ops/sa/admin", "client_ids": ["*"]}]},
+            {"name": "leaf", "parent": "root", "config": tier(0)},
+        ],
+    });
+    let file = dir.join("identity-values.yaml");
+    fs::write(&file, yaml_serde::to_string(&values).unwrap()).unwrap();
+    file.to_str().unwrap().to_owned()
+}
+
+fn strings(value: &Value) -> Vec<&str> {
+    value.as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect()
+}
+
+/// A tier's configuration as its servers read it, parsed.
+fn tier_config(objects: &[Value], tier: &str) -> (String, Value) {
+    let text =
+        find(objects, "ConfigMap", &format!("sluice-{tier}"))["data"]["server.yaml"].as_str().unwrap().to_owned();
+    let parsed = yaml_serde::from_str(&text).unwrap();
+    (text, parsed)
+}
+
+#[test]
+fn identities_give_every_tier_mtls_a_certificate_naming_it_and_policies_the_server_takes() {
+    if !tools_ready("the identity chart test") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let values = identity_values(dir.path());
+    let lint = helm(&["lint", "--strict", chart().to_str().unwrap(), "--values", &values]);
+    assert!(lint.as_ref().is_ok_and(|out| out.contains("0 chart(s) failed")), "{lint:?}");
+    let yaml = render(&chart(), &["--values", &values]).unwrap();
+    assert!(yaml == render(&chart(), &["--values", &values]).unwrap(), "two renderings differ");
+    println!("{}", validate(&yaml).unwrap());
+    let objects = documents(&yaml);
+
+    // The CA: a self-signed root and a CA Certificate where cert-manager reads a ClusterIssuer's
+    // Secret, and the ClusterIssuer every identity comes from.
+    let ca = find(&objects, "Certificate", "sluice-sluice-identity");
+    assert_eq!(
+        (ca["metadata"]["namespace"].as_str(), ca["spec"]["isCA"].as_bool()),
+        (Some("cert-manager"), Some(true))
+    );
+    assert_eq!(find(&objects, "Issuer", "sluice-sluice-identity-root")["spec"]["selfSigned"], serde_json::json!({}));
+    let issuer = find(&objects, "ClusterIssuer", "sluice-sluice-identity");
+    assert_eq!(issuer["spec"]["ca"]["secretName"], ca["spec"]["secretName"]);
+
+    for (tier, parent) in [("root", None), ("leaf", Some("root"))] {
+        let name = format!("sluice-{tier}");
+        let certificate = &find(&objects, "Certificate", &format!("{name}-identity"))["spec"];
+        assert_eq!(strings(&certificate["uris"]), [format!("spiffe://cluster.local/ns/sluice/tier/{tier}")]);
+        let names = strings(&certificate["dnsNames"]);
+        // The Service clients dial, and each replica's name as a master advertises it.
+        assert!(names.contains(&format!("{name}.sluice.svc").as_str()), "{names:?}");
+        assert!(names.contains(&format!("*.{name}-peers.sluice.svc").as_str()), "{names:?}");
+        assert!(strings(&certificate["usages"]).contains(&"client auth"));
+        assert!(strings(&certificate["usages"]).contains(&"server auth"));
+        assert_eq!(
+            certificate["issuerRef"],
+            serde_json::json!({"name": "sluice-sluice-identity", "kind": "ClusterIssuer"})
+        );
+        let set = find(&objects, "StatefulSet", &name);
+        let args =
+            strings(&container(pod_template(set), "server")["args"]).into_iter().map(str::to_owned).collect::<Vec<_>>();
+        let mut expected = vec!["--tls-cert=/etc/sluice/tls/tls.crt", "--tls-client-ca=/etc/sluice/tls/ca.crt"];
+        if parent.is_some() {
+            expected.extend(["--parent-tls-ca=/etc/sluice/tls/ca.crt", "--parent-tls-cert=/etc/sluice/tls/tls.crt"]);
+        }
+        for flag in expected {
+            assert!(args.iter().any(|a| a == flag), "{tier}: {flag} in {args:?}");
+        }
+        let volumes = pod_template(set)["spec"]["volumes"].as_array().unwrap();
+        let tls = volumes.iter().find(|v| v["name"] == "tls").unwrap();
+        assert_eq!(tls["secret"]["secretName"], certificate["secretName"]);
+    }
+
+    // The policies: the tier's own first, then the pods', then each child tier's.
+    let pods = serde_json::json!({
+        "identity": "spiffe://cluster.local/ns/*/pod/*", "client_ids": ["{2}:*"], "resources": ["*"], "max_client_ids": 8,
+    });
+    let (_, root) = tier_config(&objects, "root");
+    let root: Value = serde_json::to_value(root).unwrap();
+    assert_eq!(
+        root["policies"],
+        serde_json::json!([
+            {"identity": "spiffe://cluster.local/ns/ops/sa/admin", "client_ids": ["*"]},
+            pods,
+            {"identity": "spiffe://cluster.local/ns/sluice/tier/leaf", "client_ids": ["*"], "server_capacity": true},
+        ])
+    );
+    let (_, leaf) = tier_config(&objects, "leaf");
+    assert_eq!(serde_json::to_value(leaf).unwrap()["policies"], serde_json::json!([pods]));
+    // The install hook checks what the servers read, and the server takes it.
+    let config_map = find(&objects, "ConfigMap", "sluice-config-check");
+    assert_eq!(config_map["data"]["root.server.yaml"].as_str(), Some(tier_config(&objects, "root").0.as_str()));
+    for (tier, code, stderr) in config_check(&objects) {
+        assert_eq!(code, Some(0), "tier {tier}: {stderr}");
+    }
+
+    // The webhook injects the identity; the rate limit service's pods carry it too.
+    let injector = container(pod_template(find(&objects, "Deployment", "sluice-injector")), "injector");
+    for flag in [
+        "--identity-issuer=sluice-sluice-identity",
+        "--identity-issuer-kind=ClusterIssuer",
+        "--identity-trust-domain=cluster.local",
+    ] {
+        assert!(strings(&injector["args"]).contains(&flag), "{flag}");
+    }
+    let rls = pod_template(find(&objects, "Deployment", "sluice-rls"));
+    let volume = rls["spec"]["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "sluice-identity").unwrap();
+    assert_eq!(volume["csi"]["volumeAttributes"]["csi.cert-manager.io/issuer-name"], "sluice-sluice-identity");
+    let rls_args = strings(&container(rls, "rate-limit-service")["args"]);
+    assert!(rls_args.contains(&"--server-tls-cert=/var/run/secrets/sluice.io/identity/tls.crt"), "{rls_args:?}");
+    // `helm test` asks with a certificate and client id of its own pod's.
+    let test = find(&objects, "Pod", "sluice-test-capacity");
+    assert!(test["spec"]["volumes"][0]["csi"].is_object());
+    assert!(
+        test["spec"]["containers"][0]["args"][0]
+            .as_str()
+            .unwrap()
+            .contains("\"client_id\": \"sluice-test-capacity:0\"")
+    );
+}
+
+#[test]
+fn a_tiers_own_policies_need_identities_and_go_in_policies_with_them() {
+    refused(
+        "tiers:\n  - {name: root, config: 'resources: []', policies: [{identity: x}]}\n",
+        "tiers[0] (root): policies are written with the chart's own, which need identity.enabled",
+    );
+    refused(
+        "identity: {enabled: true}\ntiers:\n  - {name: root, config: 'policies: []'}\n",
+        "tiers[0] (root): with identity.enabled the chart writes the policies: put this tier's own in tiers[0].policies",
+    );
+    refused("identity: {enabled: true, podClientIds: 0}\n", "at '/identity/podClientIds'");
+    refused("identity: {enabled: true, issuerRef: {name: Bad_Name}}\n", "at '/identity/issuerRef/name'");
+}
+
+/// The pod's identity as cert-manager's CSI driver completes the injected volume's URI SAN, and
+/// the sidecar's default client id `<pod>:<port>`, are what the rendered pod policy admits: a real
+/// server on the root tier's rendered configuration, with mTLS, takes a GetCapacity of the pod's
+/// own client id and refuses another pod's; the leaf tier's certificate may call
+/// GetServerCapacity; and a real sidecar given the injected `--server-tls-*` flags leases with it.
+#[tokio::test]
+async fn the_pod_identity_the_injected_volume_asks_for_is_admitted_by_the_rendered_policy() {
+    use rcgen::{CertificateParams, DnType, KeyPair, SanType};
+    use sluice_proto::{
+        GetCapacityRequest, GetServerCapacityRequest, PriorityBandAggregate, ResourceRequest,
+        ServerCapacityResourceRequest, capacity_client::CapacityClient,
+    };
+    use sluice_tests::{
+        config::{Fallback, Kind, Listener, Match, PathMatch, Resource, Rule, SidecarConfig, Upstream},
+        harness::{Server, Sidecar},
+        upstream::UpstreamProcess,
+        wait::lazily,
+    };
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+    if !tools_ready("the identity policy test") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let values = identity_values(dir.path());
+    let objects = documents(&render(&chart(), &["--values", &values]).unwrap());
+    let (root_config, _) = tier_config(&objects, "root");
+    // What the webhook injects into a pod of namespace shop, with the chart's flags.
+    let injector = container(pod_template(find(&objects, "Deployment", "sluice-injector")), "injector");
+    let flags: Vec<&str> = strings(&injector["args"]).into_iter().filter(|a| a.starts_with("--identity-")).collect();
+    let pod = "kind: Pod\nmetadata: {name: orders-5d8f7c-x2x9z}\nspec: {containers: [{name: app, image: app}]}\n";
+    let injected = documents(&inject(pod, &[&["--config-map", "orders-sidecar"][..], &flags].concat())).remove(0);
+    let volume =
+        injected["spec"]["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "sluice-identity").unwrap();
+    let uri = volume["csi"]["volumeAttributes"]["csi.cert-manager.io/uri-sans"].as_str().unwrap();
+    let spiffe = |pod: &str| uri.replace("${POD_NAMESPACE}", "shop").replace("${POD_NAME}", pod);
+    assert_eq!(spiffe("orders-5d8f7c-x2x9z"), "spiffe://cluster.local/ns/shop/pod/orders-5d8f7c-x2x9z");
+
+    let ca = sluice_tests::pki::ca();
+    let pem = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let (server_cert, server_key) = sluice_tests::pki::leaf(&ca, &["127.0.0.1"]);
+    let with_uri = |uri: &str| {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.subject_alt_names = vec![SanType::URI(uri.try_into().unwrap())];
+        params.distinguished_name.push(DnType::CommonName, "client");
+        let key = KeyPair::generate().unwrap();
+        (params.signed_by(&key, &ca).unwrap().pem(), key.serialize_pem())
+    };
+    let server = Server::launch()
+        .config_text(&root_config)
+        .args(["--tls-cert", &pem("server.pem", &server_cert), "--tls-key", &pem("server.key", &server_key)])
+        .args(["--tls-client-ca", &pem("ca.pem", &ca.pem())])
+        .start();
+    let client = |(cert, key): (String, String)| {
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(ca.pem()))
+            .domain_name("127.0.0.1")
+            .identity(Identity::from_pem(cert, key));
+        let endpoint = Channel::from_shared(format!("https://{}", server.grpc)).unwrap().tls_config(tls).unwrap();
+        async move { CapacityClient::new(endpoint.connect().await.unwrap()) }
+    };
+    let ask = |client_id: &str| GetCapacityRequest {
+        client_id: client_id.into(),
+        resource: vec![ResourceRequest { resource_id: "orders".into(), priority: 0, has: None, wants: 5.0 }],
+    };
+    let mut pod = client(with_uri(&spiffe("orders-5d8f7c-x2x9z"))).await;
+    let granted = pod.get_capacity(ask("orders-5d8f7c-x2x9z:8080")).await.expect("the pod's own client id");
+    assert_eq!(granted.into_inner().response.len(), 1);
+    let refused = pod.get_capacity(ask("orders-5d8f7c-abcde:8080")).await.expect_err("another pod's client id");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    // The leaf tier's identity, from its Certificate, may ask for its clients; a pod may not.
+    let leaf = find(&objects, "Certificate", "sluice-leaf-identity");
+    let mut leaf = client(with_uri(leaf["spec"]["uris"][0].as_str().unwrap())).await;
+    let bulk = GetServerCapacityRequest {
+        server_id: "sluice-leaf".into(),
+        resource: vec![ServerCapacityResourceRequest {
+            resource_id: "orders".into(),
+            has: None,
+            wants: vec![PriorityBandAggregate { priority: 0, num_clients: 2, wants: 10.0, profile: None }],
+        }],
+    };
+    assert!(leaf.get_server_capacity(bulk.clone()).await.is_ok());
+    assert_eq!(pod.get_server_capacity(bulk).await.unwrap_err().code(), tonic::Code::PermissionDenied);
+
+    // The sidecar as injected: the servers and the identity's files from its flags, its
+    // configuration saying nothing of them, its client id the pod's name and its listener's port.
+    let (cert, key) = with_uri(&spiffe("orders-5d8f7c-x2x9z"));
+    let identity = dir.path().join("identity");
+    fs::create_dir(&identity).unwrap();
+    for (file, text) in [("ca.crt", ca.pem()), ("tls.crt", cert), ("tls.key", key)] {
+        fs::write(identity.join(file), text).unwrap();
+    }
+    let sidecar_flags: Vec<String> = strings(&injected["spec"]["containers"][0]["args"])
+        .windows(2)
+        .filter(|w| w[0].starts_with("--server-tls-"))
+        .flat_map(|w| [w[0].to_owned(), w[1].replace(IDENTITY_DIR, identity.to_str().unwrap())])
+        .collect();
+    assert_eq!(sidecar_flags.len(), 6, "{sidecar_flags:?}");
+    let upstream = UpstreamProcess::start(None);
+    let resource = Resource::new("orders").kind(Kind::Rate).capacity(1000.0).when_unreachable(Fallback::Optimistic);
+    let config = SidecarConfig::proxy(Listener::app(), Upstream::app(upstream.addr()))
+        .resource(resource)
+        .rule(Rule::charging("orders").matching(Match::default().path(PathMatch::Prefix("/echo".into()))));
+    let port = config.addresses()[0].port();
+    let clients = || server.metric("sluice_server_clients{resource=\"orders\"}").unwrap_or(0.0);
+    let before = clients();
+    let sidecar = Sidecar::launch(&config)
+        .args(["--server-addresses".to_owned(), server.grpc.to_string()])
+        .args(sidecar_flags)
+        .args(["--client-id".to_owned(), format!("orders-5d8f7c-x2x9z:{port}")])
+        .start();
+    eventually_blocking(lazily(|| format!("no lease; log:\n{}", sidecar.logs())), || {
+        let _ = http_get(sidecar.listen(), "/echo");
+        sidecar.metric("sluice_sidecar_mode{resource=\"orders\",mode=\"leased\"}") == Some(1.0)
+    });
+    assert_eq!(clients(), before + 1.0, "the sidecar holds a lease of its own");
+}
+
+/// Where the injected sidecar reads its certificate.
+const IDENTITY_DIR: &str = "/var/run/secrets/sluice.io/identity";

@@ -105,3 +105,23 @@ fn uninject_gives_back_the_input_and_a_directory_is_one_stream() {
     let json = "---\n{kind: Pod, metadata: {name: z}, spec: {containers: []}}\n";
     assert_eq!(documents(&String::from_utf8(back.stdout).unwrap()), documents(&format!("{INPUT}{json}")));
 }
+
+#[test]
+fn with_an_identity_issuer_each_sidecar_gets_its_certificate_and_uninject_takes_it_out() {
+    let args = ["inject", "--config-map", "web-sidecar", "--server", "sluice-root.sluice.svc:7777"];
+    let identity = ["--identity-issuer", "sluice-identity", "--identity-issuer-kind", "Issuer", "-"];
+    let out = run_with_input(Command::new(binary("sluice-sidecar")).args(args).args(identity), INPUT);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let spec = &documents(&stdout)[0]["spec"]["template"]["spec"];
+    let volume = &spec["volumes"][1];
+    assert_eq!(volume["name"], "sluice-identity");
+    let attributes = &volume["csi"]["volumeAttributes"];
+    assert_eq!(attributes["csi.cert-manager.io/issuer-name"], "sluice-identity");
+    assert_eq!(attributes["csi.cert-manager.io/issuer-kind"], "Issuer");
+    assert_eq!(attributes["csi.cert-manager.io/common-name"], "${POD_NAME}");
+    let mounts = spec["containers"][0]["volumeMounts"].as_array().unwrap();
+    assert!(mounts.iter().any(|m| m["name"] == "sluice-identity" && m["readOnly"] == true));
+    let uninjected = run_with_input(Command::new(binary("sluice-sidecar")).args(["uninject", "-"]), &stdout);
+    assert_eq!(documents(&String::from_utf8(uninjected.stdout).unwrap()), documents(INPUT));
+}

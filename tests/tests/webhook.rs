@@ -369,6 +369,55 @@ async fn a_large_review_costs_about_its_size_at_the_peak() {
     }
 }
 
+/// With `--identity-issuer`, the webhook's pod is still inject's: the certificate's CSI volume
+/// and the sidecar's TLS flags toward the servers.
+#[tokio::test]
+async fn with_an_identity_issuer_the_webhook_adds_the_certificate_volume_inject_adds() {
+    let (pki, dir) = (Pki::new(), tempfile::tempdir().unwrap());
+    pki.install(dir.path());
+    let settings = [
+        "--server",
+        "sluice-leaf.sluice.svc:7777",
+        "--native",
+        "true",
+        "--identity-issuer",
+        "sluice-identity",
+        "--identity-trust-domain",
+        "prod.example",
+    ];
+    let webhook = Webhook::start(dir.path(), &pki.ca, &settings).await;
+    let answer = webhook.review(&pki.ca, &admission_review("i1", "CREATE", pod())).await;
+    let from_webhook = patched(&pod(), &answer["response"]);
+    assert_eq!(from_webhook, injected(&pod(), &[&["--config-map", "orders-sidecar"][..], &settings].concat()));
+    let volumes = from_webhook["spec"]["volumes"].as_array().unwrap();
+    let csi = &volumes.iter().find(|v| v["name"] == "sluice-identity").expect("the identity volume")["csi"];
+    assert_eq!(csi["driver"], "csi.cert-manager.io");
+    assert_eq!(
+        csi["volumeAttributes"]["csi.cert-manager.io/uri-sans"],
+        "spiffe://prod.example/ns/${POD_NAMESPACE}/pod/${POD_NAME}"
+    );
+    let args = from_webhook["spec"]["initContainers"][0]["args"].as_array().unwrap();
+    assert!(args.windows(2).any(|w| w == ["--server-tls-key", "/var/run/secrets/sluice.io/identity/tls.key"]));
+    if tools_ready("the patched pod's validation") {
+        validate(&from_webhook.to_string()).expect("the patched pod validates");
+    }
+}
+
+#[test]
+fn a_bad_identity_flag_exits_64_with_one_line() {
+    for (flag, value, says) in [
+        ("--identity-issuer", "Not_A_Name", "not an issuer's name"),
+        ("--identity-issuer-kind", "clusterissuer", "not a kind"),
+        ("--identity-trust-domain", "spiffe://x", "not a SPIFFE trust domain"),
+    ] {
+        let out = run("sluice-sidecar", &["inject", "--config-map", "c", flag, value, "-"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{flag}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(flag) && stderr.contains(says), "{stderr}");
+    }
+}
+
 #[test]
 fn a_bad_config_map_exits_64_with_one_line() {
     let webhook = ["webhook", "--tls-cert", "c", "--tls-key", "k", "--config-map", "Not_A_Name"];

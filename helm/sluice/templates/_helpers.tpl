@@ -69,7 +69,8 @@ http://{{ include "sluice.fullname" . }}-etcd.{{ .Release.Namespace }}.svc:2379
 The values checks that a JSON schema cannot express: the tree's shape, etcd for replicated tiers
 and for configurations from etcd, one configuration source a tier, etcd TLS with https://
 endpoints, gRPC probes on plaintext tiers only, rate limit files named apart from the tiers'
-configurations in the configuration check, and the sidecars' tier.
+configurations in the configuration check, the sidecars' tier, and policies written by the chart
+(identity.enabled) or by the tier's config, not both.
 */}}
 {{- define "sluice.validate" -}}
 {{- $seen := list -}}
@@ -99,18 +100,25 @@ configurations in the configuration check, and the sidecars' tier.
 {{- if and (gt (int ($tier.replicas | default 1)) 1) (not (include "sluice.etcdEndpoints" $)) -}}
 {{- fail (printf "tiers[%d] (%s): %d replicas elect their master through etcd: set etcd.endpoints or etcd.trial.enabled" $i $tier.name (int $tier.replicas)) -}}
 {{- end -}}
-{{- if and (eq $.Values.server.readinessProbe "grpc") ($tier.tls).secretName -}}
+{{- $tls := include "sluice.tierTLS" (dict "root" $ "tier" $tier) | fromYaml -}}
+{{- if and (eq $.Values.server.readinessProbe "grpc") $tls.secretName -}}
 {{- fail (printf "tiers[%d] (%s): server.readinessProbe grpc needs plaintext gRPC; this tier has TLS (use http)" $i $tier.name) -}}
 {{- end -}}
 {{- if $tier.parent -}}
 {{- $parent := dict -}}
 {{- range $.Values.tiers -}}{{- if eq .name $tier.parent -}}{{- $parent = . -}}{{- end -}}{{- end -}}
-{{- if and ($parent.tls).secretName (not ($tier.tls).secretName) -}}
+{{- if and (include "sluice.tierTLS" (dict "root" $ "tier" $parent) | fromYaml).secretName (not $tls.secretName) -}}
 {{- fail (printf "tiers[%d] (%s): its parent %s uses TLS, so it needs tls.secretName (its ca.crt verifies the parent)" $i $tier.name $tier.parent) -}}
 {{- end -}}
 {{- end -}}
 {{- if and $.Values.rateLimitService.enabled (hasKey $.Values.rateLimitService.files (include "sluice.checkedConfig" $tier.name)) -}}
 {{- fail (printf "rateLimitService.files: %q is the configuration check's name for tier %s's configuration" (include "sluice.checkedConfig" $tier.name) $tier.name) -}}
+{{- end -}}
+{{- if and $tier.policies (not $.Values.identity.enabled) -}}
+{{- fail (printf "tiers[%d] (%s): policies are written with the chart's own, which need identity.enabled; without it, put them in config" $i $tier.name) -}}
+{{- end -}}
+{{- if and $.Values.identity.enabled $tier.config (hasKey (fromYaml $tier.config) "policies") -}}
+{{- fail (printf "tiers[%d] (%s): with identity.enabled the chart writes the policies: put this tier's own in tiers[%d].policies, not in config" $i $tier.name $i) -}}
 {{- end -}}
 {{- $seen = append $seen $tier.name -}}
 {{- end -}}
@@ -141,6 +149,14 @@ when "sluice.nativeSidecar" says so, else first under containers, together with 
   - json
   - --server-addresses
   - {{ include "sluice.tierAddress" (dict "root" .root "tier" (include "sluice.sidecarTier" .root)) }}
+  {{- if $v.identity.enabled }}
+  - --server-tls-ca
+  - {{ include "sluice.identityDir" . }}/ca.crt
+  - --server-tls-cert
+  - {{ include "sluice.identityDir" . }}/tls.crt
+  - --server-tls-key
+  - {{ include "sluice.identityDir" . }}/tls.key
+  {{- end }}
   env:
   - name: POD_NAME
     valueFrom:
@@ -195,6 +211,11 @@ when "sluice.nativeSidecar" says so, else first under containers, together with 
   - name: sluice-config
     mountPath: /var/run/secrets/kubernetes.io/serviceaccount
     readOnly: true
+  {{- if $v.identity.enabled }}
+  - name: sluice-identity
+    mountPath: {{ include "sluice.identityDir" . }}
+    readOnly: true
+  {{- end }}
   {{- if include "sluice.nativeSidecar" .root }}
   restartPolicy: Always
   {{- else }}
@@ -219,7 +240,10 @@ true
 {{- end -}}
 {{- end -}}
 
-{{/* The sidecar's configuration volume: (dict "configMap" NAME). */}}
+{{/*
+The sidecar's volumes: (dict "configMap" NAME "root" $): its configuration, and with
+identity.enabled its certificate ("sluice.identityVolume").
+*/}}
 {{- define "sluice.sidecarVolume" -}}
 - name: sluice-config
   configMap:
@@ -227,6 +251,114 @@ true
     items:
     - key: sidecar.yaml
       path: sidecar.yaml
+{{- if and .root .root.Values.identity.enabled }}
+{{ include "sluice.identityVolume" . }}
+{{- end }}
+{{- end -}}
+
+{{/* Where a sidecar reads its certificate, as `inject` mounts it. */}}
+{{- define "sluice.identityDir" -}}
+/var/run/secrets/sluice.io/identity
+{{- end -}}
+
+{{/*
+The pod's certificate from cert-manager's CSI driver, as `inject --identity-issuer` adds it: its
+URI SAN the pod's SPIFFE id, which the driver completes with the pod's namespace and name.
+(dict "root" $).
+*/}}
+{{- define "sluice.identityVolume" -}}
+{{- $issuer := include "sluice.identityIssuer" .root | fromYaml -}}
+- name: sluice-identity
+  csi:
+    driver: csi.cert-manager.io
+    readOnly: true
+    volumeAttributes:
+      csi.cert-manager.io/common-name: ${POD_NAME}
+      csi.cert-manager.io/fs-group: "65532"
+      {{- with $issuer.group }}
+      csi.cert-manager.io/issuer-group: {{ . }}
+      {{- end }}
+      csi.cert-manager.io/issuer-kind: {{ $issuer.kind }}
+      csi.cert-manager.io/issuer-name: {{ $issuer.name }}
+      csi.cert-manager.io/key-usages: digital signature,key encipherment,client auth
+      csi.cert-manager.io/uri-sans: spiffe://{{ .root.Values.identity.trustDomain }}/ns/${POD_NAMESPACE}/pod/${POD_NAME}
+{{- end -}}
+
+{{/*
+The issuer of the identities (name, kind, group as YAML): identity.issuerRef, or the chart's CA
+ClusterIssuer (identity.yaml). A ClusterIssuer, since cert-manager's CSI driver asks for a pod's
+certificate in the pod's own namespace.
+*/}}
+{{- define "sluice.identityIssuer" -}}
+{{- $ref := .Values.identity.issuerRef -}}
+{{- if $ref.name -}}
+{{- toYaml (dict "name" $ref.name "kind" ($ref.kind | default "ClusterIssuer") "group" ($ref.group | default "")) -}}
+{{- else -}}
+{{- toYaml (dict "name" (printf "%s-%s-identity" (include "sluice.fullname" .) .Release.Namespace) "kind" "ClusterIssuer" "group" "") -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A tier's TLS (secretName, clientAuth as YAML): its tls value; with identity.enabled, mTLS, from
+the tier's identity Certificate's Secret unless tls.secretName names another. (dict "root" $
+"tier" TIER).
+*/}}
+{{- define "sluice.tierTLS" -}}
+{{- $tls := deepCopy (.tier.tls | default dict) -}}
+{{- if .root.Values.identity.enabled -}}
+{{- $_ := set $tls "clientAuth" true -}}
+{{- if not $tls.secretName -}}
+{{- $_ := set $tls "secretName" (printf "%s-identity" (include "sluice.tierName" (dict "root" .root "tier" .tier.name))) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $tls -}}
+{{- end -}}
+
+{{/*
+A tier's configuration as its servers read it: its config, and with identity.enabled the
+policies after it: the tier's own (tiers[].policies), then the pods' (client ids under their own
+name), then each child tier's (GetServerCapacity). (dict "root" $ "tier" TIER).
+*/}}
+{{- define "sluice.tierConfig" -}}
+{{- $id := .root.Values.identity -}}
+{{- if not $id.enabled -}}
+{{- .tier.config -}}
+{{- else -}}
+{{- $domain := printf "spiffe://%s/ns" $id.trustDomain -}}
+{{- $policies := concat (.tier.policies | default list) (list (dict "identity" (printf "%s/*/pod/*" $domain) "client_ids" (list "{2}:*") "resources" $id.podResources "max_client_ids" (int $id.podClientIds))) -}}
+{{- range .root.Values.tiers -}}
+{{- if eq (.parent | default "") $.tier.name -}}
+{{- $policies = append $policies (dict "identity" (printf "%s/%s/tier/%s" $domain $.root.Release.Namespace .name) "client_ids" (list "*") "server_capacity" true) -}}
+{{- end -}}
+{{- end -}}
+{{- .tier.config | trimSuffix "\n" }}
+# Written by the chart (identity.enabled): the first policy whose identity matches applies.
+{{ toYaml (dict "policies" $policies) }}
+{{- end -}}
+{{- end -}}
+
+{{/* An issuerRef to (dict "name" "kind" "group"); kind defaults to Issuer. */}}
+{{- define "sluice.issuerRef" -}}
+issuerRef:
+  name: {{ .name }}
+  kind: {{ .kind | default "Issuer" }}
+  {{- with .group }}
+  group: {{ . }}
+  {{- end }}
+{{- end -}}
+
+{{/* A self-signed Issuer: (dict "root" $ "name" NAME "namespace" NS "component" COMPONENT). */}}
+{{- define "sluice.selfSignedIssuer" -}}
+apiVersion: cert-manager.io/v1
+kind: Issuer
+metadata:
+  name: {{ .name }}
+  namespace: {{ .namespace }}
+  labels:
+    {{- include "sluice.labels" .root | nindent 4 }}
+    app.kubernetes.io/component: {{ .component }}
+spec:
+  selfSigned: {}
 {{- end -}}
 
 {{/* A tier's configuration's file name (and key) in the configuration check: (tier name). */}}

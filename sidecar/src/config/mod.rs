@@ -46,6 +46,18 @@ pub struct RateLimitService {
     pub max_requests: usize,
 }
 
+/// What the command line says of the capacity servers, in place of the file's settings it names:
+/// `--server-addresses` for `server.addresses` (a `server` section without TLS added if the file
+/// has none), and each `--server-tls-*` file for that file of `server.tls`, the others kept (the
+/// injected sidecar's certificate from cert-manager's CSI driver, under a file's server name).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ServerFlags {
+    pub addresses: Vec<String>,
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServerConfig {
     /// Tried in order; Discovery finds the master among them.

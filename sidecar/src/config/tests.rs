@@ -13,15 +13,51 @@ fn shipped_configurations_are_valid() {
 #[test]
 fn server_addresses_from_the_flag_replace_the_files() {
     let servers = ["leaf.sluice:7777".to_owned()];
-    let example = parse_with(include_str!("../../../deploy/examples/sidecar.yaml"), &servers, std::path::Path::new(""))
+    let flags = ServerFlags { addresses: servers.to_vec(), ..ServerFlags::default() };
+    let example = parse_with(include_str!("../../../deploy/examples/sidecar.yaml"), &flags, std::path::Path::new(""))
         .expect("example");
     assert_eq!(example.server.expect("leasing").addresses, servers);
     // A standalone file leases from them too; its capacities are then not required.
     let standalone = "listeners: [{name: l, address: 127.0.0.1:1, upstream: u}]\n\
                       upstreams: [{name: u, url: http://127.0.0.1:2}]\nresources: [{id: r}]\n";
     assert!(parse(standalone).is_err());
-    let leasing = parse_with(standalone, &servers, std::path::Path::new("")).expect("leasing");
+    let leasing = parse_with(standalone, &flags, std::path::Path::new("")).expect("leasing");
     assert_eq!(leasing.server, Some(ServerConfig { addresses: servers.to_vec(), tls: None }));
+}
+
+#[test]
+fn server_tls_files_from_the_flags_replace_the_files_and_keep_its_server_name() {
+    let path = |p: &str| Some(std::path::PathBuf::from(p));
+    let identity = ServerFlags {
+        addresses: vec!["root.sluice.svc:7777".into()],
+        ca: path("/id/ca.crt"),
+        cert: path("/id/tls.crt"),
+        key: path("/id/tls.key"),
+    };
+    let file = "listeners: [{name: l, address: 127.0.0.1:1, upstream: u}]\n\
+                upstreams: [{name: u, url: http://127.0.0.1:2}]\nresources: [{id: r}]\n\
+                server: {addresses: [x:1], tls: {ca: /file/ca.pem, server_name: root}}\n";
+    let parsed = parse_with(file, &identity, std::path::Path::new("")).expect("with the flags").server.unwrap();
+    let tls = ServerTls {
+        ca: path("/id/ca.crt"),
+        cert: path("/id/tls.crt"),
+        key: path("/id/tls.key"),
+        server_name: Some("root".into()),
+    };
+    assert_eq!(parsed, ServerConfig { addresses: identity.addresses.clone(), tls: Some(tls) });
+    // The CA alone replaces the file's CA only.
+    let ca_only = ServerFlags { ca: path("/id/ca.crt"), ..ServerFlags::default() };
+    let tls = parse_with(file, &ca_only, std::path::Path::new("")).unwrap().server.unwrap().tls.unwrap();
+    assert_eq!((tls.ca, tls.server_name), (path("/id/ca.crt"), Some("root".into())));
+    // Without servers to speak TLS to, the flags are one clear error.
+    let standalone = "listeners: [{name: l, address: 127.0.0.1:1, upstream: u}]\n\
+                      upstreams: [{name: u, url: http://127.0.0.1:2}]\nresources: [{id: r, capacity: 1}]\n";
+    let error = parse_with(standalone, &ca_only, std::path::Path::new("")).unwrap_err();
+    assert!(
+        error.starts_with("--server-tls-ca, --server-tls-cert and --server-tls-key need capacity servers")
+            && !error.contains('\n'),
+        "{error}"
+    );
 }
 
 #[test]
@@ -240,7 +276,7 @@ fn a_rate_limit_service_makes_its_limits_resources() {
     );
     write("again.yaml", "domain: edge\n");
     write("bad.yaml", "domain: x\ndescriptors:\n  - {key: k, rate_limit: {unit: week}}\n");
-    let parse = |text: &str| parse_with(text, &[], dir.path());
+    let parse = |text: &str| parse_with(text, &ServerFlags::default(), dir.path());
     let config =
         parse("rate_limit_service: {address: 127.0.0.1:8081, files: [edge.yaml]}\n").expect("no listener needed");
     let made: Vec<_> = config

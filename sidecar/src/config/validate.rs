@@ -24,21 +24,34 @@ use crate::{
 /// Parses and validates a configuration; the error names what is wrong and where, one line per
 /// error found (see [`parse_with`]).
 pub fn parse(text: &str) -> Result<Config, String> {
-    parse_with(text, &[], Path::new(""))
+    parse_with(text, &ServerFlags::default(), Path::new(""))
 }
 
-/// [`parse`], with `servers` (when not empty) in place of the file's `server.addresses`
-/// (`--server-addresses`), a `server` section without TLS added if the file has none; the files
-/// it names by relative paths read from `base`, the configuration file's folder.
+/// [`parse`], with the command line's `flags` in place of the file's `server` settings they name
+/// (see [`ServerFlags`]); the files it names by relative paths read from `base`, the
+/// configuration file's folder.
 ///
 /// Every item is checked and every error reported, except that an item naming others (a listener
 /// its upstream, a rule its listener and resources) is checked only once those are valid, so that
 /// one mistake is not also reported as a dangling name.
-pub fn parse_with(text: &str, servers: &[String], base: &Path) -> Result<Config, String> {
+pub fn parse_with(text: &str, flags: &ServerFlags, base: &Path) -> Result<Config, String> {
     let mut doc: Document = yaml_serde::from_str(text).map_err(|e| e.to_string().replace(['\n', '\r'], " "))?;
-    if !servers.is_empty() {
+    if !flags.addresses.is_empty() {
         let section = doc.server.get_or_insert_with(|| ServerDoc { addresses: Vec::new(), tls: None });
-        section.addresses = servers.to_vec();
+        section.addresses = flags.addresses.clone();
+    }
+    if flags.ca.is_some() || flags.cert.is_some() || flags.key.is_some() {
+        let Some(section) = doc.server.as_mut() else {
+            return Err("--server-tls-ca, --server-tls-cert and --server-tls-key need capacity servers: \
+                        --server-addresses or the configuration's server section"
+                .into());
+        };
+        let tls = section.tls.get_or_insert(ServerTlsDoc { ca: None, cert: None, key: None, server_name: None });
+        for (field, flag) in [(&mut tls.ca, &flags.ca), (&mut tls.cert, &flags.cert), (&mut tls.key, &flags.key)] {
+            if flag.is_some() {
+                field.clone_from(flag);
+            }
+        }
     }
     let standalone = doc.server.is_none();
     let mut errors = Errors::default();

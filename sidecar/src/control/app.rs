@@ -31,7 +31,7 @@ use super::{
 };
 use crate::{
     cli::Args,
-    config::{self, Config},
+    config::{self, Config, ServerFlags},
     defaults::{EMBEDDED_CONFIG, HISTORY_RESOURCES},
     listener, metrics,
     plan::Plan,
@@ -42,7 +42,8 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     telemetry::init(args.log_format, &args.log).map_err(Failure::Usage)?;
     let (source, text) = read_config(args.config.as_deref(), EMBEDDED_CONFIG)?;
     let base = folder(args.config.as_deref());
-    let config = config::parse_with(&text, &args.server_addresses, &base).map_err(|e| Failure::config(&source, &e))?;
+    let server_flags = args.server_flags();
+    let config = config::parse_with(&text, &server_flags, &base).map_err(|e| Failure::config(&source, &e))?;
     let handle = metrics::install().map_err(Failure::Runtime)?;
     let client_id = args.client_id.clone().unwrap_or_else(|| default_client_id(&config));
 
@@ -99,14 +100,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     tokio::spawn(ca_rotation::run(live.clone(), applying.clone(), cue.clone(), args.config_poll_interval));
     match args.config.clone() {
         Some(path) => {
-            let apply = reload(
-                live.clone(),
-                applying,
-                leasing.clone(),
-                cue.clone(),
-                args.server_addresses.clone(),
-                base.clone(),
-            );
+            let apply = reload(live.clone(), applying, leasing.clone(), cue.clone(), server_flags, base.clone());
             let reloader = Reloader::new(path, text.into_bytes(), apply, metrics::record_reload, config_status)
                 .also_watching(Box::new(move |text| config::named_files(text, &base)));
             tokio::spawn(reloader.run(args.config_poll_interval, hangup));
@@ -169,7 +163,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
 /// What `sluice-sidecar check` says of a valid configuration, checked as [`run`] checks it at
 /// start (the TLS and CA files it names read too), without binding or dialling anything.
 pub fn check(text: &str, base: &Path) -> Result<String, String> {
-    let config = config::parse_with(text, &[], base)?;
+    let config = config::parse_with(text, &ServerFlags::default(), base)?;
     // Watching `server.tls`'s files takes a runtime, where the watch is spawned and never runs.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -205,11 +199,11 @@ fn reload(
     applying: Arc<Mutex<()>>,
     leasing: Option<Arc<Leasing>>,
     cue: Option<mpsc::UnboundedSender<Arc<str>>>,
-    servers: Vec<String>,
+    flags: ServerFlags,
     base: PathBuf,
 ) -> reload::Apply {
     Box::new(move |text: &str| {
-        let next: Config = config::parse_with(text, &servers, &base)?;
+        let next: Config = config::parse_with(text, &flags, &base)?;
         let _applying = sync::lock(&applying);
         let current = live.load_full();
         if let Some(why) = current.config.restart_needed(&next) {

@@ -44,7 +44,7 @@ fn plan(capacity: &str) -> (Plan, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("limits.yaml"), LIMITS.replace("20}", &format!("{capacity}}}"))).unwrap();
     let text = "rate_limit_service: {address: 127.0.0.1:0, files: [limits.yaml]}\n";
-    let config = config::parse_with(text, &[], dir.path()).expect("config");
+    let config = config::parse_with(text, &config::ServerFlags::default(), dir.path()).expect("config");
     (Plan::build(config, None, None).expect("plan"), dir)
 }
 

@@ -3,7 +3,7 @@
 
 use yaml_serde::Value;
 
-use super::{ADMIN_PORT, CONTAINER, INJECT, INJECTED, List, Shape, VOLUME};
+use super::{ADMIN_PORT, CONTAINER, IDENTITY_VOLUME, INJECT, INJECTED, List, Shape, VOLUME};
 
 /// A Kubernetes resource quantity such as `100m`, `0.5`, `64Mi` or `1e3`.
 pub fn quantity(text: &str) -> Result<String, String> {
@@ -25,14 +25,42 @@ pub fn quantity(text: &str) -> Result<String, String> {
     }
 }
 
-/// A ConfigMap name: a DNS subdomain (RFC 1123), as Kubernetes requires.
-pub fn config_map_name(text: &str) -> Result<String, String> {
-    let ok = !text.is_empty()
+/// Whether `text` is a DNS subdomain (RFC 1123), as Kubernetes requires of most names.
+fn dns_subdomain(text: &str) -> bool {
+    !text.is_empty()
         && text.len() <= 253
         && text.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
         && text.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && text.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if ok { Ok(text.to_owned()) } else { Err(format!("{text:?} is not a ConfigMap name")) }
+        && text.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+/// A ConfigMap name: a DNS subdomain.
+pub fn config_map_name(text: &str) -> Result<String, String> {
+    if dns_subdomain(text) { Ok(text.to_owned()) } else { Err(format!("{text:?} is not a ConfigMap name")) }
+}
+
+/// A cert-manager issuer's name or API group: a DNS subdomain.
+pub fn issuer_name(text: &str) -> Result<String, String> {
+    if dns_subdomain(text) {
+        Ok(text.to_owned())
+    } else {
+        Err(format!("{text:?} is not an issuer's name or group (a DNS subdomain, e.g. sluice-identity)"))
+    }
+}
+
+/// A Kubernetes kind, such as `ClusterIssuer`.
+pub fn kind_name(text: &str) -> Result<String, String> {
+    let ok = text.len() <= 63
+        && text.starts_with(|c: char| c.is_ascii_uppercase())
+        && text.bytes().all(|b| b.is_ascii_alphanumeric());
+    if ok { Ok(text.to_owned()) } else { Err(format!("{text:?} is not a kind (e.g. ClusterIssuer)")) }
+}
+
+/// A SPIFFE trust domain: lower-case letters, digits, `.`, `-` and `_`, at most 255.
+pub fn trust_domain(text: &str) -> Result<String, String> {
+    let ok = (1..=255).contains(&text.len())
+        && text.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+    if ok { Ok(text.to_owned()) } else { Err(format!("{text:?} is not a SPIFFE trust domain (e.g. cluster.local)")) }
 }
 
 /// An image reference, `[registry/]repository[:tag][@digest]`, as container runtimes take it.
@@ -118,12 +146,14 @@ pub fn port_clash(name: &str) -> String {
     format!("container {name:?} already uses port {ADMIN_PORT}, the sidecar's admin port")
 }
 
-/// A volume of the sidecar's volume's name in a pod without the sidecar is the pod's own, which
-/// neither `inject` nor the webhook replaces.
+/// A volume of one of the sidecar's volumes' names in a pod without the sidecar is the pod's
+/// own, which neither `inject` nor the webhook replaces.
 pub fn own_volume(shape: &Shape) -> Result<(), String> {
     let sidecar = [shape.init_containers, shape.containers].iter().any(|l| matches!(l, List::Items(Some(_))));
-    if matches!(shape.volumes, List::Items(Some(_))) && !sidecar {
-        return Err(format!("volume {VOLUME:?} is the pod's own, and the sidecar's volume has that name"));
+    for (list, name) in [(shape.volumes, VOLUME), (shape.identity_volume, IDENTITY_VOLUME)] {
+        if matches!(list, List::Items(Some(_))) && !sidecar {
+            return Err(format!("volume {name:?} is the pod's own, and a volume of the sidecar's has that name"));
+        }
     }
     Ok(())
 }

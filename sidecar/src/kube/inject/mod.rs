@@ -22,14 +22,24 @@ use sluice_runtime::cli::host_port;
 use yaml_serde::{Mapping, Value};
 
 pub use self::checks::{config_map_name, image_reference, opted_out, quantity};
+use self::checks::{issuer_name, kind_name, trust_domain};
 use super::cluster::{KubeVersion, Mode, Native, SERVICE_ACCOUNT_DIR};
-use crate::defaults::MAX_FLOW_DEPTH;
+use crate::defaults::{IDENTITY_ISSUER_KIND, IDENTITY_TRUST_DOMAIN, MAX_FLOW_DEPTH};
 
 /// The injected container's name, which an injection again replaces.
 pub const CONTAINER: &str = "sluice-sidecar";
 
 /// The volume holding the sidecar's configuration.
 pub const VOLUME: &str = "sluice-config";
+
+/// The volume holding the pod's certificate from cert-manager's CSI driver (`--identity-issuer`),
+/// and where the sidecar reads it. Not below [`CONFIG_DIR`]: a ConfigMap volume is read-only on
+/// the node too, so the runtime could not make a mount point in it.
+pub const IDENTITY_VOLUME: &str = "sluice-identity";
+pub const IDENTITY_DIR: &str = "/var/run/secrets/sluice.io/identity";
+
+/// The CSI driver of cert-manager that issues the pods' certificates.
+pub const CSI_DRIVER: &str = "csi.cert-manager.io";
 
 /// Annotation of an injected pod: the injector's version.
 pub const INJECTED: &str = "sluice.io/injected";
@@ -104,6 +114,69 @@ pub struct Settings {
     /// Memory budget, about 190 MiB) with room for keyed resources.
     #[arg(long, default_value = "256Mi", value_parser = quantity)]
     pub memory_limit: String,
+
+    #[command(flatten)]
+    pub identity: Identity,
+}
+
+/// Each injected sidecar's own certificate, from cert-manager's CSI driver: its SPIFFE id
+/// `spiffe://<trust domain>/ns/<namespace>/pod/<pod>` is the identity the capacity servers'
+/// policies match, and the sidecar speaks mTLS to them with it (docs/kubernetes.md, Identities).
+#[derive(Clone, Debug, Args)]
+pub struct Identity {
+    /// cert-manager issuer of the sidecars' certificates (driver csi.cert-manager.io); without
+    /// it the sidecars get none and reach the capacity servers as their configuration says.
+    #[arg(long = "identity-issuer", value_name = "NAME", value_parser = issuer_name)]
+    pub issuer: Option<String>,
+
+    /// Kind of --identity-issuer: a ClusterIssuer by default, since the driver asks for a pod's
+    /// certificate in the pod's own namespace.
+    #[arg(long = "identity-issuer-kind", value_name = "KIND", default_value = IDENTITY_ISSUER_KIND,
+          value_parser = kind_name)]
+    pub issuer_kind: String,
+
+    /// API group of --identity-issuer, for an external issuer; default: cert-manager's own.
+    #[arg(long = "identity-issuer-group", value_name = "GROUP", value_parser = issuer_name)]
+    pub issuer_group: Option<String>,
+
+    /// Trust domain of the sidecars' SPIFFE ids.
+    #[arg(long = "identity-trust-domain", value_name = "DOMAIN", default_value = IDENTITY_TRUST_DOMAIN,
+          value_parser = trust_domain)]
+    pub trust_domain: String,
+}
+
+impl Identity {
+    /// The CSI volume that asks for the pod's certificate, when an issuer is named. The driver
+    /// puts the pod's namespace and name in place of `${POD_NAMESPACE}` and `${POD_NAME}`.
+    fn volume(&self) -> Option<Value> {
+        let issuer = self.issuer.as_deref()?;
+        let mut attributes = Mapping::new();
+        let mut attribute = |key: &str, value: String| {
+            attributes.insert(format!("{CSI_DRIVER}/{key}").into(), value.into());
+        };
+        attribute("issuer-name", issuer.to_owned());
+        attribute("issuer-kind", self.issuer_kind.clone());
+        if let Some(group) = &self.issuer_group {
+            attribute("issuer-group", group.clone());
+        }
+        attribute("uri-sans", format!("spiffe://{}/ns/${{POD_NAMESPACE}}/pod/${{POD_NAME}}", self.trust_domain));
+        attribute("common-name", "${POD_NAME}".to_owned());
+        // A client certificate: the servers' mTLS listener requires the usage.
+        attribute("key-usages", "digital signature,key encipherment,client auth".to_owned());
+        // The key readable by the sidecar's group (the image's non-root user).
+        attribute("fs-group", USER.to_string());
+        Some(map([
+            ("name", IDENTITY_VOLUME.into()),
+            (
+                "csi",
+                map([
+                    ("driver", CSI_DRIVER.into()),
+                    ("readOnly", true.into()),
+                    ("volumeAttributes", Value::Mapping(attributes)),
+                ]),
+            ),
+        ]))
+    }
 }
 
 /// What injection did with one object.
@@ -276,7 +349,9 @@ pub fn uninject(pod: &mut Value) -> Result<Done, Refusal> {
             parent.remove(key);
         }
     };
-    for (key, ours) in [("initContainers", CONTAINER), ("containers", CONTAINER), ("volumes", VOLUME)] {
+    let ours =
+        [("initContainers", CONTAINER), ("containers", CONTAINER), ("volumes", VOLUME), ("volumes", IDENTITY_VOLUME)];
+    for (key, ours) in ours {
         remove(pod.get_mut("spec"), key, ours);
     }
     for (key, ours) in [("annotations", INJECTED), ("labels", SIDECAR_LABEL)] {
@@ -337,6 +412,8 @@ pub struct Shape {
     pub init_containers: List,
     pub containers: List,
     pub volumes: List,
+    /// Where [`IDENTITY_VOLUME`] is in the same list.
+    pub identity_volume: List,
     /// The pod's [`NATIVE_ANNOTATION`]: `Some` when it says "true" or "false".
     pub native: Option<bool>,
 }
@@ -367,6 +444,7 @@ impl Shape {
             init_containers: list("initContainers", CONTAINER),
             containers: list("containers", CONTAINER),
             volumes: list("volumes", VOLUME),
+            identity_volume: list("volumes", IDENTITY_VOLUME),
             native,
         })
     }
@@ -426,14 +504,27 @@ pub fn edits(
         ("initContainers", shape.init_containers, CONTAINER),
         ("containers", shape.containers, CONTAINER),
         ("volumes", shape.volumes, VOLUME),
+        ("volumes", shape.identity_volume, IDENTITY_VOLUME),
     ];
+    let mut earlier = Vec::new();
     for (key, list, ours) in lists {
         match list {
             List::Other => return Err(format!("spec.{key} is not a list")),
             List::Repeats => return Err(format!("spec.{key} has more than one {ours}")),
-            List::Items(Some(i)) => edits.push(Edit::Remove(vec![Step::Key("spec"), Step::Key(key), Step::Index(i)])),
+            List::Items(Some(i)) => earlier.push((key, i)),
             List::Absent | List::Items(None) => {}
         }
+    }
+    // Both volumes of an earlier injection: the later one out first, so that the other's index holds.
+    if let [.., (a, i), (b, j)] = earlier[..]
+        && a == b
+        && i < j
+    {
+        let last = earlier.len() - 1;
+        earlier.swap(last - 1, last);
+    }
+    for (key, i) in earlier {
+        edits.push(Edit::Remove(vec![Step::Key("spec"), Step::Key(key), Step::Index(i)]));
     }
     let mode = match shape.native {
         Some(true) => Mode::Native,
@@ -454,13 +545,16 @@ pub fn edits(
             ]),
         ),
     ]);
+    let volumes = [Some(volume), settings.identity.volume()].into_iter().flatten().collect();
     let additions =
-        [(key, list, Step::Index(0), container(settings, mode)), ("volumes", shape.volumes, Step::End, volume)];
-    for (key, list, at, item) in additions {
-        edits.push(match list {
-            List::Absent => Edit::Add(vec![Step::Key("spec"), Step::Key(key)], Value::Sequence(vec![item])),
-            _ => Edit::Add(vec![Step::Key("spec"), Step::Key(key), at], item),
-        });
+        [(key, list, Step::Index(0), vec![container(settings, mode)]), ("volumes", shape.volumes, Step::End, volumes)];
+    for (key, list, at, items) in additions {
+        match list {
+            List::Absent => edits.push(Edit::Add(vec![Step::Key("spec"), Step::Key(key)], Value::Sequence(items))),
+            _ => {
+                edits.extend(items.into_iter().map(|item| Edit::Add(vec![Step::Key("spec"), Step::Key(key), at], item)))
+            }
+        }
     }
     Ok((edits, mode))
 }
@@ -550,6 +644,24 @@ fn container(settings: &Settings, mode: Mode) -> Value {
     if !settings.servers.is_empty() {
         args.extend(["--server-addresses".into(), settings.servers.join(",").into()]);
     }
+    let mut mounts = vec![
+        map([("name", VOLUME.into()), ("mountPath", CONFIG_DIR.into()), ("readOnly", true.into())]),
+        // Over the ServiceAccount token's directory, which Kubernetes then leaves alone: the
+        // sidecar never calls the API, so it holds no token.
+        map([("name", VOLUME.into()), ("mountPath", SERVICE_ACCOUNT_DIR.into()), ("readOnly", true.into())]),
+    ];
+    if settings.identity.issuer.is_some() {
+        for (flag, file) in
+            [("--server-tls-ca", "ca.crt"), ("--server-tls-cert", "tls.crt"), ("--server-tls-key", "tls.key")]
+        {
+            args.extend([flag.into(), format!("{IDENTITY_DIR}/{file}").into()]);
+        }
+        mounts.push(map([
+            ("name", IDENTITY_VOLUME.into()),
+            ("mountPath", IDENTITY_DIR.into()),
+            ("readOnly", true.into()),
+        ]));
+    }
     let mut limits = Mapping::new();
     if let Some(cpu) = &settings.cpu_limit {
         limits.insert("cpu".into(), cpu.as_str().into());
@@ -610,15 +722,7 @@ fn container(settings: &Settings, mode: Mode) -> Value {
                 ("seccompProfile", map([("type", "RuntimeDefault".into())])),
             ]),
         ),
-        (
-            "volumeMounts",
-            Value::Sequence(vec![
-                map([("name", VOLUME.into()), ("mountPath", CONFIG_DIR.into()), ("readOnly", true.into())]),
-                // Over the ServiceAccount token's directory, which Kubernetes then leaves alone:
-                // the sidecar never calls the API, so it holds no token.
-                map([("name", VOLUME.into()), ("mountPath", SERVICE_ACCOUNT_DIR.into()), ("readOnly", true.into())]),
-            ]),
-        ),
+        ("volumeMounts", Value::Sequence(mounts)),
     ]);
     let fields = container.as_mapping_mut().expect("a mapping");
     match mode {

@@ -15,7 +15,7 @@ use serde::{
 };
 
 use super::{
-    CONFIG_ANNOTATION, CONTAINER, INJECT, List, Settings, Shape, Slot, VOLUME,
+    CONFIG_ANNOTATION, CONTAINER, IDENTITY_VOLUME, INJECT, List, Settings, Shape, Slot, VOLUME,
     checks::{admin_port_taken, native_mark, port_clash},
     config_map_name, edits, opted_out,
 };
@@ -158,23 +158,23 @@ struct Spec {
 }
 
 fn containers<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Listed>, D::Error> {
-    deserializer.deserialize_option(Items(CONTAINER, PhantomData))
+    deserializer.deserialize_option(Items(&[CONTAINER], PhantomData))
 }
 
 fn volumes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Listed>, D::Error> {
-    deserializer.deserialize_option(Items(VOLUME, PhantomData))
+    deserializer.deserialize_option(Items(&[VOLUME, IDENTITY_VOLUME], PhantomData))
 }
 
-/// A list of named items as read: where the one of ours is, and the first other declaring the
+/// A list of named items as read: where each of ours is, and the first other declaring the
 /// sidecar's admin port (only containers have ports).
 struct Listed {
-    list: List,
+    lists: Vec<List>,
     admin_port: Option<String>,
 }
 
-/// Reads a list of named items (containers, volumes) keeping only where the one named `.0` is
+/// Reads a list of named items (containers, volumes) keeping only where those named in `.0` are
 /// and which other declares the admin port.
-struct Items<'de>(&'static str, PhantomData<&'de ()>);
+struct Items<'de>(&'static [&'static str], PhantomData<&'de ()>);
 
 #[derive(Deserialize)]
 struct Named<'a> {
@@ -235,18 +235,23 @@ impl<'de> Visitor<'de> for Items<'de> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Option<Listed>, A::Error> {
-        let (mut found, mut repeats, mut index, mut admin_port) = (None, false, 0usize, None);
+        let (mut index, mut admin_port) = (0usize, None);
+        let (mut found, mut repeats) = (vec![None; self.0.len()], vec![false; self.0.len()]);
         while let Some(item) = items.next_element::<Named>()? {
-            if text(&item.name) == Some(self.0) {
-                repeats |= found.is_some();
-                found = Some(index);
-            } else if admin_port.is_none() && item.admin_port {
-                admin_port = Some(text(&item.name).unwrap_or_default().to_owned());
+            match self.0.iter().position(|ours| text(&item.name) == Some(ours)) {
+                Some(k) => {
+                    repeats[k] |= found[k].is_some();
+                    found[k] = Some(index);
+                }
+                None if admin_port.is_none() && item.admin_port => {
+                    admin_port = Some(text(&item.name).unwrap_or_default().to_owned());
+                }
+                None => {}
             }
             index = index.saturating_add(1);
         }
-        let list = if repeats { List::Repeats } else { List::Items(found) };
-        Ok(Some(Listed { list, admin_port }))
+        let lists = found.into_iter().zip(repeats).map(|(f, r)| if r { List::Repeats } else { List::Items(f) });
+        Ok(Some(Listed { lists: lists.collect(), admin_port }))
     }
 }
 
@@ -340,15 +345,19 @@ fn mutate(
     if let Some(name) = lists.filter_map(|l| l.admin_port.as_deref()).next() {
         return Err(port_clash(name));
     }
-    let list = |listed: Option<&Option<Listed>>| listed.and_then(Option::as_ref).map_or(List::Absent, |l| l.list);
+    // The `k`th of the names the list was read for.
+    let list = |listed: Option<&Option<Listed>>, k: usize| {
+        listed.and_then(Option::as_ref).and_then(|l| l.lists.get(k).copied()).unwrap_or(List::Absent)
+    };
     let shape = Shape {
         metadata: slot(metadata.is_some()),
         annotations: slot(annotations.is_some()),
         labels: slot(metadata.is_some_and(|m| m.labels.is_some())),
         spec: slot(spec.is_some()),
-        init_containers: list(spec.map(|s| &s.init_containers)),
-        containers: list(spec.map(|s| &s.containers)),
-        volumes: list(spec.map(|s| &s.volumes)),
+        init_containers: list(spec.map(|s| &s.init_containers), 0),
+        containers: list(spec.map(|s| &s.containers), 0),
+        volumes: list(spec.map(|s| &s.volumes), 0),
+        identity_volume: list(spec.map(|s| &s.volumes), 1),
         native: native_mark(annotations.and_then(|a| text(&a.native)))?,
     };
     let (edits, mode) = edits(&shape, settings, &config_map, version)?;

@@ -1,7 +1,10 @@
 use yaml_serde::Value;
 
 use super::{review::answer, *};
-use crate::kube::cluster::{Mode, Native};
+use crate::{
+    defaults::{IDENTITY_ISSUER_KIND, IDENTITY_TRUST_DOMAIN},
+    kube::cluster::{Mode, Native},
+};
 
 const WORKLOADS: &str = include_str!("testdata/workloads.yaml");
 
@@ -14,6 +17,12 @@ fn settings() -> Settings {
         memory_request: "32Mi".into(),
         cpu_limit: None,
         memory_limit: "128Mi".into(),
+        identity: Identity {
+            issuer: None,
+            issuer_kind: IDENTITY_ISSUER_KIND.into(),
+            issuer_group: None,
+            trust_domain: IDENTITY_TRUST_DOMAIN.into(),
+        },
     }
 }
 
@@ -311,7 +320,7 @@ fn what_the_pod_already_uses_of_the_sidecars_is_refused() {
         ),
         (
             pod("[{name: app}]", "[{name: sluice-config, emptyDir: {}}]"),
-            "document 1: Pod \"x\": volume \"sluice-config\" is the pod's own, and the sidecar's volume has that name",
+            "document 1: Pod \"x\": volume \"sluice-config\" is the pod's own, and a volume of the sidecar's has that name",
         ),
     ];
     for (input, expected) in refused {
@@ -560,5 +569,84 @@ fn deep_flow_nesting_is_refused_before_parsing() {
     ];
     for text in hidden {
         assert!(nesting::check(text, 3).is_err(), "{text:?}");
+    }
+}
+
+fn with_identity() -> Settings {
+    let identity = Identity { issuer: Some("sluice-identity".into()), ..settings().identity };
+    Settings { servers: vec!["sluice-root.sluice.svc:7777".into()], identity, ..settings() }
+}
+
+#[test]
+fn an_identity_issuer_gives_each_sidecar_a_certificate_naming_its_pod_and_mtls_with_it() {
+    let out = parse_all(&injected(WORKLOADS, &with_identity(), "app-sidecar"));
+    let pod = &out[0];
+    let volumes = &pod["spec"]["volumes"];
+    assert_eq!(names(volumes)[names(volumes).len() - 2..], [VOLUME, IDENTITY_VOLUME]);
+    let csi = &volumes.as_sequence().unwrap().last().unwrap()["csi"];
+    assert_eq!((csi["driver"].as_str(), csi["readOnly"].as_bool()), (Some(CSI_DRIVER), Some(true)));
+    let attributes = &csi["volumeAttributes"];
+    for (key, value) in [
+        ("issuer-name", "sluice-identity"),
+        ("issuer-kind", "ClusterIssuer"),
+        ("uri-sans", "spiffe://cluster.local/ns/${POD_NAMESPACE}/pod/${POD_NAME}"),
+        ("common-name", "${POD_NAME}"),
+    ] {
+        assert_eq!(attributes[format!("csi.cert-manager.io/{key}").as_str()], value, "{key}");
+    }
+    assert!(attributes.get("csi.cert-manager.io/issuer-group").is_none());
+    let sidecar = &pod["spec"]["initContainers"][0];
+    let args: Vec<&str> = sidecar["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    let tls = [
+        "--server-tls-ca",
+        "/var/run/secrets/sluice.io/identity/ca.crt",
+        "--server-tls-cert",
+        "/var/run/secrets/sluice.io/identity/tls.crt",
+        "--server-tls-key",
+        "/var/run/secrets/sluice.io/identity/tls.key",
+    ];
+    assert_eq!(args[args.len() - 6..], tls);
+    let mount = sidecar["volumeMounts"].as_sequence().unwrap().last().unwrap();
+    assert_eq!((mount["name"].as_str(), mount["mountPath"].as_str()), (Some(IDENTITY_VOLUME), Some(IDENTITY_DIR)));
+    // The sidecar takes those flags.
+    let args = args.iter().map(|a| a.replace("$(POD_IP)", "10.0.0.1"));
+    let cli = <crate::cli::Cli as clap::Parser>::try_parse_from([BINARY.to_owned()].into_iter().chain(args)).unwrap();
+    assert_eq!(cli.sidecar.server_flags().key, Some(format!("{IDENTITY_DIR}/tls.key").into()));
+
+    // A group when set; injecting again without an issuer takes the identity out; uninjecting
+    // takes both volumes out.
+    let grouped = Identity { issuer_group: Some("example.io".into()), ..with_identity().identity };
+    let again = parse_all(&injected(WORKLOADS, &Settings { identity: grouped, ..with_identity() }, "app-sidecar"));
+    let volumes = again[0]["spec"]["volumes"].as_sequence().unwrap();
+    assert_eq!(volumes.last().unwrap()["csi"]["volumeAttributes"]["csi.cert-manager.io/issuer-group"], "example.io");
+    let once = injected(WORKLOADS, &with_identity(), "app-sidecar");
+    assert_eq!(injected(&once, &with_identity(), "app-sidecar"), once, "injecting twice is injecting once");
+    let without = injected(&once, &settings(), "app-sidecar");
+    assert_eq!(without, injected(WORKLOADS, &settings(), "app-sidecar"));
+    assert_eq!(parse_all(&uninjected(&once).unwrap().0), parse_all(WORKLOADS));
+    // The webhook patches the same pod, the first time and over an earlier injection.
+    let pod = orders_pod();
+    let mut by_inject: Value = serde_json::from_value(pod.clone()).unwrap();
+    super::pod(&mut by_inject, &with_identity(), "orders-sidecar", None).unwrap();
+    let webhook = webhook_patched(&pod, &with_identity()).unwrap();
+    assert_eq!(webhook, serde_json::to_value(&by_inject).unwrap());
+    let mut earlier = serde_json::to_value(&by_inject).unwrap();
+    earlier["metadata"]["annotations"].as_object_mut().unwrap().remove(INJECTED);
+    assert_eq!(webhook_patched(&earlier, &settings()).unwrap()["spec"]["volumes"], {
+        let mut plain: Value = serde_json::from_value(pod).unwrap();
+        super::pod(&mut plain, &settings(), "orders-sidecar", None).unwrap();
+        serde_json::to_value(&plain).unwrap()["spec"]["volumes"].clone()
+    });
+    // A pod's own volume of that name is refused, and bad flag values are one line each.
+    let own = "kind: Pod\nmetadata: {name: x}\nspec: {containers: [], volumes: [{name: sluice-identity}]}\n";
+    assert!(
+        documents(own, &with_identity(), "c").unwrap_err().why.contains("volume \"sluice-identity\" is the pod's own")
+    );
+    for (flag, bad) in
+        [("--identity-issuer", "Bad_Name"), ("--identity-issuer-kind", "issuer"), ("--identity-trust-domain", "a/b")]
+    {
+        let parsed =
+            <crate::cli::Cli as clap::Parser>::try_parse_from([BINARY, "inject", "--config-map", "c", flag, bad]);
+        assert!(parsed.unwrap_err().to_string().contains(&format!("{bad:?}")), "{flag} {bad}");
     }
 }
