@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
         memory_limit: "128Mi".into(),
         // Every other input with the identity volume, so that both volumes' edits are fuzzed.
         identity: Identity {
-            issuer: (data.len() % 2 == 0).then(|| "sluice-identity".into()),
+            issuer: data.len().is_multiple_of(2).then(|| "sluice-identity".into()),
             issuer_kind: "ClusterIssuer".into(),
             issuer_group: None,
             trust_domain: "cluster.local".into(),

@@ -78,7 +78,8 @@ fuzz_target!(|data: &[u8]| {
                 Ok(claims) => {
                     assert!(valid_id(&req.server_id));
                     valid_claims(&claims);
-                    let response = service::get_server_capacity(&mut ledger, now, &req, None, usize::MAX).expect("validated");
+                    let response =
+                        service::get_server_capacity(&mut ledger, now, &req, None, usize::MAX).expect("validated");
                     for answer in &response.response {
                         let capacity = answer.gets.capacity;
                         assert!(capacity.is_finite() && capacity >= 0.0, "capacity {capacity}");
