@@ -13,6 +13,7 @@ use metrics_util::MetricKindMask;
 use tonic::Code;
 
 use crate::{
+    core::Denial,
     defaults::{DURATION_BUCKETS, GAUGE_IDLE_TIMEOUT},
     status::ServerStatus,
 };
@@ -110,9 +111,14 @@ pub fn install() -> Result<PrometheusHandle, String> {
         BOUNDS,
         "gRPC calls refused RESOURCE_EXHAUSTED because they would pass a bound (resources, leases, clients_per_resource, client_ids_per_identity)."
     );
-    // From zero, so that alerts on `increase` see the first refusal.
+    // From zero, so that alerts on `increase` see the first refusal or denial.
     for bound in ["resources", "leases", "clients_per_resource", "client_ids_per_identity"] {
         counter!(BOUNDS, "bound" => bound).absolute(0);
+    }
+    for method in ["GetCapacity", "GetServerCapacity", "ReleaseCapacity"] {
+        for reason in Denial::REASONS {
+            counter!(DENIALS, "method" => method, "reason" => *reason).absolute(0);
+        }
     }
     Ok(handle)
 }

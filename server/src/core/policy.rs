@@ -71,6 +71,9 @@ pub enum Denial {
 }
 
 impl Denial {
+    /// Every [`Denial::reason`].
+    pub const REASONS: &[&str] = &["anonymous", "no_policy", "client_id", "resource", "server_capacity", "owned"];
+
     /// The metric label.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -320,6 +323,19 @@ mod tests {
         let mut server = Policy::new("spiffe://cluster.local/ns/sluice/sa/sluice-server", &["*"]);
         server.server_capacity = true;
         Policies::new(vec![pod, server]).unwrap()
+    }
+
+    #[test]
+    fn every_reason_is_listed() {
+        let denials = [
+            Denial::Anonymous,
+            Denial::Unknown,
+            Denial::ClientId,
+            Denial::Resources(Vec::new()),
+            Denial::ServerCapacity,
+            Denial::Owned,
+        ];
+        assert_eq!(denials.map(|d| d.reason()), Denial::REASONS);
     }
 
     #[test]
