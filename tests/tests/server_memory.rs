@@ -207,10 +207,13 @@ async fn a_connection_and_a_call_whose_body_never_comes_cost_what_the_budget_cou
 }
 
 /// Asks `path` on a new connection and reads the whole answer, or (`read` false) none of it,
-/// holding the connection for a second; how many bytes came.
+/// holding the connection for a second; how many bytes came. A reader waits as long as a
+/// turn can be held ([`ADMIN_WRITE_TIMEOUT`]) for each part of the answer: under the attack its
+/// request waits for one of the turns, which large pages keep for seconds in the debug build (with
+/// 5 s, as few as none of the answers came in 30 s on two loaded cores).
 fn scrape(admin: std::net::SocketAddr, path: &str, read: bool) -> usize {
     let Ok(mut stream) = TcpStream::connect(admin) else { return 0 };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = stream.set_read_timeout(Some(ADMIN_WRITE_TIMEOUT));
     if write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").is_err() {
         return 0;
     }
