@@ -42,6 +42,11 @@ const CONNECTIONS: &str = "sluice_server_grpc_connections";
 const DENIALS: &str = "sluice_server_policy_denials_total";
 const BOUNDS: &str = "sluice_server_bound_refusals_total";
 
+/// The `doorman.Capacity` methods a policy may refuse, as the `method` label names them.
+pub const GET_CAPACITY: &str = "GetCapacity";
+pub const GET_SERVER_CAPACITY: &str = "GetServerCapacity";
+pub const RELEASE_CAPACITY: &str = "ReleaseCapacity";
+
 /// Open gRPC connections, kept here and published when scraped: a gauge left unchanged would
 /// go stale and disappear.
 static OPEN_CONNECTIONS: AtomicUsize = AtomicUsize::new(0);
@@ -115,7 +120,7 @@ pub fn install() -> Result<PrometheusHandle, String> {
     for bound in ["resources", "leases", "clients_per_resource", "client_ids_per_identity"] {
         counter!(BOUNDS, "bound" => bound).absolute(0);
     }
-    for method in ["GetCapacity", "GetServerCapacity", "ReleaseCapacity"] {
+    for method in [GET_CAPACITY, GET_SERVER_CAPACITY, RELEASE_CAPACITY] {
         for reason in Denial::REASONS {
             counter!(DENIALS, "method" => method, "reason" => *reason).absolute(0);
         }

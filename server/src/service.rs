@@ -22,7 +22,7 @@ use crate::{
     core::{Algorithm, Call, Denial, Full, Grant, Ledger, Owner, Policies, UnixSeconds},
     defaults::{DEMANDS_PER_LOCK, DENIAL_LOG_INTERVAL, DENIED_NAMES_BYTES},
     identity::Caller,
-    metrics,
+    metrics::{self, GET_CAPACITY, GET_SERVER_CAPACITY, RELEASE_CAPACITY},
     state::{self, Role, State},
     validate::{self, ResourceClaim},
 };
@@ -90,10 +90,6 @@ pub fn release_capacity(
     release(ledger, now, &req.client_id, &ids);
     Ok(ReleaseCapacityResponse { mastership: None })
 }
-
-const GET_CAPACITY: &str = "GetCapacity";
-const GET_SERVER_CAPACITY: &str = "GetServerCapacity";
-const RELEASE_CAPACITY: &str = "ReleaseCapacity";
 
 /// Something a request names resources in.
 trait Names {

@@ -207,7 +207,8 @@ impl Ledger {
                 .get(*id)
                 .is_some_and(|r| r.leases().len() >= self.max_clients && r.leases().demands_of(client).is_none())
         };
-        if claims.iter().any(|claim| crowded(&claim)) {
+        // A resource's clients hold a lease each: none can be crowded while all leases are fewer.
+        if self.leases >= self.max_clients && claims.iter().any(|claim| crowded(&claim)) {
             return Err(Full::Clients(self.max_clients));
         }
         // Each costs a lookup or two; only needed near a limit. A claim files at most one
