@@ -206,7 +206,7 @@ mod tests {
             client_id: "c".into(),
             resource: resources
                 .iter()
-                .map(|&(id, wants)| ResourceRequest { resource_id: id.into(), priority: 0, has: None, wants })
+                .map(|&(id, wants)| ResourceRequest { resource_id: id.into(), priority: 0, has: None, wants, signals: None })
                 .collect(),
         }
     }
@@ -268,6 +268,7 @@ mod tests {
                 resource_id: "r".into(),
                 has: None,
                 wants: vec![band(3, 10.0), band(2, 5.0)],
+                signals: None,
             }],
         };
         let claims = get_server_capacity(&req).unwrap();
@@ -310,6 +311,7 @@ mod tests {
                     wants: 30.0,
                     profile: Some(WantsProfile { group: groups }),
                 }],
+                signals: None,
             }],
         };
         let req = with(vec![group(2, 4.0), group(1, 26.0)]);

@@ -54,7 +54,7 @@ fn intermediate(name: &str) -> Ledger {
 fn ask(ledger: &mut Ledger, now: UnixSeconds, client: &str, priority: i64, wants: f64) -> (f64, i64, i64) {
     let req = GetCapacityRequest {
         client_id: client.into(),
-        resource: vec![ResourceRequest { resource_id: "r".into(), priority, has: None, wants }],
+        resource: vec![ResourceRequest { resource_id: "r".into(), priority, has: None, wants, signals: None }],
     };
     let gets = service::get_capacity(ledger, now, &req, None, MAX_RESOURCES).unwrap().response.remove(0).gets;
     (gets.capacity, gets.expiry_time, gets.refresh_interval)
@@ -398,6 +398,7 @@ fn a_new_intermediate_master_keeps_its_lease_at_the_parent_while_it_learns() {
             priority: 0,
             has: Some(sluice_proto::Lease { expiry_time: 60, refresh_interval: 4, capacity: 40.0 }),
             wants: 40.0,
+            signals: None,
         }],
     };
     let gets = service::get_capacity(&mut replica, 6, &req, None, MAX_RESOURCES).unwrap().response.remove(0).gets;

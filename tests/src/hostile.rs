@@ -137,7 +137,7 @@ impl Flood {
             client_id: id(format!("hostile-{n}"), self.id_bytes),
             resource: self
                 .resource_ids(n)
-                .map(|resource_id| ResourceRequest { resource_id, priority: 0, has: None, wants: 1e6 })
+                .map(|resource_id| ResourceRequest { resource_id, priority: 0, has: None, wants: 1e6, signals: None })
                 .collect(),
         }
     }
@@ -161,6 +161,7 @@ impl Flood {
                     resource_id,
                     has: None,
                     wants: (0..self.bands).map(band).collect(),
+                    signals: None,
                 })
                 .collect(),
         }
@@ -233,7 +234,7 @@ pub async fn probe(addr: SocketAddr, stop: Arc<AtomicBool>) -> Probe {
     while !stop.load(Ordering::Relaxed) {
         let request = GetCapacityRequest {
             client_id: "honest".into(),
-            resource: vec![ResourceRequest { resource_id: "honest".into(), priority: 0, has: None, wants: 1.0 }],
+            resource: vec![ResourceRequest { resource_id: "honest".into(), priority: 0, has: None, wants: 1.0, signals: None }],
         };
         let sent = Instant::now();
         match client.get_capacity(request).await {

@@ -152,6 +152,7 @@ impl Call {
                         priority: 0,
                         has: None,
                         wants: wants(i),
+                        signals: None,
                     }],
                 };
                 client.get_capacity(request).await.is_ok()

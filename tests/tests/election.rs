@@ -65,6 +65,7 @@ fn request(client: &str, wants: f64, has: Option<f64>) -> GetCapacityRequest {
             priority: 0,
             has: has.map(|capacity| Lease { expiry_time: 0, refresh_interval: 0, capacity }),
             wants,
+            signals: None,
         }],
     }
 }
@@ -100,6 +101,7 @@ async fn one_master_and_followers_redirect_to_it() {
                 resource_id: "db".into(),
                 has: None,
                 wants: vec![PriorityBandAggregate { priority: 0, num_clients: 1, wants: 10.0, profile: None }],
+                signals: None,
             }],
         })
         .await

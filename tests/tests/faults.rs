@@ -183,6 +183,7 @@ impl Greedy {
                             priority: 0,
                             has,
                             wants: GREEDY_WANTS,
+                            signals: None,
                         }],
                     };
                     if let Ok(Ok(answer)) =

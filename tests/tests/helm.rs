@@ -886,7 +886,7 @@ async fn the_pod_identity_the_injected_volume_asks_for_is_admitted_by_the_render
     };
     let ask = |client_id: &str| GetCapacityRequest {
         client_id: client_id.into(),
-        resource: vec![ResourceRequest { resource_id: "orders".into(), priority: 0, has: None, wants: 5.0 }],
+        resource: vec![ResourceRequest { resource_id: "orders".into(), priority: 0, has: None, wants: 5.0, signals: None }],
     };
     let mut pod = client(with_uri(&spiffe("orders-5d8f7c-x2x9z"))).await;
     let granted = pod.get_capacity(ask("orders-5d8f7c-x2x9z:8080")).await.expect("the pod's own client id");
@@ -902,6 +902,7 @@ async fn the_pod_identity_the_injected_volume_asks_for_is_admitted_by_the_render
             resource_id: "orders".into(),
             has: None,
             wants: vec![PriorityBandAggregate { priority: 0, num_clients: 2, wants: 10.0, profile: None }],
+            signals: None,
         }],
     };
     assert!(leaf.get_server_capacity(bulk.clone()).await.is_ok());

@@ -110,7 +110,7 @@ fn ask(client: &str, resources: &[&str], wants: f64) -> GetCapacityRequest {
         client_id: client.into(),
         resource: resources
             .iter()
-            .map(|id| ResourceRequest { resource_id: (*id).into(), priority: 0, has: None, wants })
+            .map(|id| ResourceRequest { resource_id: (*id).into(), priority: 0, has: None, wants, signals: None })
             .collect(),
     }
 }
@@ -167,6 +167,7 @@ async fn a_policy_keeps_each_identity_to_its_client_ids_resources_and_calls() {
             resource_id: "api/orders".into(),
             has: None,
             wants: vec![PriorityBandAggregate { priority: 0, num_clients: 3, wants: 30.0, profile: None }],
+            signals: None,
         }],
     };
     denied(web1.get_server_capacity(server_ask.clone()).await, "does not allow GetServerCapacity");

@@ -45,6 +45,7 @@ fn request(client: &str, resource: &str, wants: f64, has: Option<f64>) -> GetCap
             priority: 0,
             has: has.map(|capacity| Lease { expiry_time: 0, refresh_interval: 0, capacity }),
             wants,
+            signals: None,
         }],
     }
 }
@@ -212,11 +213,11 @@ async fn bad_requests_get_invalid_argument_and_change_nothing() {
     let server = Server::launch().config(&fair_share(100.0, 30, 0)).start();
     let mut client = server.client().await;
     let mut mixed = request("a", "db", 10.0, None);
-    mixed.resource.push(ResourceRequest { resource_id: "other".into(), priority: 0, has: None, wants: f64::NAN });
+    mixed.resource.push(ResourceRequest { resource_id: "other".into(), priority: 0, has: None, wants: f64::NAN, signals: None });
     let too_many = GetCapacityRequest {
         client_id: "a".into(),
         resource: (0..10_001)
-            .map(|i| ResourceRequest { resource_id: format!("r{i}"), priority: 0, has: None, wants: 1.0 })
+            .map(|i| ResourceRequest { resource_id: format!("r{i}"), priority: 0, has: None, wants: 1.0, signals: None })
             .collect(),
     };
     let bad = [
@@ -240,6 +241,7 @@ async fn bad_requests_get_invalid_argument_and_change_nothing() {
             resource_id: "db".into(),
             has: None,
             wants: vec![PriorityBandAggregate { priority: 1, num_clients, wants: 10.0, profile: None }],
+            signals: None,
         }],
     };
     for num_clients in [0, -3] {
@@ -276,7 +278,7 @@ async fn resources_beyond_the_limit_are_refused_whole() {
     let three = GetCapacityRequest {
         client_id: "a".into(),
         resource: ["r1", "r2", "r3"]
-            .map(|id| ResourceRequest { resource_id: id.into(), priority: 0, has: None, wants: 1.0 })
+            .map(|id| ResourceRequest { resource_id: id.into(), priority: 0, has: None, wants: 1.0, signals: None })
             .to_vec(),
     };
     let status = client.get_capacity(three).await.expect_err("refused");
@@ -324,7 +326,7 @@ async fn calls_beyond_the_request_bytes_in_flight_are_refused_at_once_and_small_
     let large = GetCapacityRequest {
         client_id: "a".into(),
         resource: (0..100)
-            .map(|k| ResourceRequest { resource_id: format!("r{k:0>1023}"), priority: 0, has: None, wants: 1.0 })
+            .map(|k| ResourceRequest { resource_id: format!("r{k:0>1023}"), priority: 0, has: None, wants: 1.0, signals: None })
             .collect(),
     };
     let refused = client.get_capacity(large).await.expect_err("larger than the budget");
@@ -426,6 +428,7 @@ async fn a_lower_level_server_gets_capacity_for_its_bands() {
                     PriorityBandAggregate { priority: 0, num_clients: 3, wants: 30.0, profile: None },
                     PriorityBandAggregate { priority: 1, num_clients: 2, wants: 20.0, profile: None },
                 ],
+                signals: None,
             }],
         })
         .await

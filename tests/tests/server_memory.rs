@@ -232,7 +232,7 @@ async fn the_admin_listener_keeps_to_its_memory_budget_under_many_connections_an
     let server = Server::launch().config(&config()).args(["--log", "warn"]).start();
     // Large pages: 3,000 resources with ids of 1 KiB, five series each on /metrics.
     let resource =
-        |k: usize| ResourceRequest { resource_id: format!("r{k:0>1023}"), priority: 0, has: None, wants: 1.0 };
+        |k: usize| ResourceRequest { resource_id: format!("r{k:0>1023}"), priority: 0, has: None, wants: 1.0, signals: None };
     let request = GetCapacityRequest { client_id: "owner".into(), resource: (0..3_000).map(resource).collect() };
     let mut client = server.client().await.max_decoding_message_size(16 << 20);
     client.get_capacity(request).await.expect("the resources");
@@ -376,7 +376,7 @@ async fn many_client_ids(ids: u64, max_clients: Option<u64>) {
     let mut existing = server.client().await;
     let ask = |client: String, resource: String, wants: f64| GetCapacityRequest {
         client_id: client,
-        resource: vec![ResourceRequest { resource_id: resource, priority: 0, has: None, wants }],
+        resource: vec![ResourceRequest { resource_id: resource, priority: 0, has: None, wants, signals: None }],
     };
     let held = existing.get_capacity(ask("existing".into(), "own".into(), 40.0)).await.unwrap().into_inner();
     let idle = rss_bytes(server.pid()).unwrap();

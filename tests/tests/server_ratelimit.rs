@@ -29,7 +29,7 @@ descriptors:
 async fn capacity(client: &mut CapacityClient<Channel>, resource: &str) -> f64 {
     let request = GetCapacityRequest {
         client_id: "a".into(),
-        resource: vec![ResourceRequest { resource_id: resource.into(), priority: 0, has: None, wants: 100.0 }],
+        resource: vec![ResourceRequest { resource_id: resource.into(), priority: 0, has: None, wants: 100.0, signals: None }],
     };
     client.get_capacity(request).await.expect("GetCapacity").into_inner().response[0].gets.capacity
 }

@@ -243,6 +243,7 @@ async fn tree_of_keys(count: usize, keys: usize) {
                     priority: 0,
                     has: None,
                     wants: 1.0,
+                    signals: None,
                 })
                 .collect();
             let request = sluice_proto::GetCapacityRequest { client_id: format!("sidecar-{l}-{c}"), resource };

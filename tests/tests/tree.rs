@@ -58,6 +58,7 @@ impl Client {
                 priority: self.priority,
                 has: self.lease,
                 wants: self.wants,
+                signals: None,
             }],
         };
         let response = self.rpc.get_capacity(request).await.expect("GetCapacity").into_inner();
@@ -197,7 +198,7 @@ async fn a_leaf_answers_doorman_clients_like_a_root() {
     assert!((alone["y"] - 80.0).abs() <= 0.5, "{alone:?}");
     // Bad input is refused the same way.
     let mut bad = GetCapacityRequest { client_id: "z".into(), resource: vec![] };
-    bad.resource.push(ResourceRequest { resource_id: "r".into(), priority: 0, has: None, wants: f64::NAN });
+    bad.resource.push(ResourceRequest { resource_id: "r".into(), priority: 0, has: None, wants: f64::NAN, signals: None });
     let status = rpc.get_capacity(bad).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
 }

@@ -76,7 +76,7 @@ impl Client {
     async fn refresh(&mut self) -> f64 {
         let request = GetCapacityRequest {
             client_id: self.id.clone(),
-            resource: vec![ResourceRequest { resource_id: "r".into(), priority: 0, has: self.lease, wants: 40.0 }],
+            resource: vec![ResourceRequest { resource_id: "r".into(), priority: 0, has: self.lease, wants: 40.0, signals: None }],
         };
         let response = self.rpc.get_capacity(request).await.expect("a leaf always answers").into_inner();
         let gets = response.response[0].gets;

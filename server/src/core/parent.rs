@@ -95,7 +95,7 @@ impl Parent {
             let wants = aggregates(r);
             let total = wants.iter().map(|w| w.wants).sum();
             r.set_reported(Some(Reported { wants: total, has: has.as_ref().map_or(0.0, |h| h.capacity) }));
-            resource.push(ServerCapacityResourceRequest { resource_id: id.to_owned(), has, wants });
+            resource.push(ServerCapacityResourceRequest { resource_id: id.to_owned(), has, wants, signals: None });
         }
         if resource.is_empty() {
             return None;

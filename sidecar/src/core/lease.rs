@@ -272,6 +272,7 @@ impl LeaseClient {
                     // A server refuses NaN, ∞ and amounts above MAX_AMOUNT at the door: ask for
                     // nothing, or the most it takes, rather than fail the whole request.
                     wants: if wants.is_nan() { 0.0 } else { wants.clamp(0.0, MAX_AMOUNT) },
+                    signals: None,
                 })
             })
             .collect();
