@@ -1,6 +1,7 @@
 //! `sluice-upstream`: the upstream the sidecar's tests, benchmark and demo proxy to. One listener
 //! serves HTTP/1.1 and HTTP/2 (h2c prior knowledge, or ALPN over TLS), plain endpoints that make
 //! proxying observable, and the gRPC service `sluice.test.Echo` from `tests/proto/echo.proto`.
+//! With `--workers`, `/work` is a service that can be overloaded (see [`Model`]).
 
 use std::{
     convert::Infallible,
@@ -9,7 +10,10 @@ use std::{
     net::{SocketAddr, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::Arc,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
     thread,
     time::{Duration, Instant},
 };
@@ -25,7 +29,10 @@ use hyper_util::{
 };
 use sluice_runtime::errln;
 use tempfile::TempDir;
-use tokio::net::TcpListener;
+use tokio::{
+    net::TcpListener,
+    sync::{Semaphore, SemaphorePermit},
+};
 use tokio_rustls::{
     TlsAcceptor,
     rustls::{
@@ -68,6 +75,15 @@ pub struct Args {
     /// Protocols offered by ALPN with --tls-cert, in order of preference ("": none, ALPN ignored).
     #[arg(long, value_delimiter = ',', default_value = "h2,http/1.1", requires = "tls_cert")]
     pub tls_alpn: Vec<String>,
+    /// Serve `/work` with this many workers (the capacity model; without it `/work` is 404).
+    #[arg(long, value_parser = parse_workers)]
+    pub workers: Option<u32>,
+    /// How long a worker takes over each `/work` request.
+    #[arg(long, value_parser = parse_service_time, default_value = "10ms", requires = "workers")]
+    pub service_time: Duration,
+    /// Most `/work` requests waiting for a worker; one more is answered 503 at once.
+    #[arg(long, default_value_t = 1000, requires = "workers")]
+    pub queue: usize,
 }
 
 /// Runs the upstream until the process is killed.
@@ -84,7 +100,8 @@ pub fn run(args: Args) -> Result<(), String> {
     runtime.block_on(async {
         let listener =
             TcpListener::bind(args.addr).await.map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;
-        serve(listener, tls).await;
+        let model = args.workers.map(|workers| Arc::new(Model::new(workers, args.service_time, args.queue)));
+        serve_modelled(listener, tls, model).await;
         Ok(())
     })
 }
@@ -105,6 +122,11 @@ pub fn tls_config(cert: &Path, key: &Path, alpn: &[String]) -> Result<Arc<Server
 
 /// Serves connections from `listener` forever, each on its own task.
 pub async fn serve(listener: TcpListener, tls: Option<Arc<ServerConfig>>) {
+    serve_modelled(listener, tls, None).await;
+}
+
+/// [`serve`], with `/work` and `/model` served by `model` if any.
+pub async fn serve_modelled(listener: TcpListener, tls: Option<Arc<ServerConfig>>, model: Option<Arc<Model>>) {
     let tls = tls.map(TlsAcceptor::from);
     let grpc = EchoServer::new(Echo);
     loop {
@@ -121,8 +143,9 @@ pub async fn serve(listener: TcpListener, tls: Option<Arc<ServerConfig>>) {
         let _ = stream.set_nodelay(true);
         let tls = tls.clone();
         let grpc = grpc.clone();
+        let model = model.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| handle(request, grpc.clone()));
+            let service = hyper::service::service_fn(move |request| handle(request, grpc.clone(), model.clone()));
             let builder = auto::Builder::new(TokioExecutor::new());
             // Failed handshakes and connections the client drops are the client's business; the
             // tests that care see them from the client side.
@@ -143,7 +166,11 @@ pub async fn serve(listener: TcpListener, tls: Option<Arc<ServerConfig>>) {
 /// `Full` keeps `GET /` free of boxing; everything else is streamed or comes from tonic.
 type Body = Either<Full<Bytes>, tonic::body::Body>;
 
-async fn handle(request: Request<Incoming>, mut grpc: EchoServer<Echo>) -> Result<Response<Body>, Infallible> {
+async fn handle(
+    request: Request<Incoming>,
+    mut grpc: EchoServer<Echo>,
+    model: Option<Arc<Model>>,
+) -> Result<Response<Body>, Infallible> {
     let is_grpc = request
         .headers()
         .get(header::CONTENT_TYPE)
@@ -154,6 +181,14 @@ async fn handle(request: Request<Incoming>, mut grpc: EchoServer<Echo>) -> Resul
         return Ok(response.map(Either::Right));
     }
     let path = request.uri().path();
+    if let Some(model) = model {
+        if path == "/work" || path.starts_with("/work/") {
+            return Ok(model.work().await);
+        }
+        if path == "/model" {
+            return Ok(model.handle(&request));
+        }
+    }
     Ok(if path == "/" && request.method() == Method::GET {
         Response::new(Either::Left(Full::new(Bytes::from_static(b"ok"))))
     } else if path.starts_with("/echo") {
@@ -232,6 +267,180 @@ fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
 /// A numeric query parameter.
 fn query(request: &Request<Incoming>, name: &str) -> Option<u64> {
     form_urlencoded::parse(request.uri().query()?.as_bytes()).find(|(key, _)| key == name)?.1.parse().ok()
+}
+
+/// Header on the 503 of a `/work` request the full queue turned away, which tells it apart from a
+/// proxy's or limiter's 503.
+pub const SHED_HEADER: &str = "x-upstream-shed";
+
+/// Bounds of `workers` (`--workers`, `PUT /model`).
+const WORKERS: std::ops::RangeInclusive<u32> = 1..=10_000;
+/// Bounds of the service time (`--service-time`, `PUT /model`).
+const SERVICE_TIME: std::ops::RangeInclusive<Duration> = Duration::from_millis(1)..=Duration::from_secs(10);
+
+/// A service that can be overloaded: `workers` requests served at once, each taking a worker for
+/// the service time, and up to `queue` more waiting for one in arrival order (tokio's semaphore is
+/// FIFO), so that latency grows with the queue; a request that finds the queue full is answered
+/// 503 at once. `PUT /model` changes the workers and the service time while it runs.
+pub struct Model {
+    permits: Semaphore,
+    settings: Mutex<Settings>,
+    queue: usize,
+    waiting: AtomicUsize,
+    in_flight: AtomicUsize,
+}
+
+struct Settings {
+    workers: u32,
+    service_time: Duration,
+    /// Permits to forget as they come back: a shrink by more than the idle permits takes effect
+    /// as the busy workers finish, not when the queue next drains.
+    owed: u32,
+}
+
+impl Model {
+    pub fn new(workers: u32, service_time: Duration, queue: usize) -> Self {
+        Model {
+            permits: Semaphore::new(workers as usize),
+            settings: Mutex::new(Settings { workers, service_time, owed: 0 }),
+            queue,
+            waiting: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    fn settings(&self) -> std::sync::MutexGuard<'_, Settings> {
+        self.settings.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One `/work` request: a place in the queue, then a worker for the service time.
+    async fn work(&self) -> Response<Body> {
+        let Some(waiting) = Counted::enter(&self.waiting, self.queue) else {
+            let mut response = text(StatusCode::SERVICE_UNAVAILABLE, "queue full");
+            response.headers_mut().insert(SHED_HEADER, HeaderValue::from_static("queue"));
+            return response;
+        };
+        let permit = self.permits.acquire().await.expect("the semaphore is never closed");
+        drop(waiting);
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        let worker = Worker { model: self, permit: Some(permit) };
+        let service_time = self.settings().service_time;
+        tokio::time::sleep(service_time).await;
+        drop(worker);
+        text(StatusCode::OK, "done")
+    }
+
+    /// `GET /model`, or `PUT /model?workers=N&service_time=D` (either, both checked before either applies).
+    fn handle(&self, request: &Request<Incoming>) -> Response<Body> {
+        match *request.method() {
+            Method::GET => {}
+            Method::PUT => {
+                if let Err(e) = self.change(request.uri().query().unwrap_or("")) {
+                    return text(StatusCode::BAD_REQUEST, e);
+                }
+            }
+            _ => return text(StatusCode::METHOD_NOT_ALLOWED, "GET or PUT /model"),
+        }
+        let json = {
+            let settings = self.settings();
+            serde_json::json!({
+                "workers": settings.workers,
+                "service_time": humantime::format_duration(settings.service_time).to_string(),
+                "queue": self.queue,
+                "waiting": self.waiting.load(Ordering::Relaxed),
+                "in_flight": self.in_flight.load(Ordering::Relaxed),
+            })
+        };
+        let mut response = Response::new(Either::Left(Full::new(Bytes::from(json.to_string()))));
+        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        response
+    }
+
+    fn change(&self, query: &str) -> Result<(), String> {
+        let (mut workers, mut service_time) = (None, None);
+        for (key, value) in form_urlencoded::parse(query.as_bytes()) {
+            match &*key {
+                "workers" => workers = Some(parse_workers(&value)?),
+                "service_time" => service_time = Some(parse_service_time(&value)?),
+                other => return Err(format!("unknown parameter {other:?}: workers or service_time")),
+            }
+        }
+        if workers.is_none() && service_time.is_none() {
+            return Err("nothing to change: give workers or service_time".into());
+        }
+        let mut settings = self.settings();
+        if let Some(service_time) = service_time {
+            settings.service_time = service_time;
+        }
+        if let Some(workers) = workers {
+            if workers > settings.workers {
+                let more = workers - settings.workers;
+                let repaid = more.min(settings.owed);
+                settings.owed -= repaid;
+                self.permits.add_permits((more - repaid) as usize);
+            } else {
+                let fewer = settings.workers - workers;
+                let forgotten = self.permits.forget_permits(fewer as usize) as u32;
+                settings.owed += fewer - forgotten;
+            }
+            settings.workers = workers;
+        }
+        Ok(())
+    }
+}
+
+/// A request holding a worker; gives the worker back when done or dropped (the client gone), or
+/// retires it if the workers were cut meanwhile.
+struct Worker<'a> {
+    model: &'a Model,
+    permit: Option<SemaphorePermit<'a>>,
+}
+
+impl Drop for Worker<'_> {
+    fn drop(&mut self) {
+        self.model.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let mut settings = self.model.settings();
+        if let Some(permit) = self.permit.take()
+            && settings.owed > 0
+        {
+            settings.owed -= 1;
+            permit.forget();
+        }
+    }
+}
+
+/// One place in a counted set, left when dropped.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    /// A place, unless `limit` are taken.
+    fn enter(count: &'a AtomicUsize, limit: usize) -> Option<Self> {
+        if count.fetch_add(1, Ordering::Relaxed) >= limit {
+            count.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Counted(count))
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn parse_workers(text: &str) -> Result<u32, String> {
+    match text.parse() {
+        Ok(n) if WORKERS.contains(&n) => Ok(n),
+        _ => Err(format!("workers: a whole number from {} to {}, got {text:?}", WORKERS.start(), WORKERS.end())),
+    }
+}
+
+fn parse_service_time(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if SERVICE_TIME.contains(&d) => Ok(d),
+        _ => Err(format!("service_time: a duration from 1ms to 10s, got {text:?}")),
+    }
 }
 
 struct Echo;
