@@ -13,8 +13,10 @@ use serde::Deserialize;
 use sluice_ratelimit::{Domain, Limit, MAX_FILES, Quota, Unit};
 
 use crate::{
-    core::{Algorithm, Kind, Parameter, Policies, Policy, Repository, Template, check_algorithm},
-    defaults::{MAX_CLIENT_IDS_PER_IDENTITY, RATE_LIMIT_LEASE_LENGTH, RATE_LIMIT_REFRESH_INTERVAL},
+    core::{Adaptive, Algorithm, Kind, Parameter, Policies, Policy, Repository, Template, check_algorithm},
+    defaults::{
+        ADAPTIVE_DRAIN, ADAPTIVE_ERROR_SHARE, ADAPTIVE_GROWTH, ADAPTIVE_HEADROOM, ADAPTIVE_INTERVAL, ADAPTIVE_TOLERANCE,
+        MAX_CLIENT_IDS_PER_IDENTITY, RATE_LIMIT_LEASE_LENGTH, RATE_LIMIT_REFRESH_INTERVAL},
 };
 
 #[derive(Deserialize)]
@@ -52,10 +54,35 @@ struct RateLimitsDoc {
 #[serde(deny_unknown_fields)]
 struct TemplateDoc {
     identifier_glob: String,
-    capacity: f64,
+    capacity: CapacityDoc,
+    /// Sluice's own, with `capacity: adaptive`: the learned capacity's bounds and controller.
+    adaptive: Option<AdaptiveDoc>,
     safe_capacity: Option<f64>,
     description: Option<String>,
     algorithm: AlgorithmDoc,
+}
+
+/// A number, or `adaptive`: learned from the service (docs/server.md, Adaptive capacity).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum CapacityDoc {
+    Fixed(f64),
+    Learned(String),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdaptiveDoc {
+    min: f64,
+    max: f64,
+    initial: Option<f64>,
+    tolerance: Option<f64>,
+    error_share: Option<f64>,
+    headroom: Option<f64>,
+    growth: Option<f64>,
+    /// Seconds, as the algorithm's durations are.
+    drain: Option<f64>,
+    interval: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -108,7 +135,15 @@ pub fn summary(text: &str, dir: &Path) -> Result<String, String> {
 fn parse_counting(text: &str, dir: &Path) -> Result<(Repository, usize), String> {
     let doc: Document = yaml_serde::from_str(text).map_err(|e| e.to_string().replace(['\n', '\r'], " "))?;
     let policies = Policies::new(doc.policies.into_iter().map(policy).collect());
-    let templates: Vec<Template> = doc.resources.into_iter().map(template).collect();
+    let templates: Vec<Template> = doc
+        .resources
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let glob = t.identifier_glob.clone();
+            template(t).map_err(|(field, why)| format!("resources[{i}] ({glob:?}): {field}: {why}"))
+        })
+        .collect::<Result<_, _>>()?;
     let (repository, from_files) = match doc.rate_limits {
         None => (repository(templates), 0),
         // Checked alone first, so that an error names one of them by its index in `resources`.
@@ -149,14 +184,40 @@ fn repository(templates: Vec<Template>) -> Result<Repository, String> {
     Repository::new(templates).map_err(|e| e.to_string())
 }
 
-fn template(t: TemplateDoc) -> Template {
-    Template {
+/// A template as written; `Err` (field, why) where `capacity` and `adaptive` disagree.
+fn template(t: TemplateDoc) -> Result<Template, (&'static str, String)> {
+    let (capacity, adaptive) = match (t.capacity, t.adaptive) {
+        (CapacityDoc::Fixed(capacity), None) => (capacity, None),
+        (CapacityDoc::Fixed(_), Some(_)) => return Err(("adaptive", "needs `capacity: adaptive`".into())),
+        (CapacityDoc::Learned(word), _) if word != "adaptive" => {
+            return Err(("capacity", format!("must be a number or \"adaptive\", got {word:?}")));
+        }
+        (CapacityDoc::Learned(_), None) => {
+            return Err(("adaptive", "`capacity: adaptive` needs `adaptive: {min: …, max: …}`".into()));
+        }
+        (CapacityDoc::Learned(_), Some(a)) => {
+            let adaptive = Adaptive {
+                min: a.min,
+                max: a.max,
+                initial: a.initial.unwrap_or(a.max),
+                tolerance: a.tolerance.unwrap_or(ADAPTIVE_TOLERANCE),
+                error_share: a.error_share.unwrap_or(ADAPTIVE_ERROR_SHARE),
+                headroom: a.headroom.unwrap_or(ADAPTIVE_HEADROOM),
+                growth: a.growth.unwrap_or(ADAPTIVE_GROWTH),
+                drain: a.drain.unwrap_or(ADAPTIVE_DRAIN),
+                interval: a.interval.unwrap_or(ADAPTIVE_INTERVAL),
+            };
+            (adaptive.initial, Some(adaptive))
+        }
+    };
+    Ok(Template {
         identifier_glob: t.identifier_glob,
-        capacity: t.capacity,
+        capacity,
+        adaptive,
         safe_capacity: t.safe_capacity,
         description: t.description,
         algorithm: algorithm(t.algorithm),
-    }
+    })
 }
 
 fn algorithm(a: AlgorithmDoc) -> Algorithm {
@@ -214,6 +275,7 @@ fn from_files(section: RateLimitsDoc, dir: &Path, own: &[Template]) -> Result<Ve
             made.push(Template {
                 identifier_glob: glob,
                 capacity: quota.rate(),
+                adaptive: None,
                 safe_capacity: None,
                 description: Some(describe(file, limit, quota)),
                 algorithm: algorithm.clone(),

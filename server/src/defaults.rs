@@ -254,3 +254,38 @@ pub const ELECTION_RETRY_MIN: Duration = Duration::from_millis(200);
 /// Longest wait between attempts to reach etcd: short enough that a master is back soon after
 /// etcd is, long enough that replicas do not hammer a struggling etcd.
 pub const ELECTION_RETRY_MAX: Duration = Duration::from_secs(3);
+
+/// Adaptive capacity (docs/server.md, Adaptive capacity): the controller's settings when a
+/// template leaves them out. How far the mean latency may rise above the unloaded latency before
+/// the service counts as overloaded: 50% lets a busy service run near its capacity while a
+/// growing queue shows within a decision or two.
+pub const ADAPTIVE_TOLERANCE: f64 = 0.5;
+/// The share of overload errors (HTTP 5xx, gRPC UNAVAILABLE or RESOURCE_EXHAUSTED, timeouts) past
+/// which the service counts as overloaded, whatever the latency.
+pub const ADAPTIVE_ERROR_SHARE: f64 = 0.05;
+/// The share of the measured ceiling left unused, so that the queue in front of the service stays
+/// short: the goodput given up for latency.
+pub const ADAPTIVE_HEADROOM: f64 = 0.05;
+/// The first step of growth past the known ceiling, doubled each decision that finds no overload
+/// (capped at doubling the capacity): a service that got its capacity back is found again in
+/// three or four decisions, one that did not costs one decision of overload.
+pub const ADAPTIVE_GROWTH: f64 = 0.25;
+/// The seconds in which a queue found in front of the service should drain: each decision that
+/// finds one cuts that queue's share of it below the goodput.
+pub const ADAPTIVE_DRAIN: f64 = 2.0;
+/// Seconds between two decisions: the least refresh interval, so that every client's signals
+/// reach about every decision.
+pub const ADAPTIVE_INTERVAL: i64 = MIN_REFRESH_INTERVAL;
+/// Fewest answers a decision is made on: below it the capacity is held.
+pub const ADAPTIVE_MIN_SAMPLES: f64 = 20.0;
+/// Decisions in a row in which no call was answered as fast as the unloaded latency allows before
+/// that latency is measured again: a standing queue, or a service that got slower for good.
+pub const ADAPTIVE_STALE_DECISIONS: u32 = 10;
+/// The share of the capacity the whole fleet keeps for one decision while the unloaded latency is
+/// measured again: enough for the queue to empty once, so that the fastest answer shows it.
+pub const ADAPTIVE_PROBE_SHARE: f64 = 0.5;
+/// Decisions of each adaptive resource the status page keeps.
+pub const ADAPTIVE_HISTORY: usize = 120;
+/// Longest latency and span a client's signals may report, in seconds: anything longer is a
+/// broken clock or a hostile client.
+pub const MAX_SIGNAL_SECONDS: f64 = 3600.0;

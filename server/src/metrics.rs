@@ -15,7 +15,7 @@ use tonic::Code;
 use crate::{
     core::Denial,
     defaults::{DURATION_BUCKETS, GAUGE_IDLE_TIMEOUT},
-    status::ServerStatus,
+    status::{AdaptiveStatus, ServerStatus},
 };
 
 const REQUESTS: &str = "sluice_server_requests_total";
@@ -41,6 +41,13 @@ const SHED: &str = "sluice_server_requests_shed_total";
 const CONNECTIONS: &str = "sluice_server_grpc_connections";
 const DENIALS: &str = "sluice_server_policy_denials_total";
 const BOUNDS: &str = "sluice_server_bound_refusals_total";
+const ADAPTIVE_MIN: &str = "sluice_server_adaptive_min_capacity";
+const ADAPTIVE_MAX: &str = "sluice_server_adaptive_max_capacity";
+const ADAPTIVE_DECISIONS: &str = "sluice_server_adaptive_decisions_total";
+const ADAPTIVE_GOODPUT: &str = "sluice_server_adaptive_goodput";
+const ADAPTIVE_ERRORS: &str = "sluice_server_adaptive_errors";
+const ADAPTIVE_LATENCY: &str = "sluice_server_adaptive_latency_seconds";
+const ADAPTIVE_BASELINE: &str = "sluice_server_adaptive_unloaded_latency_seconds";
 
 /// The `doorman.Capacity` methods a policy may refuse, as the `method` label names them.
 pub const GET_CAPACITY: &str = "GetCapacity";
@@ -107,6 +114,17 @@ pub fn install() -> Result<PrometheusHandle, String> {
         "gRPC calls refused RESOURCE_EXHAUSTED at once because the request bytes in flight were at --max-request-bytes-in-flight."
     );
     counter!(SHED).absolute(0);
+    describe_gauge!(ADAPTIVE_MIN, "An adaptive resource's least capacity (its template's adaptive.min).");
+    describe_gauge!(ADAPTIVE_MAX, "An adaptive resource's most capacity (its template's adaptive.max).");
+    describe_counter!(ADAPTIVE_DECISIONS, "An adaptive resource's controller decisions, by reason.");
+    describe_gauge!(ADAPTIVE_GOODPUT, "Answers per second that were not errors, as the last decision measured them.");
+    describe_gauge!(ADAPTIVE_ERRORS, "Overload errors per second, as the last decision measured them.");
+    describe_gauge!(
+        ADAPTIVE_LATENCY,
+        Unit::Seconds,
+        "Mean latency of the answers that were not errors, as the last decision measured it."
+    );
+    describe_gauge!(ADAPTIVE_BASELINE, Unit::Seconds, "The unloaded latency the last decision judged by.");
     describe_gauge!(CONNECTIONS, "Open gRPC connections; at --max-connections the listener accepts no more.");
     describe_counter!(
         DENIALS,
@@ -202,7 +220,31 @@ pub fn publish(status: &ServerStatus) {
         gauge!(HAS, "resource" => id.clone()).set(r.has);
         gauge!(WANTS, "resource" => id.clone()).set(r.wants);
         gauge!(CLIENTS, "resource" => id.clone()).set(r.clients as f64);
-        gauge!(LEARNING, "resource" => id).set(f64::from(u8::from(r.learning)));
+        gauge!(LEARNING, "resource" => id.clone()).set(f64::from(u8::from(r.learning)));
+        if let Some(a) = &r.adaptive {
+            publish_adaptive(id, a);
+        }
+    }
+}
+
+fn publish_adaptive(id: String, a: &AdaptiveStatus) {
+    gauge!(ADAPTIVE_MIN, "resource" => id.clone()).set(a.min);
+    gauge!(ADAPTIVE_MAX, "resource" => id.clone()).set(a.max);
+    for &(reason, n) in &a.decisions {
+        counter!(ADAPTIVE_DECISIONS, "resource" => id.clone(), "reason" => reason).absolute(n);
+    }
+    if let Some(d) = a.history.last() {
+        let inputs = [
+            (ADAPTIVE_GOODPUT, d.goodput),
+            (ADAPTIVE_ERRORS, d.errors),
+            (ADAPTIVE_LATENCY, d.latency),
+            (ADAPTIVE_BASELINE, d.baseline),
+        ];
+        for (name, value) in inputs {
+            if let Some(value) = value {
+                gauge!(name, "resource" => id.clone()).set(value);
+            }
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use sluice_runtime::{
 };
 
 use crate::{
-    core::{Choice, Ledger, PriorityMode, Resource, SubtreeWants, UnixSeconds},
+    core::{Choice, Controller, Decision, Ledger, PriorityMode, Reason, Resource, SubtreeWants, UnixSeconds},
     state::{Role, State},
 };
 
@@ -94,6 +94,36 @@ pub struct ResourceStatus {
     pub clients: usize,
     pub subclients: f64,
     pub learning: bool,
+    /// An adaptive resource at the server that learns its capacity.
+    pub adaptive: Option<AdaptiveStatus>,
+}
+
+/// An adaptive resource's bounds and its controller's decisions.
+#[derive(Serialize)]
+pub struct AdaptiveStatus {
+    pub min: f64,
+    pub max: f64,
+    /// Decisions so far, by reason.
+    pub decisions: Vec<(&'static str, u64)>,
+    /// The latest decisions, oldest first: all of them on a resource's own page, the last one
+    /// in the list of resources.
+    pub history: Vec<DecisionStatus>,
+}
+
+/// One decision of a controller and what it was made on (per second, the whole fleet).
+#[derive(Serialize)]
+pub struct DecisionStatus {
+    pub at: UnixSeconds,
+    pub capacity: f64,
+    pub reason: &'static str,
+    pub goodput: Option<f64>,
+    pub errors: Option<f64>,
+    /// Mean latency of the answers that were not errors, in seconds.
+    pub latency: Option<f64>,
+    /// The unloaded latency it judged by.
+    pub baseline: Option<f64>,
+    /// The goodput last measured in an overload.
+    pub ceiling: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -199,7 +229,34 @@ pub fn resource_detail(ledger: &Ledger, id: &str, now: UnixSeconds, limit: usize
         })
         .collect();
     leases.sort_by(|a, b| a.client.cmp(&b.client));
-    Some(ResourceDetail { resource: resource(ledger, id, r, now), lease_count: r.leases().len(), leases })
+    let mut resource = resource(ledger, id, r, now);
+    if let (Some(a), Some(c)) = (resource.adaptive.as_mut(), r.controller()) {
+        a.history = c.history().iter().map(decision).collect();
+    }
+    Some(ResourceDetail { resource, lease_count: r.leases().len(), leases })
+}
+
+fn adaptive(c: &Controller) -> AdaptiveStatus {
+    let s = c.settings();
+    AdaptiveStatus {
+        min: s.min,
+        max: s.max,
+        decisions: Reason::ALL.iter().map(|&r| (r.name(), c.decisions(r))).collect(),
+        history: c.history().back().map(decision).into_iter().collect(),
+    }
+}
+
+fn decision(d: &Decision) -> DecisionStatus {
+    DecisionStatus {
+        at: d.at,
+        capacity: d.capacity,
+        reason: d.reason.name(),
+        goodput: d.rates.map(|r| r.goodput),
+        errors: d.rates.map(|r| r.errors),
+        latency: d.rates.and_then(|r| r.latency),
+        baseline: d.baseline,
+        ceiling: d.ceiling,
+    }
 }
 
 fn resource(ledger: &Ledger, id: &str, r: &Resource, now: UnixSeconds) -> ResourceStatus {
@@ -237,6 +294,7 @@ fn resource(ledger: &Ledger, id: &str, r: &Resource, now: UnixSeconds) -> Resour
         clients: r.leases().len(),
         subclients: sums.subclients,
         learning: ledger.is_learning(r, now),
+        adaptive: r.controller().map(adaptive),
     }
 }
 
@@ -427,6 +485,9 @@ pub fn resource_html(d: &ResourceDetail, history: &ResourceHistory, now: UnixSec
             );
         }
     }
+    if let Some(a) = &r.adaptive {
+        html.push_str(&decisions_html(a, now));
+    }
     if d.lease_count > d.leases.len() {
         let _ = write!(html, "<p>showing {} of {} leases</p>", d.leases.len(), d.lease_count);
     }
@@ -451,6 +512,36 @@ pub fn resource_html(d: &ResourceDetail, history: &ResourceHistory, now: UnixSec
         "</table><p><a href=\"/debug/status\">all resources</a> · <a href=\"/debug/status.json?resource={}\">JSON</a></p></body></html>",
         query_escape(&r.id)
     );
+    html
+}
+
+/// An adaptive resource's bounds and its controller's latest decisions, newest first.
+fn decisions_html(a: &AdaptiveStatus, now: UnixSeconds) -> String {
+    let counts: Vec<String> = a.decisions.iter().map(|(reason, n)| format!("{reason} {n}")).collect();
+    let mut html = format!(
+        "<h2>Adaptive capacity</h2><p>learned between {} and {} · decisions: {}</p><table><tr><th>at</th>\
+         <th>reason</th><th>capacity</th><th>goodput/s</th><th>errors/s</th><th>latency ms</th>\
+         <th>unloaded ms</th><th>ceiling</th></tr>",
+        a.min,
+        a.max,
+        counts.join(", ")
+    );
+    let figure = |v: Option<f64>, scale: f64| v.map_or_else(|| "–".to_owned(), |v| format!("{:.1}", v * scale));
+    for d in a.history.iter().rev() {
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            date_and_age(d.at, now),
+            d.reason,
+            d.capacity,
+            figure(d.goodput, 1.0),
+            figure(d.errors, 1.0),
+            figure(d.latency, 1e3),
+            figure(d.baseline, 1e3),
+            figure(d.ceiling, 1.0)
+        );
+    }
+    html.push_str("</table>");
     html
 }
 

@@ -4,15 +4,15 @@
 use std::collections::HashSet;
 
 use sluice_proto::{
-    GetCapacityRequest, GetServerCapacityRequest, Lease, PriorityBandAggregate, ReleaseCapacityRequest,
+    GetCapacityRequest, GetServerCapacityRequest, Lease, PriorityBandAggregate, ReleaseCapacityRequest, Signals,
 };
 use tonic::Status;
 
 use smallvec::SmallVec;
 
 use crate::{
-    core::{Claim, Holds, Wants},
-    defaults::{MAX_AMOUNT, MAX_BANDS, MAX_ID_BYTES, MAX_PROFILE_GROUPS, MAX_RESOURCES_PER_REQUEST, MAX_SUBCLIENTS},
+    core::{Claim, Holds, Report, Wants},
+    defaults::{MAX_AMOUNT, MAX_BANDS, MAX_SIGNAL_SECONDS, MAX_ID_BYTES, MAX_PROFILE_GROUPS, MAX_RESOURCES_PER_REQUEST, MAX_SUBCLIENTS},
 };
 
 /// A validated claim on one resource.
@@ -26,7 +26,8 @@ pub fn get_capacity(req: &GetCapacityRequest) -> Result<Vec<ResourceClaim<'_>>, 
         |i, r| {
             amount(&format!("resource[{i}].wants"), r.wants)?;
             let has = reported(&format!("resource[{i}].has"), r.has.as_ref())?;
-            Ok(Claim::single(r.priority, r.wants, has))
+            let signals = signals(&format!("resource[{i}].signals"), r.signals.as_ref())?;
+            Ok(Claim { signals, ..Claim::single(r.priority, r.wants, has) })
         },
     )
 }
@@ -62,7 +63,8 @@ pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<Resourc
             let has = reported(&format!("resource[{i}].has"), r.has.as_ref())?;
             // A server that leaves out `has` does not know what its clients hold (a new master,
             // still learning).
-            let claim = Claim { wants: bands, has, holds: has.map_or(Holds::Unknown, Holds::Reported) };
+            let signals = signals(&format!("resource[{i}].signals"), r.signals.as_ref())?;
+            let claim = Claim { wants: bands, has, holds: has.map_or(Holds::Unknown, Holds::Reported), signals };
             amount(&format!("resource[{i}].wants"), claim.total_wants())?;
             if claim.wants.is_empty() {
                 return Ok(Claim { wants: Claim::single(0, 0.0, None).wants, ..claim });
@@ -188,6 +190,35 @@ fn clients(field: &str, value: i64) -> Result<(), Status> {
 
 fn reported(field: &str, has: Option<&Lease>) -> Result<Option<f64>, Status> {
     has.map(|lease| amount(&format!("{field}.capacity"), lease.capacity).map(|()| lease.capacity)).transpose()
+}
+
+/// A client's signals (proto `Signals`): counts within what a client can have seen, latencies
+/// and span within [`MAX_SIGNAL_SECONDS`], the span given.
+fn signals(field: &str, signals: Option<&Signals>) -> Result<Option<Report>, Status> {
+    let Some(s) = signals else { return Ok(None) };
+    let (completed, errors) = (s.completed.unwrap_or(0), s.errors.unwrap_or(0));
+    let count = |name: &str, value: i64| match (0..=MAX_AMOUNT as i64).contains(&value) {
+        true => Ok(value as f64),
+        false => Err(invalid(format!("{field}.{name}: must be from 0 to {MAX_AMOUNT:e}, got {value}"))),
+    };
+    let seconds = |name: &str, value: f64, most: f64| match (0.0..=most).contains(&value) {
+        true => Ok(value),
+        false => Err(invalid(format!("{field}.{name}: must be from 0 to {most} seconds, got {value}"))),
+    };
+    let (completed, errors) = (count("completed", completed)?, count("errors", errors)?);
+    if errors > completed {
+        return Err(invalid(format!("{field}.errors: more than completed ({errors} > {completed})")));
+    }
+    let ok = completed - errors;
+    let Some(span) = s.seconds else { return Err(invalid(format!("{field}.seconds: required"))) };
+    let span = seconds("seconds", span, MAX_SIGNAL_SECONDS)?;
+    Ok(Some(Report {
+        completed,
+        errors,
+        latency_sum: seconds("latency_sum", s.latency_sum.unwrap_or(0.0), ok * MAX_SIGNAL_SECONDS)?,
+        min_latency: s.min_latency.map(|m| seconds("min_latency", m, MAX_SIGNAL_SECONDS)).transpose()?,
+        seconds: span,
+    }))
 }
 
 fn invalid(message: String) -> Status {

@@ -31,6 +31,7 @@ fn ledger(kind: Kind, capacity: f64, learning_mode_duration: i64) -> Ledger {
     let template = Template {
         identifier_glob: "*".into(),
         capacity,
+        adaptive: None,
         safe_capacity: None,
         description: None,
         algorithm: Algorithm {
@@ -46,7 +47,7 @@ fn ledger(kind: Kind, capacity: f64, learning_mode_duration: i64) -> Ledger {
 
 /// An end client's claim at priority 0, weighted by `subclients`.
 fn claim(wants: f64, subclients: f64, has: Option<f64>) -> Claim {
-    Claim { wants: [Wants { priority: 0, wants, subclients }].into(), has, holds: Holds::Own }
+    Claim { wants: [Wants { priority: 0, wants, subclients }].into(), has, holds: Holds::Own, signals: None }
 }
 
 fn client(i: usize) -> String {

@@ -25,6 +25,7 @@ fn repository_with(capacity: f64, safe_capacity: Option<f64>, parameters: &[(&st
     let template = Template {
         identifier_glob: "*".into(),
         capacity,
+        adaptive: None,
         safe_capacity,
         description: None,
         algorithm: Algorithm {
@@ -388,6 +389,7 @@ fn a_new_intermediate_master_keeps_its_lease_at_the_parent_while_it_learns() {
     let learning = Template {
         algorithm: Algorithm { learning_mode_duration: Some(60), ..root.repository().find("r").algorithm.clone() },
         capacity: 0.0,
+        adaptive: None,
         ..(**root.repository().find("r")).clone()
     };
     let mut replica = Ledger::new(Arc::new(Repository::new(vec![learning]).unwrap()), 5).with_parent("leaf".into(), 2);

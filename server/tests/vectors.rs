@@ -58,7 +58,7 @@ impl DemandDoc {
             }
             None => [Wants { priority: self.priority, wants: self.wants, subclients: self.subclients }].into(),
         };
-        Claim { wants, has, holds: Holds::Own }
+        Claim { wants, has, holds: Holds::Own, signals: None }
     }
 }
 
@@ -118,6 +118,7 @@ fn run(vectors: &Vectors) {
         let template = Template {
             identifier_glob: "*".into(),
             capacity: case.capacity,
+            adaptive: None,
             safe_capacity: None,
             description: None,
             // Nothing expires during a case.

@@ -389,6 +389,7 @@ mod tests {
         let template = Template {
             identifier_glob: "*".into(),
             capacity: 1e9,
+            adaptive: None,
             safe_capacity: None,
             description: None,
             algorithm: Algorithm {
@@ -442,6 +443,7 @@ mod tests {
             wants: (0..n).map(|priority| Wants { priority, wants: 1.0, subclients: 1.0 }).collect(),
             has: None,
             holds: Holds::Unknown,
+            signals: None,
         };
         assert_eq!(ledger.room(1, "leaf", None, &on("r", &bands(2)), 100), Ok(()));
         ledger.claim(1, "leaf", "r", &bands(2));

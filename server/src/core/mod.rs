@@ -2,6 +2,7 @@
 //! (every method that needs the time takes `now`). The gRPC service, the tests and the
 //! simulator all drive this same code.
 //!
+//! - [`adaptive`]: capacities learned from the service a resource protects;
 //! - [`band`]: demands ordered by wants per subclient, with exact running sums;
 //! - [`algorithm`]: the four ways of sharing a capacity;
 //! - [`store`]: the leases of one resource and their expiry;
@@ -14,6 +15,7 @@
 //! - [`parent`]: an intermediate server's requests to its parent (when to ask them is
 //!   `sluice_client::Schedule`, shared with the sidecar's lease client).
 
+pub mod adaptive;
 pub mod algorithm;
 pub mod band;
 pub mod glob;
@@ -25,6 +27,7 @@ pub mod resource;
 pub mod store;
 pub mod template;
 
+pub use adaptive::{Adaptive, Controller, Decision, Reason, Report, Window};
 pub use algorithm::{Algorithm, Choice, Kind, Parameter};
 pub use band::{Band, Demand, Sums};
 pub use ledger::{Full, Ledger, Owner};

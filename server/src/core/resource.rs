@@ -6,6 +6,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::{
+    adaptive::{Controller, Decision, Report, Window},
     algorithm::{Algorithm, Choice, Kind},
     band::Demand,
     priority::{self, Bands, PriorityMode, SubtreeWants, Wants},
@@ -24,12 +25,14 @@ pub struct Claim {
     pub has: Option<f64>,
     /// What the claimant's own clients hold: nothing beyond its lease for an end client.
     pub holds: Holds,
+    /// What the claimant's calls met at the service since its last claim, if it says.
+    pub signals: Option<Report>,
 }
 
 impl Claim {
     /// An end client's claim: one band.
     pub fn single(priority: i64, wants: f64, has: Option<f64>) -> Claim {
-        Claim { wants: smallvec::smallvec![Wants { priority, wants, subclients: 1.0 }], has, holds: Holds::Own }
+        Claim { wants: smallvec::smallvec![Wants { priority, wants, subclients: 1.0 }], has, holds: Holds::Own, signals: None }
     }
 
     pub fn total_wants(&self) -> f64 {
@@ -87,6 +90,10 @@ pub struct Resource {
     /// A client's lease ran out, rather than being released, since the parent last answered a
     /// report of the resource: that client may be cut off and living on its fallback.
     expired_since_report: bool,
+    /// A root's learned capacity, for an adaptive template.
+    controller: Option<Box<Controller>>,
+    /// An intermediate server's clients' signals since it last passed them up, and when that was.
+    upward: Option<Box<(Window, UnixSeconds)>>,
 }
 
 /// What an intermediate server told its parent of one resource.
@@ -105,7 +112,16 @@ impl Resource {
 
     /// A resource with the given supply; `seed` fixes its bands' tree shapes (simulations).
     pub fn with_supply(template: Arc<Template>, supply: Supply, seed: Option<u64>) -> Resource {
-        Resource { template, leases: LeaseStore::seeded(seed), supply, reported: None, expired_since_report: false }
+        let controller = controller(&template, &supply);
+        Resource {
+            template,
+            leases: LeaseStore::seeded(seed),
+            supply,
+            reported: None,
+            expired_since_report: false,
+            controller,
+            upward: None,
+        }
     }
 
     pub fn template(&self) -> &Arc<Template> {
@@ -115,7 +131,44 @@ impl Resource {
     /// Takes a new configuration; leases keep their grants and expiry and adapt at their next
     /// refresh.
     pub fn set_template(&mut self, template: Arc<Template>) {
+        match (&mut self.controller, &template.adaptive) {
+            (Some(c), Some(settings)) => c.set_settings(settings.clone()),
+            _ => self.controller = controller(&template, &self.supply),
+        }
         self.template = template;
+    }
+
+    /// The controller of an adaptive resource at the server that owns it.
+    pub fn controller(&self) -> Option<&Controller> {
+        self.controller.as_deref()
+    }
+
+    /// Takes a claimant's signals: into the controller at a root, else kept to pass up.
+    fn observe(&mut self, report: &Report, now: UnixSeconds) {
+        match (&mut self.controller, &self.supply) {
+            (Some(c), _) => c.observe(report),
+            (None, Supply::Parent(_)) => self.upward.get_or_insert_with(|| Box::new((Window::default(), now))).0.add(report),
+            (None, Supply::Template) => {}
+        }
+    }
+
+    /// Lets an adaptive resource's controller decide, if its interval has passed.
+    pub fn tick(&mut self, now: UnixSeconds) -> Option<Decision> {
+        let (clients, wants) = (self.leases.len() as f64, self.leases.bands().sums().wants);
+        self.controller.as_mut()?.tick(now, clients, wants)
+    }
+
+    /// The signals an intermediate server passes up with its next report: its clients' since
+    /// the last, once a whole second has passed.
+    pub fn take_signals(&mut self, now: UnixSeconds) -> Option<Report> {
+        let (window, since) = self.upward.as_deref()?;
+        let seconds = now.saturating_sub(*since);
+        if seconds < 1 {
+            return None;
+        }
+        let report = window.report(self.leases.len() as f64, seconds as f64);
+        self.upward = None;
+        report
     }
 
     pub fn leases(&self) -> &LeaseStore {
@@ -181,9 +234,14 @@ impl Resource {
     /// hands out safe capacity instead.
     pub fn capacity(&self, now: UnixSeconds) -> Option<f64> {
         match self.supply {
-            Supply::Template => Some(self.template.capacity),
+            Supply::Template => Some(self.configured_capacity()),
             Supply::Parent(_) => self.parent_lease(now).map(|lease| lease.capacity),
         }
+    }
+
+    /// A root's capacity: learned for an adaptive template, else configured.
+    fn configured_capacity(&self) -> f64 {
+        self.controller.as_ref().map_or(self.template.capacity, |c| c.capacity())
     }
 
     fn terms(&self, now: UnixSeconds) -> Option<Terms> {
@@ -192,7 +250,7 @@ impl Resource {
         let own_expiry = now.saturating_add(algorithm.lease_length);
         match &self.supply {
             Supply::Template => Some(Terms {
-                capacity: self.template.capacity,
+                capacity: self.configured_capacity(),
                 kind,
                 mode,
                 subtree,
@@ -218,6 +276,10 @@ impl Resource {
     /// algorithms that share one capacity, by what the other leases leave free ([`room`]). An
     /// intermediate server without a valid lease from its parent hands out safe capacity.
     pub fn claim(&mut self, client: &str, claim: &Claim, now: UnixSeconds, learning: bool) -> Grant {
+        if let Some(report) = &claim.signals {
+            self.observe(report, now);
+        }
+        self.tick(now);
         let reported = claim.has.unwrap_or(0.0);
         let Some(Terms { capacity, kind, mode, subtree, expiry, refresh_interval }) = self.terms(now) else {
             return self.claim_safe(client, claim, now, learning.then_some(reported));
@@ -301,9 +363,17 @@ impl Resource {
         if let Supply::Parent(Some(ParentLease { safe_capacity: Some(safe), .. })) = self.supply {
             return safe;
         }
-        let capacity = self.capacity(now).unwrap_or(self.template.capacity);
+        let capacity = self.capacity(now).unwrap_or_else(|| self.configured_capacity());
         let subclients = self.leases.bands().sums().subclients;
         if subclients > 0.0 { capacity / subclients } else { capacity }
+    }
+}
+
+/// A controller for an adaptive template at a root.
+fn controller(template: &Template, supply: &Supply) -> Option<Box<Controller>> {
+    match (supply, &template.adaptive) {
+        (Supply::Template, Some(settings)) => Some(Box::new(Controller::new(settings.clone()))),
+        _ => None,
     }
 }
 

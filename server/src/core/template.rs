@@ -6,6 +6,7 @@ use std::{collections::HashMap, fmt, sync::Arc};
 use globset::GlobMatcher;
 
 use super::{
+    adaptive::Adaptive,
     algorithm::Algorithm,
     algorithm::Choice,
     glob::glob,
@@ -14,7 +15,7 @@ use super::{
 };
 use sluice_client::{defaults::MAX_AMOUNT, out_of_range};
 
-use crate::defaults::MAX_TEMPLATE_SECONDS;
+use crate::defaults::{MAX_SIGNAL_SECONDS, MAX_TEMPLATE_SECONDS};
 
 /// The glob every repository must end with, matching every resource id.
 pub const CATCH_ALL: &str = "*";
@@ -22,7 +23,10 @@ pub const CATCH_ALL: &str = "*";
 #[derive(Clone, Debug, PartialEq)]
 pub struct Template {
     pub identifier_glob: String,
+    /// The capacity shared; an adaptive template's is its initial one.
     pub capacity: f64,
+    /// Learned, not configured, within these bounds (`capacity: adaptive`).
+    pub adaptive: Option<Adaptive>,
     /// What clients may use when they cannot reach a server: −1 unlimited, 0 nothing. `None`
     /// means capacity divided by the number of clients.
     pub safe_capacity: Option<f64>,
@@ -126,11 +130,33 @@ fn check(t: &Template, exact: &HashMap<String, usize>) -> Result<GlobMatcher, (S
     {
         return fail("safe_capacity", out_of_range(safe, " or -1 (unlimited)"));
     }
+    if let Some(adaptive) = &t.adaptive {
+        check_adaptive(adaptive).map_err(|(field, why)| (format!("adaptive.{field}"), why))?;
+    }
     check_algorithm(&t.algorithm).map_err(|(field, why)| (format!("algorithm.{field}"), why))?;
     if let Some(first) = exact.get(&t.identifier_glob) {
         return fail("identifier_glob", format!("duplicates resources[{first}]"));
     }
     glob(&t.identifier_glob).map(|g| g.compile_matcher()).or_else(|e| fail("identifier_glob", e))
+}
+
+/// Checks an adaptive template's bounds and settings: `Err` names the field.
+fn check_adaptive(a: &Adaptive) -> Result<(), (String, String)> {
+    let within = |field: &str, value: f64, range: std::ops::RangeInclusive<f64>, what: &str| {
+        if range.contains(&value) { Ok(()) } else { Err((field.to_owned(), format!("must be {what}, got {value}"))) }
+    };
+    within("max", a.max, 0.0..=MAX_AMOUNT, &format!("from 0 to {MAX_AMOUNT:e}"))?;
+    within("min", a.min, 0.0..=a.max, &format!("from 0 to max ({})", a.max))?;
+    within("initial", a.initial, a.min..=a.max, &format!("from min ({}) to max ({})", a.min, a.max))?;
+    within("tolerance", a.tolerance, 0.01..=10.0, "from 0.01 to 10")?;
+    within("error_share", a.error_share, 0.0..=1.0, "from 0 to 1")?;
+    within("headroom", a.headroom, 0.0..=0.9, "from 0 to 0.9")?;
+    within("growth", a.growth, 0.01..=1.0, "from 0.01 to 1")?;
+    within("drain", a.drain, 0.1..=MAX_SIGNAL_SECONDS, &format!("from 0.1 to {MAX_SIGNAL_SECONDS} seconds"))?;
+    if !(1..=MAX_SIGNAL_SECONDS as i64).contains(&a.interval) {
+        return Err(("interval".into(), format!("must be from 1 to {MAX_SIGNAL_SECONDS} seconds, got {}", a.interval)));
+    }
+    Ok(())
 }
 
 /// Checks an algorithm's settings (SPEC §3.1): `Err` names the field (`lease_length`,
@@ -184,6 +210,7 @@ mod tests {
         Template {
             identifier_glob: glob.into(),
             capacity,
+            adaptive: None,
             safe_capacity: None,
             description: None,
             algorithm: Algorithm {
