@@ -183,7 +183,11 @@ impl Leasing {
             let plan = live.load_full();
             let mut answered = false;
             let request = self.lock().request(now, |id| plan.lease_gate(id).map_or(0.0, |g| g.ask()));
-            if let Some(request) = request {
+            if let Some(mut request) = request {
+                // Lost if the call fails: the next request's span starts after this one.
+                for r in &mut request.resource {
+                    r.signals = plan.lease_gate(&r.resource_id).and_then(|g| g.take_signals());
+                }
                 for r in &request.resource {
                     tracing::debug!(resource = %r.resource_id, wants = r.wants, "asking");
                 }

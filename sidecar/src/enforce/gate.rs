@@ -23,6 +23,8 @@ use crate::{
     metrics::GateMetrics,
 };
 
+use super::outcomes::Outcomes;
+
 pub struct Gate {
     pub id: Arc<str>,
     /// Fixed for the gate's life: a reload that changes it makes a new gate.
@@ -37,6 +39,8 @@ pub struct Gate {
     cue: Option<UnboundedSender<Arc<str>>>,
     pub metrics: GateMetrics,
     key: bool,
+    /// What the calls forwarded for the resource met upstream since the last lease request.
+    outcomes: Outcomes,
 }
 
 struct State {
@@ -102,6 +106,7 @@ impl Gate {
             metrics,
             key,
             id,
+            outcomes: Outcomes::default(),
         };
         gate.metrics.applied(&gate.applied());
         gate
@@ -132,6 +137,18 @@ impl Gate {
 
     fn now(&self) -> Seconds {
         self.origin.elapsed().as_secs_f64()
+    }
+
+    /// Counts a call forwarded upstream: its latency until the response headers, and whether
+    /// its answer says the service is overloaded ([`super::is_overload`]).
+    pub fn record_outcome(&self, latency: Duration, overload: bool) {
+        self.outcomes.record(latency, overload);
+    }
+
+    /// What the forwarded calls met since the last lease request: `None` for a resource no
+    /// request was charged to yet, which has nothing to say.
+    pub fn take_signals(&self) -> Option<sluice_proto::Signals> {
+        self.used().then(|| self.outcomes.take(self.origin, Instant::now()))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -1,5 +1,6 @@
 //! Measurement as a layer above the proxy: each forwarded request timed until its response
-//! headers, by listener and status.
+//! headers, by listener and status, and counted in the outcomes of the resources it was charged
+//! to (the signals an adaptive resource's capacity is learned from).
 
 use std::{
     future::Future,
@@ -11,10 +12,18 @@ use std::{
 
 use http::Response;
 use pin_project_lite::pin_project;
+use smallvec::SmallVec;
 use tower::Service;
 
 use super::Exchange;
-use crate::{plan::ListenerPlan, refusal::Refusal};
+use crate::{
+    enforce::{Gate, is_overload},
+    plan::ListenerPlan,
+    refusal::Refusal,
+};
+
+/// The gates a forwarded request was charged to: most rules charge one or two.
+type Charged = SmallVec<[Arc<Gate>; 2]>;
 
 /// Tower layer above the proxy: times each forwarded request until its response headers.
 #[derive(Clone)]
@@ -42,8 +51,9 @@ where
 
     fn call(&mut self, exchange: Exchange) -> Timed<S::Future> {
         let listener = exchange.listener.clone();
+        let gates = exchange.charged.as_ref().map(|c| c.gates().iter().cloned().collect()).unwrap_or_default();
         let start = Instant::now();
-        Timed { answer: self.inner.call(exchange), listener, start }
+        Timed { answer: self.inner.call(exchange), listener, gates, start }
     }
 }
 
@@ -54,6 +64,7 @@ pin_project! {
         #[pin]
         answer: F,
         listener: Arc<ListenerPlan>,
+        gates: Charged,
         start: Instant,
     }
 }
@@ -64,11 +75,14 @@ impl<F: Future<Output = Result<Response<B>, Refusal>>, B> Future for Timed<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         let answer = ready!(this.answer.poll(cx));
-        let status = match &answer {
-            Ok(response) => response.status(),
-            Err(refusal) => refusal.status(),
+        let (status, headers) = match &answer {
+            Ok(response) => (response.status(), Some(response.headers())),
+            Err(refusal) => (refusal.status(), None),
         };
-        this.listener.timing.record(status.as_u16(), this.start.elapsed().as_secs_f64());
+        let elapsed = this.start.elapsed();
+        this.listener.timing.record(status.as_u16(), elapsed.as_secs_f64());
+        let overload = is_overload(status, headers);
+        this.gates.iter().for_each(|gate| gate.record_outcome(elapsed, overload));
         Poll::Ready(answer)
     }
 }
