@@ -278,6 +278,9 @@ pub const ADAPTIVE_DRAIN: f64 = 2.0;
 pub const ADAPTIVE_INTERVAL: i64 = MIN_REFRESH_INTERVAL;
 /// Fewest answers a decision is made on: below it the capacity is held.
 pub const ADAPTIVE_MIN_SAMPLES: f64 = 20.0;
+/// Decisions whose intervals' mean latencies the unloaded latency is the lowest of: a minute at
+/// the default interval, so that a service that got faster is believed within a minute.
+pub const ADAPTIVE_BASELINE_DECISIONS: usize = 60;
 /// Decisions in a row in which no call was answered as fast as the unloaded latency allows before
 /// that latency is measured again: a standing queue, or a service that got slower for good.
 pub const ADAPTIVE_STALE_DECISIONS: u32 = 10;

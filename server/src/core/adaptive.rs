@@ -8,16 +8,19 @@
 //! ceiling less the headroom, less what drains the queue found (Little's law: goodput × the
 //! latency above the unloaded one) within `drain` seconds. While it is not, and the clients want
 //! more than the capacity, the capacity goes straight back to just below the last ceiling, then
-//! grows past it by steps that double from `growth`. The unloaded latency is the fastest answer
-//! seen; when no answer comes that fast for a while, the whole fleet lowers its take together for
-//! one decision, so that the queue empties and the fastest answer shows the new unloaded latency
-//! — one coordinated probe instead of each client probing alone.
+//! grows past it by steps that double from `growth`. The unloaded latency is the lowest mean
+//! latency of the recent decisions' intervals (a mean, not the fastest answer, so that calls that
+//! simply cost more are not taken for a queue). When even the fastest answer of an interval is
+//! slower than that for a while — a standing queue, or a service slower for good — the whole
+//! fleet lowers its take together for one decision, so that the queue empties and the interval's
+//! mean shows the unloaded latency anew: one coordinated probe instead of each client probing
+//! alone.
 
 use std::collections::VecDeque;
 
 use super::store::UnixSeconds;
 use crate::defaults::{
-    ADAPTIVE_HISTORY, ADAPTIVE_MIN_SAMPLES, ADAPTIVE_PROBE_SHARE, ADAPTIVE_STALE_DECISIONS,
+    ADAPTIVE_BASELINE_DECISIONS, ADAPTIVE_HISTORY, ADAPTIVE_MIN_SAMPLES, ADAPTIVE_PROBE_SHARE, ADAPTIVE_STALE_DECISIONS,
 };
 
 /// A template's bounds and its controller's settings.
@@ -177,6 +180,8 @@ pub struct Controller {
     capacity: f64,
     window: Window,
     since: Option<UnixSeconds>,
+    /// The mean latencies of the latest intervals, for the baseline.
+    means: VecDeque<f64>,
     baseline: Option<f64>,
     ceiling: Option<f64>,
     /// Growth steps in a row past the ceiling.
@@ -196,6 +201,7 @@ impl Controller {
             settings,
             window: Window::default(),
             since: None,
+            means: VecDeque::new(),
             baseline: None,
             ceiling: None,
             streak: 0,
@@ -266,13 +272,17 @@ impl Controller {
 
     fn decide(&mut self, rates: &Rates, wants: f64) -> Reason {
         let s = &self.settings;
-        if let Some(min) = rates.min_latency {
-            let fresh = std::mem::take(&mut self.probing);
-            let baseline = match self.baseline {
-                Some(b) if !fresh => b.min(min),
-                _ => min,
-            };
-            self.baseline = Some(baseline);
+        if let Some(latency) = rates.latency {
+            if std::mem::take(&mut self.probing) {
+                self.means.clear();
+            }
+            if self.means.len() == ADAPTIVE_BASELINE_DECISIONS {
+                self.means.pop_front();
+            }
+            self.means.push_back(latency);
+            self.baseline = self.means.iter().copied().reduce(f64::min);
+        }
+        if let (Some(min), Some(baseline)) = (rates.min_latency, self.baseline) {
             self.stale = if min > baseline * (1.0 + s.tolerance) { self.stale + 1 } else { 0 };
         }
         let error_share = rates.errors / (rates.errors + rates.goodput).max(f64::MIN_POSITIVE);
@@ -378,6 +388,16 @@ mod tests {
         assert_eq!(d.reason, Reason::Overload);
         assert!((d.capacity - (950.0 - 100.0 / 2.0)).abs() < 1e-9, "{}", d.capacity);
         assert_eq!(d.ceiling, Some(1000.0));
+    }
+
+    #[test]
+    fn calls_that_cost_more_than_the_fastest_are_not_a_queue() {
+        let mut c = Controller::new(Adaptive { initial: 1000.0, ..settings() });
+        for t in (1..40).step_by(2) {
+            let d = decide(&mut c, t, report(950.0, 0.0, 0.004, 0.001), 1800.0);
+            assert_ne!(d.reason, Reason::Overload, "at {t}");
+        }
+        assert_eq!(c.capacity(), 1875.0, "grown past what the clients want, then held");
     }
 
     #[test]

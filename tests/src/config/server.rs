@@ -91,7 +91,8 @@ impl ConfigFile for ServerConfig {
 #[derive(Clone, Debug, Serialize)]
 pub struct Template {
     identifier_glob: String,
-    capacity: f64,
+    capacity: Capacity,
+    adaptive: Option<Adaptive>,
     safe_capacity: Option<f64>,
     description: Option<String>,
     algorithm: Algorithm,
@@ -101,10 +102,20 @@ impl Template {
     pub fn new(identifier_glob: &str, capacity: f64, algorithm: Algorithm) -> Self {
         Template {
             identifier_glob: identifier_glob.into(),
-            capacity,
+            capacity: Capacity::Fixed(capacity),
+            adaptive: None,
             safe_capacity: None,
             description: None,
             algorithm,
+        }
+    }
+
+    /// A template whose capacity is learned from the service, between `min` and `max`.
+    pub fn adaptive(identifier_glob: &str, min: f64, max: f64, algorithm: Algorithm) -> Self {
+        Template {
+            capacity: Capacity::Learned("adaptive"),
+            adaptive: Some(Adaptive { min, max }),
+            ..Self::new(identifier_glob, 0.0, algorithm)
         }
     }
 
@@ -123,6 +134,21 @@ impl Template {
         self.description = Some(text.into());
         self
     }
+}
+
+/// A number, or `adaptive`.
+#[derive(Clone, Copy, Debug, Serialize)]
+#[serde(untagged)]
+enum Capacity {
+    Fixed(f64),
+    Learned(&'static str),
+}
+
+/// An adaptive template's bounds; the controller's settings keep their defaults.
+#[derive(Clone, Copy, Debug, Serialize)]
+struct Adaptive {
+    min: f64,
+    max: f64,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
