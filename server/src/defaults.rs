@@ -276,6 +276,9 @@ pub const ADAPTIVE_DRAIN: f64 = 2.0;
 /// Seconds between two decisions: the least refresh interval, so that every client's signals
 /// reach about every decision.
 pub const ADAPTIVE_INTERVAL: i64 = MIN_REFRESH_INTERVAL;
+/// How much of the latest interval's count of reporting clients goes into the smoothed count
+/// (an exponential moving average): clients' reports fall into intervals unevenly.
+pub const ADAPTIVE_REPORTERS_SMOOTHING: f64 = 0.3;
 /// Fewest answers a decision is made on: below it the capacity is held.
 pub const ADAPTIVE_MIN_SAMPLES: f64 = 20.0;
 /// Decisions whose intervals' mean latencies the unloaded latency is the lowest of: a minute at

@@ -12,7 +12,10 @@ use smallvec::SmallVec;
 
 use crate::{
     core::{Claim, Holds, Report, Wants},
-    defaults::{MAX_AMOUNT, MAX_BANDS, MAX_SIGNAL_SECONDS, MAX_ID_BYTES, MAX_PROFILE_GROUPS, MAX_RESOURCES_PER_REQUEST, MAX_SUBCLIENTS},
+    defaults::{
+        MAX_AMOUNT, MAX_BANDS, MAX_ID_BYTES, MAX_PROFILE_GROUPS, MAX_RESOURCES_PER_REQUEST, MAX_SIGNAL_SECONDS,
+        MAX_SUBCLIENTS,
+    },
 };
 
 /// A validated claim on one resource.
@@ -237,7 +240,13 @@ mod tests {
             client_id: "c".into(),
             resource: resources
                 .iter()
-                .map(|&(id, wants)| ResourceRequest { resource_id: id.into(), priority: 0, has: None, wants, signals: None })
+                .map(|&(id, wants)| ResourceRequest {
+                    resource_id: id.into(),
+                    priority: 0,
+                    has: None,
+                    wants,
+                    signals: None,
+                })
                 .collect(),
         }
     }

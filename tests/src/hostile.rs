@@ -234,7 +234,13 @@ pub async fn probe(addr: SocketAddr, stop: Arc<AtomicBool>) -> Probe {
     while !stop.load(Ordering::Relaxed) {
         let request = GetCapacityRequest {
             client_id: "honest".into(),
-            resource: vec![ResourceRequest { resource_id: "honest".into(), priority: 0, has: None, wants: 1.0, signals: None }],
+            resource: vec![ResourceRequest {
+                resource_id: "honest".into(),
+                priority: 0,
+                has: None,
+                wants: 1.0,
+                signals: None,
+            }],
         };
         let sent = Instant::now();
         match client.get_capacity(request).await {

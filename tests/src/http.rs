@@ -1,7 +1,13 @@
 //! HTTP clients for the end-to-end tests and the demo: HTTP/1.1 and h2c with hyper-util's pooled
 //! client, and one-shot GETs that return everything a test asserts on.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
@@ -44,4 +50,28 @@ pub async fn send(client: &HttpClient, request: http::Request<Full<Bytes>>, time
 pub async fn get(client: &HttpClient, url: &str) -> Answer {
     let request = http::Request::get(url).body(Full::default()).expect("a valid request");
     send(client, request, Duration::from_secs(10)).await.unwrap_or_else(|| panic!("no response to GET {url}"))
+}
+
+/// GETs `url` `rate` times a second, open loop (each at its time, whatever is outstanding),
+/// until `stop`; returns each request's status (`None`: no answer within 10 s).
+pub fn offer(url: &str, rate: f64, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Vec<Option<u16>>> {
+    let url = url.to_owned();
+    tokio::spawn(async move {
+        let client = http1();
+        let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+        let mut sent = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            ticks.tick().await;
+            let client = client.clone();
+            let request = http::Request::get(&url).body(Default::default()).expect("a valid request");
+            sent.push(tokio::spawn(async move {
+                send(&client, request, Duration::from_secs(10)).await.map(|answer| answer.status.as_u16())
+            }));
+        }
+        let mut statuses = Vec::new();
+        for request in sent {
+            statuses.push(request.await.expect("the request task ends"));
+        }
+        statuses
+    })
 }

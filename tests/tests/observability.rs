@@ -291,7 +291,12 @@ fn sidecar_config(upstream: SocketAddr, server: SocketAddr) -> SidecarConfig {
 /// A server sharing `capacity` of each resource, with leases of `lease` seconds refreshed every
 /// `refresh`, without learning mode.
 fn server_config(capacity: f64, lease: u64, refresh: u64) -> ServerConfig {
-    ServerConfig::new().template(Template::catch_all(capacity, Algorithm::fair_share(lease, refresh).learning(0)))
+    let algorithm = Algorithm::fair_share(lease, refresh).learning(0);
+    // One resource learns its capacity, for the adaptive series: at most `capacity`, which its
+    // load (shadowed, all forwarded) exceeds whatever the controller decides.
+    ServerConfig::new()
+        .template(Template::adaptive("shadowing", 0.0, capacity, algorithm.clone()))
+        .template(Template::catch_all(capacity, algorithm))
 }
 
 /// Offers each of the sidecar's resources about 60 requests a second until `stop`.

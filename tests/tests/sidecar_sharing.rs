@@ -20,7 +20,7 @@ use std::{
 use sluice_tests::{
     config::{Algorithm, Listener, OnLimit, Resource, Rule, ServerConfig, SidecarConfig, Template, Upstream},
     harness::{Server, Sidecar},
-    http::{http1, send},
+    http::{http1, offer, send},
     upstream::UpstreamProcess,
     wait::{eventually, lazily},
 };
@@ -67,30 +67,6 @@ fn rejecting() -> Rule {
     Rule::charging("shared").on_limit(OnLimit::Reject)
 }
 
-/// Offers `rate` requests per second to `listen`, open loop, until `stop`; returns the status
-/// of each request's answer (`None`: no answer).
-fn offer(listen: SocketAddr, rate: f64, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Vec<Option<u16>>> {
-    tokio::spawn(async move {
-        let client = http1();
-        let url = format!("http://{listen}/");
-        let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
-        let mut sent = Vec::new();
-        while !stop.load(Ordering::Relaxed) {
-            ticks.tick().await;
-            let client = client.clone();
-            let request = http::Request::get(&url).body(Default::default()).expect("a valid request");
-            sent.push(tokio::spawn(async move {
-                send(&client, request, Duration::from_secs(10)).await.map(|answer| answer.status.as_u16())
-            }));
-        }
-        let mut statuses = Vec::new();
-        for request in sent {
-            statuses.push(request.await.expect("the request task ends"));
-        }
-        statuses
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sidecars_share_fairly_and_stay_within_capacity() {
     let upstream = UpstreamProcess::start(None);
@@ -99,7 +75,10 @@ async fn two_sidecars_share_fairly_and_stay_within_capacity() {
         (0..2).map(|_| sidecar(&server, &upstream, shared(), rejecting())).collect();
 
     let stop = Arc::new(AtomicBool::new(false));
-    let load: Vec<_> = sidecars.iter().map(|(_, listen)| offer(*listen, OFFERED_PER_SIDECAR, stop.clone())).collect();
+    let load: Vec<_> = sidecars
+        .iter()
+        .map(|(_, listen)| offer(&format!("http://{listen}/"), OFFERED_PER_SIDECAR, stop.clone()))
+        .collect();
     let started = Instant::now();
 
     // Fair shares within three refresh intervals of the load starting. The sidecar whose
@@ -158,7 +137,7 @@ async fn a_new_sidecar_under_a_free_server_refuses_under_one_percent_of_its_firs
     // lease, nor after it, which the server has free.
     let (sidecar, listen) = sidecar(&server, &upstream, shared().safe_capacity(100.0), rejecting());
     let stop = Arc::new(AtomicBool::new(false));
-    let load = offer(listen, OFFERED, stop.clone());
+    let load = offer(&format!("http://{listen}/"), OFFERED, stop.clone());
     tokio::time::sleep(Duration::from_secs(5)).await;
     stop.store(true, Ordering::Relaxed);
     let statuses = load.await.unwrap();

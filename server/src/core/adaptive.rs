@@ -20,7 +20,8 @@ use std::collections::VecDeque;
 
 use super::store::UnixSeconds;
 use crate::defaults::{
-    ADAPTIVE_BASELINE_DECISIONS, ADAPTIVE_HISTORY, ADAPTIVE_MIN_SAMPLES, ADAPTIVE_PROBE_SHARE, ADAPTIVE_STALE_DECISIONS,
+    ADAPTIVE_BASELINE_DECISIONS, ADAPTIVE_HISTORY, ADAPTIVE_MIN_SAMPLES, ADAPTIVE_PROBE_SHARE,
+    ADAPTIVE_REPORTERS_SMOOTHING, ADAPTIVE_STALE_DECISIONS,
 };
 
 /// A template's bounds and its controller's settings.
@@ -94,16 +95,13 @@ impl Window {
         self.seconds <= 0.0
     }
 
-    /// The fleet's rates, `clients` each answered at the mean rate of the reports. Clients
-    /// report at times of their own, so an interval may hold two reports of one client and none
-    /// of another; the mean rate per reported second does not depend on that, a plain sum over
-    /// the interval would.
-    pub fn rates(&self, clients: f64) -> Option<Rates> {
+    /// The fleet's rates, `clients` each answered at the mean rate of the reports.
+    fn rates(&self, clients: f64) -> Option<Rates> {
         if self.is_empty() {
             return None;
         }
         let ok = (self.completed - self.errors).max(0.0);
-        let scale = clients.max(1.0) / self.seconds;
+        let scale = clients / self.seconds;
         Some(Rates {
             goodput: ok * scale,
             errors: self.errors * scale,
@@ -112,11 +110,42 @@ impl Window {
             samples: self.completed,
         })
     }
+}
 
-    /// What an intermediate server passes up for its `clients` over the `seconds` since its last
-    /// report: the subtree's rates as one client's report.
-    pub fn report(&self, clients: f64, seconds: f64) -> Option<Report> {
-        let rates = self.rates(clients)?;
+/// Reports as they come, closed interval by interval into the fleet's rates.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Collector {
+    window: Window,
+    /// How many clients report, smoothed over intervals.
+    reporters: Option<f64>,
+}
+
+impl Collector {
+    pub fn add(&mut self, report: &Report) {
+        self.window.add(report);
+    }
+
+    /// Closes an interval of `seconds`: the fleet's rates over it, starting the next. Clients
+    /// report at times of their own, so an interval may hold two reports of one client and none
+    /// of another: a plain sum over the interval would swing with that. Instead the mean rate
+    /// per reported second is multiplied by the clients that report, counted by the seconds
+    /// their reports span (each client's add up to about every interval) and smoothed over
+    /// intervals. Clients that send no signals — Doorman's — are not counted.
+    pub fn close(&mut self, seconds: f64) -> Option<Rates> {
+        let window = std::mem::take(&mut self.window);
+        if seconds <= 0.0 {
+            return None;
+        }
+        let seen = window.seconds / seconds;
+        let reporters = self.reporters.map_or(seen, |n| n + ADAPTIVE_REPORTERS_SMOOTHING * (seen - n));
+        self.reporters = Some(reporters);
+        window.rates(reporters)
+    }
+
+    /// What an intermediate server passes up for the `seconds` since its last report: its
+    /// subtree's rates as one client's report.
+    pub fn report(&mut self, seconds: f64) -> Option<Report> {
+        let rates = self.close(seconds)?;
         let ok = rates.goodput * seconds;
         Some(Report {
             completed: ok + rates.errors * seconds,
@@ -178,7 +207,7 @@ pub struct Decision {
 pub struct Controller {
     settings: Adaptive,
     capacity: f64,
-    window: Window,
+    signals: Collector,
     since: Option<UnixSeconds>,
     /// The mean latencies of the latest intervals, for the baseline.
     means: VecDeque<f64>,
@@ -199,7 +228,7 @@ impl Controller {
         Controller {
             capacity: settings.initial,
             settings,
-            window: Window::default(),
+            signals: Collector::default(),
             since: None,
             means: VecDeque::new(),
             baseline: None,
@@ -237,19 +266,18 @@ impl Controller {
     }
 
     pub fn observe(&mut self, report: &Report) {
-        self.window.add(report);
+        self.signals.add(report);
     }
 
-    /// Decides once an interval has passed since the last decision, on what came meanwhile:
-    /// `clients` hold leases, wanting `wants` in all. Returns the decision, if one was made.
-    pub fn tick(&mut self, now: UnixSeconds, clients: f64, wants: f64) -> Option<Decision> {
+    /// Decides once an interval has passed since the last decision, on what came meanwhile, the
+    /// clients wanting `wants` in all. Returns the decision, if one was made.
+    pub fn tick(&mut self, now: UnixSeconds, wants: f64) -> Option<Decision> {
         let since = *self.since.get_or_insert(now);
         if now < since.saturating_add(self.settings.interval) {
             return None;
         }
         self.since = Some(now);
-        let window = std::mem::take(&mut self.window);
-        let rates = window.rates(clients).filter(|r| r.samples >= ADAPTIVE_MIN_SAMPLES);
+        let rates = self.signals.close((now - since) as f64).filter(|r| r.samples >= ADAPTIVE_MIN_SAMPLES);
         let reason = match rates {
             None => Reason::Quiet,
             Some(rates) => self.decide(&rates, wants),
@@ -345,24 +373,27 @@ mod tests {
     }
 
     #[test]
-    fn rates_do_not_depend_on_how_reports_fall_into_intervals() {
-        let mut w = Window::default();
-        // Three clients at 100/s; one reported twice in the interval, one not at all.
-        w.add(&report(100.0, 0.0, 0.01, 0.01));
-        w.add(&report(100.0, 0.0, 0.01, 0.01));
-        w.add(&report(100.0, 0.0, 0.01, 0.01));
-        let rates = w.rates(3.0).unwrap();
-        assert_eq!(rates.goodput, 300.0);
-        assert_eq!(rates.latency, Some(0.01));
-        assert_eq!(Window::default().rates(3.0), None);
+    fn rates_do_not_swing_with_how_reports_fall_into_intervals() {
+        let mut c = Collector::default();
+        // Three clients at 100/s, reporting every second: one interval holds four reports,
+        // the next two, and so on.
+        let mut goodputs = vec![];
+        for reports in [3, 4, 2, 3, 4, 2, 3, 3, 4, 2] {
+            (0..reports).for_each(|_| c.add(&report(100.0, 0.0, 0.01, 0.01)));
+            goodputs.push(c.close(1.0).unwrap().goodput);
+        }
+        let last = goodputs.last().unwrap();
+        assert!((last - 300.0).abs() < 30.0, "{goodputs:?}");
+        assert_eq!(c.close(1.0), None, "nothing reported");
     }
 
     #[test]
     fn a_subtree_passes_its_rates_up_as_one_report() {
-        let mut w = Window::default();
-        w.add(&report(90.0, 10.0, 0.02, 0.01));
-        w.add(&report(90.0, 10.0, 0.04, 0.005));
-        let up = w.report(2.0, 2.0).unwrap();
+        let mut c = Collector::default();
+        // Two clients reporting a second each, over the two seconds since the last report.
+        c.add(&Report { seconds: 2.0, ..report(180.0, 20.0, 0.02, 0.01) });
+        c.add(&Report { seconds: 2.0, ..report(180.0, 20.0, 0.04, 0.005) });
+        let up = c.report(2.0).unwrap();
         // Two clients at 90 ok + 10 errors a second, over two seconds.
         assert_eq!(up.completed, 400.0);
         assert_eq!(up.errors, 40.0);
@@ -371,20 +402,26 @@ mod tests {
         assert_eq!(up.seconds, 2.0);
     }
 
-    /// One decision a second at `t`, the fleet's traffic as one report.
+    /// A controller whose first interval starts at 0.
+    fn controller(settings: Adaptive) -> Controller {
+        let mut c = Controller::new(settings);
+        assert_eq!(c.tick(0, 0.0), None);
+        c
+    }
+
+    /// The decision at `t` on the fleet's traffic of the second before, as one report.
     fn decide(c: &mut Controller, t: UnixSeconds, r: Report, wants: f64) -> Decision {
-        c.tick(t - 1, 1.0, wants);
         c.observe(&r);
-        c.tick(t, 1.0, wants).expect("an interval passed")
+        c.tick(t, wants).expect("an interval passed")
     }
 
     #[test]
     fn overload_cuts_to_the_goodput_less_headroom_and_the_queue_to_drain() {
-        let mut c = Controller::new(settings());
+        let mut c = controller(settings());
         // Unloaded: 10 ms. Then 1000 ok/s at a mean of 110 ms: 100 calls queued on average.
         let d = decide(&mut c, 1, report(1000.0, 0.0, 0.010, 0.010), 1800.0);
         assert_eq!((d.reason, d.capacity), (Reason::Sated, 5000.0), "wants below the capacity");
-        let d = decide(&mut c, 3, report(1000.0, 0.0, 0.110, 0.012), 1800.0);
+        let d = decide(&mut c, 2, report(1000.0, 0.0, 0.110, 0.012), 1800.0);
         assert_eq!(d.reason, Reason::Overload);
         assert!((d.capacity - (950.0 - 100.0 / 2.0)).abs() < 1e-9, "{}", d.capacity);
         assert_eq!(d.ceiling, Some(1000.0));
@@ -392,8 +429,8 @@ mod tests {
 
     #[test]
     fn calls_that_cost_more_than_the_fastest_are_not_a_queue() {
-        let mut c = Controller::new(Adaptive { initial: 1000.0, ..settings() });
-        for t in (1..40).step_by(2) {
+        let mut c = controller(Adaptive { initial: 1000.0, ..settings() });
+        for t in 1..20 {
             let d = decide(&mut c, t, report(950.0, 0.0, 0.004, 0.001), 1800.0);
             assert_ne!(d.reason, Reason::Overload, "at {t}");
         }
@@ -402,7 +439,7 @@ mod tests {
 
     #[test]
     fn errors_alone_are_an_overload() {
-        let mut c = Controller::new(settings());
+        let mut c = controller(settings());
         let d = decide(&mut c, 1, report(400.0, 100.0, 0.010, 0.010), 1800.0);
         assert_eq!(d.reason, Reason::Overload);
         assert!((d.capacity - 380.0).abs() < 1e-9);
@@ -410,25 +447,25 @@ mod tests {
 
     #[test]
     fn recovery_goes_back_below_the_ceiling_then_grows_by_doubling_steps() {
-        let mut c = Controller::new(settings());
+        let mut c = controller(settings());
         decide(&mut c, 1, report(1000.0, 0.0, 0.010, 0.010), 1800.0);
-        let d = decide(&mut c, 3, report(400.0, 0.0, 0.5, 0.3), 1800.0);
+        let d = decide(&mut c, 2, report(400.0, 0.0, 0.5, 0.3), 1800.0);
         assert!(d.capacity < 380.0);
-        let d = decide(&mut c, 5, report(200.0, 0.0, 0.011, 0.010), 1800.0);
+        let d = decide(&mut c, 3, report(200.0, 0.0, 0.011, 0.010), 1800.0);
         assert_eq!((d.reason, d.capacity), (Reason::Recover, 380.0));
         let mut capacities = vec![];
-        for t in [7, 9, 11] {
+        for t in [4, 5, 6] {
             capacities.push(decide(&mut c, t, report(380.0, 0.0, 0.010, 0.010), 1800.0).capacity);
         }
         assert_eq!(capacities, [475.0, 712.5, 1425.0]);
         // Bounded by max, and held where the clients want no more.
-        let d = decide(&mut c, 13, report(1000.0, 0.0, 0.010, 0.010), 900.0);
+        let d = decide(&mut c, 7, report(1000.0, 0.0, 0.010, 0.010), 900.0);
         assert_eq!((d.reason, d.capacity), (Reason::Sated, 1425.0));
     }
 
     #[test]
     fn the_capacity_stays_within_its_bounds() {
-        let mut c = Controller::new(settings());
+        let mut c = controller(settings());
         let d = decide(&mut c, 1, report(5.0, 30.0, 0.010, 0.010), 1800.0);
         assert_eq!(d.capacity, 10.0);
         c.set_settings(Adaptive { min: 50.0, ..settings() });
@@ -437,25 +474,25 @@ mod tests {
 
     #[test]
     fn too_few_answers_hold_the_capacity() {
-        let mut c = Controller::new(settings());
+        let mut c = controller(settings());
         let d = decide(&mut c, 1, report(5.0, 5.0, 1.0, 1.0), 1800.0);
         assert_eq!((d.reason, d.capacity), (Reason::Quiet, 5000.0));
-        assert_eq!(c.tick(1, 1.0, 1800.0), None, "one decision an interval");
+        assert_eq!(c.tick(1, 1800.0), None, "one decision an interval");
     }
 
     #[test]
     fn a_slower_service_is_probed_fleet_wide_and_its_new_latency_taken() {
-        let mut c = Controller::new(Adaptive { initial: 1000.0, ..settings() });
+        let mut c = controller(Adaptive { initial: 1000.0, ..settings() });
         decide(&mut c, 1, report(950.0, 0.0, 0.010, 0.010), 1800.0);
         // The service now takes 25 ms at best: every answer is "slow" against 10 ms.
-        let mut t = 3;
+        let mut t = 2;
         let mut reasons = vec![];
         loop {
             let ok = c.capacity().min(400.0);
             let d = decide(&mut c, t, report(ok, 0.0, 0.026, 0.025), 1800.0);
             reasons.push(d.reason);
-            t += 2;
-            if d.reason == Reason::Probe || t > 60 {
+            t += 1;
+            if d.reason == Reason::Probe || t > 30 {
                 break;
             }
         }

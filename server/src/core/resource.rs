@@ -6,7 +6,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::{
-    adaptive::{Controller, Decision, Report, Window},
+    adaptive::{Collector, Controller, Decision, Report},
     algorithm::{Algorithm, Choice, Kind},
     band::Demand,
     priority::{self, Bands, PriorityMode, SubtreeWants, Wants},
@@ -32,7 +32,12 @@ pub struct Claim {
 impl Claim {
     /// An end client's claim: one band.
     pub fn single(priority: i64, wants: f64, has: Option<f64>) -> Claim {
-        Claim { wants: smallvec::smallvec![Wants { priority, wants, subclients: 1.0 }], has, holds: Holds::Own, signals: None }
+        Claim {
+            wants: smallvec::smallvec![Wants { priority, wants, subclients: 1.0 }],
+            has,
+            holds: Holds::Own,
+            signals: None,
+        }
     }
 
     pub fn total_wants(&self) -> f64 {
@@ -93,7 +98,7 @@ pub struct Resource {
     /// A root's learned capacity, for an adaptive template.
     controller: Option<Box<Controller>>,
     /// An intermediate server's clients' signals since it last passed them up, and when that was.
-    upward: Option<Box<(Window, UnixSeconds)>>,
+    upward: Option<Box<(Collector, UnixSeconds)>>,
 }
 
 /// What an intermediate server told its parent of one resource.
@@ -147,28 +152,29 @@ impl Resource {
     fn observe(&mut self, report: &Report, now: UnixSeconds) {
         match (&mut self.controller, &self.supply) {
             (Some(c), _) => c.observe(report),
-            (None, Supply::Parent(_)) => self.upward.get_or_insert_with(|| Box::new((Window::default(), now))).0.add(report),
+            (None, Supply::Parent(_)) => {
+                self.upward.get_or_insert_with(|| Box::new((Collector::default(), now))).0.add(report)
+            }
             (None, Supply::Template) => {}
         }
     }
 
     /// Lets an adaptive resource's controller decide, if its interval has passed.
     pub fn tick(&mut self, now: UnixSeconds) -> Option<Decision> {
-        let (clients, wants) = (self.leases.len() as f64, self.leases.bands().sums().wants);
-        self.controller.as_mut()?.tick(now, clients, wants)
+        let wants = self.leases.bands().sums().wants;
+        self.controller.as_mut()?.tick(now, wants)
     }
 
     /// The signals an intermediate server passes up with its next report: its clients' since
     /// the last, once a whole second has passed.
     pub fn take_signals(&mut self, now: UnixSeconds) -> Option<Report> {
-        let (window, since) = self.upward.as_deref()?;
+        let (signals, since) = self.upward.as_deref_mut()?;
         let seconds = now.saturating_sub(*since);
         if seconds < 1 {
             return None;
         }
-        let report = window.report(self.leases.len() as f64, seconds as f64);
-        self.upward = None;
-        report
+        *since = now;
+        signals.report(seconds as f64)
     }
 
     pub fn leases(&self) -> &LeaseStore {

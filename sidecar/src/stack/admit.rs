@@ -121,7 +121,10 @@ where
             if let Some((charge, gates)) = meter(&charged, Side::Request) {
                 exchange.request.body_mut().charge_to(charge, gates, false);
             }
-            return Either::Left(Held::new(self.inner.call(exchange), permits, meter(&charged, Side::Response)));
+            let response = meter(&charged, Side::Response);
+            // Passed on for measurement, which counts each forwarded call in its gates' outcomes.
+            exchange.charged = Some(charged);
+            return Either::Left(Held::new(self.inner.call(exchange), permits, response));
         }
         // The clone is ready, not `self.inner` (tower's rule for services driven in a future).
         let inner = self.inner.clone();
@@ -134,7 +137,9 @@ where
             if let Some((charge, gates)) = meter(&charged, Side::Request) {
                 exchange.request.body_mut().charge_to(charge, gates, true);
             }
-            Held::new(inner.call(exchange), permits, meter(&charged, Side::Response)).await
+            let response = meter(&charged, Side::Response);
+            exchange.charged = Some(charged);
+            Held::new(inner.call(exchange), permits, response).await
         })))
     }
 }
