@@ -592,3 +592,70 @@ fn a_leaf_folds_its_least_important_bands_into_one_within_what_its_parent_accept
     let response = service::get_server_capacity(&mut root, 0, &request, None, MAX_RESOURCES).expect("accepted");
     assert_eq!(response.response[0].gets.capacity, 10.0 * priorities as f64);
 }
+
+/// A root learning the capacity of "r" between 10 and 1,000 (from 1,000), refreshed every second.
+fn adaptive_root() -> Ledger {
+    let mut template = repository(0.0, None, "strict").templates()[0].as_ref().clone();
+    template.algorithm.refresh_interval = 1;
+    template.adaptive = Some(sluice_server::core::Adaptive {
+        min: 10.0,
+        max: 1000.0,
+        initial: 1000.0,
+        tolerance: 0.5,
+        error_share: 0.05,
+        headroom: 0.05,
+        growth: 0.25,
+        drain: 2.0,
+        interval: 1,
+    });
+    Ledger::new(Arc::new(Repository::new(vec![template]).unwrap()), 0)
+}
+
+/// An end client's GetCapacity for "r" wanting 600, with a second's signals: `ok` answers at a
+/// mean `latency`, the fastest `min`.
+fn ask_with_signals(ledger: &mut Ledger, now: UnixSeconds, client: &str, ok: i64, latency: f64, min: f64) -> f64 {
+    let signals = sluice_proto::Signals {
+        completed: Some(ok),
+        errors: Some(0),
+        latency_sum: Some(ok as f64 * latency),
+        min_latency: Some(min),
+        seconds: Some(1.0),
+    };
+    let req = GetCapacityRequest {
+        client_id: client.into(),
+        resource: vec![ResourceRequest {
+            resource_id: "r".into(),
+            priority: 0,
+            has: None,
+            wants: 600.0,
+            signals: Some(signals),
+        }],
+    };
+    service::get_capacity(ledger, now, &req, None, MAX_RESOURCES).unwrap().response.remove(0).gets.capacity
+}
+
+#[test]
+fn signals_pass_up_through_a_leaf_to_the_root_that_learns_the_capacity() {
+    let mut root = adaptive_root();
+    let mut leaf = intermediate("leaf");
+    // Two clients of the leaf, each answered 200 a second: at 10 ms, then at 110 ms (queued).
+    for (t, latency) in [(1, 0.010), (2, 0.010), (3, 0.110), (4, 0.110)] {
+        ask_with_signals(&mut leaf, t, "a", 200, latency, 0.010);
+        ask_with_signals(&mut leaf, t, "b", 200, latency, 0.010);
+        let request = leaf.parent_request(t as f64).expect("a request is due");
+        if t > 1 {
+            let signals = request.resource[0].signals.as_ref().expect("the subtree's signals");
+            // The leaf passes its two clients up as one: 400 a second over its second.
+            assert_eq!((signals.completed, signals.seconds), (Some(400), Some(1.0)), "at {t}");
+        }
+        let response = service::get_server_capacity(&mut root, t, &request, None, MAX_RESOURCES).unwrap();
+        leaf.on_parent_response(t as f64, response);
+    }
+    let controller = root.resource("r").and_then(|r| r.controller()).expect("the root learns");
+    let last = controller.history().back().unwrap();
+    assert_eq!(last.reason, sluice_server::core::Reason::Overload, "{:?}", controller.history());
+    // 400 a second were served with 100 ms queued: 400 × 0.95 − 40 / 2.
+    assert!((controller.capacity() - 360.0).abs() < 1.0, "{}", controller.capacity());
+    let lease = root.resource("r").unwrap().capacity(5).unwrap();
+    assert_eq!(lease, controller.capacity(), "what the root shares");
+}

@@ -56,6 +56,14 @@ pub struct Report {
     pub seconds: f64,
 }
 
+impl Report {
+    /// When the first interval of signals starts, if this report is its first: at the start of
+    /// what the report spans, so that the interval holds what it counts.
+    pub fn start(&self, now: UnixSeconds) -> UnixSeconds {
+        now.saturating_sub(self.seconds.ceil() as UnixSeconds)
+    }
+}
+
 /// The reports of one interval, summed.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Window {
@@ -265,7 +273,9 @@ impl Controller {
         self.counts[reason as usize]
     }
 
-    pub fn observe(&mut self, report: &Report) {
+    /// Takes a client's report, which came at `now`.
+    pub fn observe(&mut self, report: &Report, now: UnixSeconds) {
+        self.since.get_or_insert_with(|| report.start(now));
         self.signals.add(report);
     }
 
@@ -411,7 +421,7 @@ mod tests {
 
     /// The decision at `t` on the fleet's traffic of the second before, as one report.
     fn decide(c: &mut Controller, t: UnixSeconds, r: Report, wants: f64) -> Decision {
-        c.observe(&r);
+        c.observe(&r, t);
         c.tick(t, wants).expect("an interval passed")
     }
 

@@ -151,9 +151,9 @@ impl Resource {
     /// Takes a claimant's signals: into the controller at a root, else kept to pass up.
     fn observe(&mut self, report: &Report, now: UnixSeconds) {
         match (&mut self.controller, &self.supply) {
-            (Some(c), _) => c.observe(report),
+            (Some(c), _) => c.observe(report, now),
             (None, Supply::Parent(_)) => {
-                self.upward.get_or_insert_with(|| Box::new((Collector::default(), now))).0.add(report)
+                self.upward.get_or_insert_with(|| Box::new((Collector::default(), report.start(now)))).0.add(report)
             }
             (None, Supply::Template) => {}
         }
