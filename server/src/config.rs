@@ -341,6 +341,47 @@ mod tests {
         assert!(lines[1].starts_with("policies[0] (\"x\"): client_ids[0]:"), "{error}");
     }
 
+    #[test]
+    fn an_adaptive_template_has_its_bounds_and_the_controllers_defaults() {
+        let template = |capacity: &str, adaptive: &str| {
+            format!(
+                "resources:\n  - identifier_glob: db\n    capacity: {capacity}\n{adaptive}    \
+                 algorithm: {{kind: FAIR_SHARE, lease_length: 10, refresh_interval: 1}}\n  - identifier_glob: \"*\"\n    \
+                 capacity: 0\n    algorithm: {{kind: FAIR_SHARE, lease_length: 10, refresh_interval: 1}}\n"
+            )
+        };
+        let repository = parse_text(&template("adaptive", "    adaptive: {min: 5, max: 500, growth: 0.5}\n")).unwrap();
+        let db = repository.find("db");
+        let adaptive = db.adaptive.as_ref().expect("adaptive");
+        assert_eq!((adaptive.min, adaptive.max, adaptive.initial, adaptive.growth), (5.0, 500.0, 500.0, 0.5));
+        assert_eq!((adaptive.tolerance, adaptive.interval), (ADAPTIVE_TOLERANCE, ADAPTIVE_INTERVAL));
+        assert_eq!(db.capacity, 500.0, "what it starts from");
+        assert_eq!(repository.find("other").adaptive, None);
+
+        let error = |capacity, adaptive| parse_text(&template(capacity, adaptive)).unwrap_err();
+        assert_eq!(
+            error("adaptive", ""),
+            "resources[0] (\"db\"): adaptive: `capacity: adaptive` needs `adaptive: {min: …, max: …}`"
+        );
+        assert_eq!(
+            error("5", "    adaptive: {min: 5, max: 500}\n"),
+            "resources[0] (\"db\"): adaptive: needs `capacity: adaptive`"
+        );
+        assert_eq!(
+            error("lots", ""),
+            "resources[0] (\"db\"): capacity: must be a number or \"adaptive\", got \"lots\""
+        );
+        assert_eq!(
+            error("adaptive", "    adaptive: {min: 600, max: 500}\n"),
+            "resources[0] (\"db\"): adaptive.min: must be from 0 to max (500), got 600"
+        );
+        assert_eq!(
+            error("adaptive", "    adaptive: {min: 5, max: 500, headroom: 1}\n"),
+            "resources[0] (\"db\"): adaptive.headroom: must be from 0 to 0.9, got 1"
+        );
+        assert!(error("adaptive", "    adaptive: {min: 5, max: 500, tolerence: 1}\n").contains("unknown field"));
+    }
+
     /// A configuration without a file: what it names is found from the working directory.
     fn parse_text(text: &str) -> Result<Repository, String> {
         parse(text, Path::new(""))

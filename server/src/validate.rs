@@ -258,6 +258,41 @@ mod tests {
     }
 
     #[test]
+    fn signals_are_bounded_and_need_their_span() {
+        let with = |signals: Signals| {
+            let mut req = request(&[("r", 1.0)]);
+            req.resource[0].signals = Some(signals);
+            get_capacity(&req).map(|claims| claims[0].1.signals)
+        };
+        let good = Signals {
+            completed: Some(10),
+            errors: Some(2),
+            latency_sum: Some(0.08),
+            min_latency: Some(0.005),
+            seconds: Some(1.0),
+        };
+        let report = with(good).unwrap().unwrap();
+        assert_eq!((report.completed, report.errors, report.latency_sum), (10.0, 2.0, 0.08));
+        assert_eq!(message(with(Signals { seconds: None, ..good })), "resource[0].signals.seconds: required");
+        assert_eq!(
+            message(with(Signals { errors: Some(11), ..good })),
+            "resource[0].signals.errors: more than completed (11 > 10)"
+        );
+        assert_eq!(
+            message(with(Signals { completed: Some(-1), ..good })),
+            "resource[0].signals.completed: must be from 0 to 1e15, got -1"
+        );
+        assert!(
+            message(with(Signals { latency_sum: Some(f64::NAN), ..good }))
+                .starts_with("resource[0].signals.latency_sum")
+        );
+        assert!(
+            message(with(Signals { min_latency: Some(-1.0), ..good })).starts_with("resource[0].signals.min_latency")
+        );
+        assert!(message(with(Signals { seconds: Some(1e9), ..good })).starts_with("resource[0].signals.seconds"));
+    }
+
+    #[test]
     fn rejects_bad_amounts_and_ids() {
         assert_eq!(
             message(get_capacity(&request(&[("a", f64::NAN)]))),
