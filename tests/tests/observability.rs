@@ -462,6 +462,8 @@ async fn prometheus_gets_series_for_every_dashboard_query_and_rule_from_the_bina
         "increase(sluice_sidecar_requests_total{decision=\"delayed\"}[10s]) > 0",
         "increase(sluice_sidecar_requests_total{decision=\"shadow_rejected\"}[10s]) > 0",
         "sluice_server_parent_lease_capacity",
+        // After the root's first decision on the sidecar's signals, passed up by the leaf.
+        "sluice_server_adaptive_goodput",
         "sluice_server_elections_total{result=\"won\"} > 0",
         "sluice:sidecar_rejected:ratio_rate5m{resource=\"rejecting\"} > 0.1",
     ] {
