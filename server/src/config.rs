@@ -14,10 +14,7 @@ use sluice_ratelimit::{Domain, Limit, MAX_FILES, Quota, Unit};
 
 use crate::{
     core::{Adaptive, Algorithm, Kind, Parameter, Policies, Policy, Repository, Template, check_algorithm},
-    defaults::{
-        ADAPTIVE_DRAIN, ADAPTIVE_ERROR_SHARE, ADAPTIVE_GROWTH, ADAPTIVE_HEADROOM, ADAPTIVE_INTERVAL,
-        ADAPTIVE_TOLERANCE, MAX_CLIENT_IDS_PER_IDENTITY, RATE_LIMIT_LEASE_LENGTH, RATE_LIMIT_REFRESH_INTERVAL,
-    },
+    defaults::{MAX_CLIENT_IDS_PER_IDENTITY, RATE_LIMIT_LEASE_LENGTH, RATE_LIMIT_REFRESH_INTERVAL},
 };
 
 #[derive(Deserialize)]
@@ -197,16 +194,16 @@ fn template(t: TemplateDoc) -> Result<Template, (&'static str, String)> {
             return Err(("adaptive", "`capacity: adaptive` needs `adaptive: {min: …, max: …}`".into()));
         }
         (CapacityDoc::Learned(_), Some(a)) => {
+            let d = Adaptive::within(a.min, a.max);
             let adaptive = Adaptive {
-                min: a.min,
-                max: a.max,
-                initial: a.initial.unwrap_or(a.max),
-                tolerance: a.tolerance.unwrap_or(ADAPTIVE_TOLERANCE),
-                error_share: a.error_share.unwrap_or(ADAPTIVE_ERROR_SHARE),
-                headroom: a.headroom.unwrap_or(ADAPTIVE_HEADROOM),
-                growth: a.growth.unwrap_or(ADAPTIVE_GROWTH),
-                drain: a.drain.unwrap_or(ADAPTIVE_DRAIN),
-                interval: a.interval.unwrap_or(ADAPTIVE_INTERVAL),
+                initial: a.initial.unwrap_or(d.initial),
+                tolerance: a.tolerance.unwrap_or(d.tolerance),
+                error_share: a.error_share.unwrap_or(d.error_share),
+                headroom: a.headroom.unwrap_or(d.headroom),
+                growth: a.growth.unwrap_or(d.growth),
+                drain: a.drain.unwrap_or(d.drain),
+                interval: a.interval.unwrap_or(d.interval),
+                ..d
             };
             (adaptive.initial, Some(adaptive))
         }
@@ -354,7 +351,7 @@ mod tests {
         let db = repository.find("db");
         let adaptive = db.adaptive.as_ref().expect("adaptive");
         assert_eq!((adaptive.min, adaptive.max, adaptive.initial, adaptive.growth), (5.0, 500.0, 500.0, 0.5));
-        assert_eq!((adaptive.tolerance, adaptive.interval), (ADAPTIVE_TOLERANCE, ADAPTIVE_INTERVAL));
+        assert_eq!(adaptive, &Adaptive { growth: 0.5, ..Adaptive::within(5.0, 500.0) }, "the rest defaults");
         assert_eq!(db.capacity, 500.0, "what it starts from");
         assert_eq!(repository.find("other").adaptive, None);
 

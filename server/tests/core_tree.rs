@@ -597,17 +597,7 @@ fn a_leaf_folds_its_least_important_bands_into_one_within_what_its_parent_accept
 fn adaptive_root() -> Ledger {
     let mut template = repository(0.0, None, "strict").templates()[0].as_ref().clone();
     template.algorithm.refresh_interval = 1;
-    template.adaptive = Some(sluice_server::core::Adaptive {
-        min: 10.0,
-        max: 1000.0,
-        initial: 1000.0,
-        tolerance: 0.5,
-        error_share: 0.05,
-        headroom: 0.05,
-        growth: 0.25,
-        drain: 2.0,
-        interval: 1,
-    });
+    template.adaptive = Some(sluice_server::core::Adaptive::within(10.0, 1000.0));
     Ledger::new(Arc::new(Repository::new(vec![template]).unwrap()), 0)
 }
 

@@ -20,8 +20,9 @@ use std::collections::VecDeque;
 
 use super::store::UnixSeconds;
 use crate::defaults::{
-    ADAPTIVE_BASELINE_DECISIONS, ADAPTIVE_HISTORY, ADAPTIVE_MIN_SAMPLES, ADAPTIVE_PROBE_SHARE,
-    ADAPTIVE_REPORTERS_SMOOTHING, ADAPTIVE_STALE_DECISIONS,
+    ADAPTIVE_BASELINE_DECISIONS, ADAPTIVE_DRAIN, ADAPTIVE_ERROR_SHARE, ADAPTIVE_GROWTH, ADAPTIVE_HEADROOM,
+    ADAPTIVE_HISTORY, ADAPTIVE_INTERVAL, ADAPTIVE_MIN_SAMPLES, ADAPTIVE_PROBE_SHARE, ADAPTIVE_REPORTERS_SMOOTHING,
+    ADAPTIVE_STALE_DECISIONS, ADAPTIVE_TOLERANCE,
 };
 
 /// A template's bounds and its controller's settings.
@@ -43,6 +44,23 @@ pub struct Adaptive {
     pub drain: f64,
     /// Seconds between decisions.
     pub interval: i64,
+}
+
+impl Adaptive {
+    /// Between `min` and `max`, starting at `max`, with the controller's defaults.
+    pub fn within(min: f64, max: f64) -> Adaptive {
+        Adaptive {
+            min,
+            max,
+            initial: max,
+            tolerance: ADAPTIVE_TOLERANCE,
+            error_share: ADAPTIVE_ERROR_SHARE,
+            headroom: ADAPTIVE_HEADROOM,
+            growth: ADAPTIVE_GROWTH,
+            drain: ADAPTIVE_DRAIN,
+            interval: ADAPTIVE_INTERVAL,
+        }
+    }
 }
 
 /// One client's signals, validated: what its forwarded calls met over `seconds`.
@@ -364,17 +382,7 @@ mod tests {
     use super::*;
 
     fn settings() -> Adaptive {
-        Adaptive {
-            min: 10.0,
-            max: 5000.0,
-            initial: 5000.0,
-            tolerance: 0.5,
-            error_share: 0.05,
-            headroom: 0.05,
-            growth: 0.25,
-            drain: 2.0,
-            interval: 1,
-        }
+        Adaptive::within(10.0, 5000.0)
     }
 
     /// A report of one client over a second: `ok` answers at `latency`, the fastest `min`.
