@@ -98,11 +98,14 @@ soak:
 # Deterministic simulation of Doorman's scenarios on a simulated clock, driving the real server
 # and sidecar cores (release build): a table on stdout, and under sim-results/ a summary CSV and,
 # per scenario, its time series, shifts and an SVG plot. All scenarios, the server trees (5, 7)
-# and the 10,000-client scale run (8) included; about half a minute in all.
+# and the 10,000-client scale run (8) included; about half a minute in all. Then the adaptive
+# scenario (9) over seeds 1 to SIM_SEEDS: each run's figures and their mean and worst.
 SIM_SCENARIOS ?= $(sort $(wildcard sim/scenarios/*.yaml))
+SIM_SEEDS ?= 20
 sim:
 	$(CARGO) build --release -p sluice-sim
 	./target/release/sluice-sim --out sim-results $(SIM_SCENARIOS)
+	./target/release/sluice-sim --seeds $(SIM_SEEDS) --out sim-results/seeds sim/scenarios/9-adaptive.yaml
 
 # The container image from release binaries built here, packaged by deploy/Dockerfile's offline
 # `prebuilt` target on BASE (default: a base made from this machine's Debian packages); needs a

@@ -3,7 +3,8 @@
 //! [`LeaseClient`] decides when to ask and what it holds, and its effective capacity is applied
 //! to the limiter after every answer (`gate.rs`, `leasing.rs`). The server choice — Discovery,
 //! master redirects, the next address after an error — is [`Link`]'s, as it is `Servers`' in
-//! `leasing.rs`.
+//! `leasing.rs`. With a service behind the resource, the calls its limiter admits go there, and
+//! what they met goes with each request as the sidecar's signals.
 
 use sluice_proto::GetCapacityRequest;
 use sluice_sidecar::{
@@ -18,6 +19,7 @@ use crate::{
     routing::{Link, Outgoing, Settled},
     scenario::{ClientGroup, FallbackSpec},
     server::Server,
+    service::{self, Outcomes},
     topology::ServerId,
 };
 
@@ -41,19 +43,25 @@ pub struct Client {
     pub spikes: u64,
     /// Cost admitted since the last [`Client::take_admitted`].
     admitted: f64,
+    /// With a service behind the resource: the times of the calls admitted and not yet handed
+    /// to it, and what the answered ones met.
+    calls: Vec<Time>,
+    outcomes: Option<Outcomes>,
     link: Link<GetCapacityRequest>,
     /// When the pending wake-up is scheduled, so earlier ones left in the queue are ignored.
     pub wake_at: Option<Time>,
 }
 
 impl Client {
-    /// A client of `server`, which has `replicas` addresses.
+    /// A client of `server`, which has `replicas` addresses; `calling`: with a service behind
+    /// the resource.
     pub fn new(
         id: String,
         group: &ClientGroup,
         resource: &str,
         server: ServerId,
         replicas: usize,
+        calling: bool,
         seed: u64,
     ) -> Client {
         let mut seeds = fastrand::Rng::with_seed(seed);
@@ -79,6 +87,8 @@ impl Client {
             arrivals: Arrivals::new(group.request_cost, group.join),
             spikes: 0,
             admitted: 0.0,
+            calls: Vec::new(),
+            outcomes: calling.then(|| Outcomes::new(group.join)),
             link: Link::new(replicas),
             wake_at: None,
         }
@@ -137,10 +147,14 @@ impl Client {
         if self.phase != Phase::Active {
             return;
         }
-        let (limiter, admitted) = (&mut self.limiter, &mut self.admitted);
+        let (limiter, admitted, calls) = (&mut self.limiter, &mut self.admitted, &mut self.calls);
+        let calling = self.outcomes.is_some();
         self.arrivals.run(now, self.load.rate(), |at, cost| {
             if limiter.offer(at, cost, 0.0) == Offer::Admitted {
                 *admitted += cost;
+                if calling {
+                    calls.push(at);
+                }
             }
         });
     }
@@ -165,6 +179,19 @@ impl Client {
         std::mem::take(&mut self.admitted)
     }
 
+    /// The calls admitted up to `now` not yet handed to the service, in order.
+    pub fn take_calls(&mut self, now: Time) -> Vec<Time> {
+        self.feed(now);
+        std::mem::take(&mut self.calls)
+    }
+
+    /// An answer the service will give, at its time.
+    pub fn expect(&mut self, answer: service::Answer) {
+        if let Some(outcomes) = &mut self.outcomes {
+            outcomes.expect(answer);
+        }
+    }
+
     /// Lets the lease client ask early if demand moved, as `Leasing::run` does between refreshes.
     pub fn check_demand(&mut self, now: Time) {
         let wants = self.wants(now);
@@ -176,10 +203,17 @@ impl Client {
         if self.phase == Phase::Active && !self.link.busy() { self.lease.next_due() } else { None }
     }
 
-    /// The refresh that is due: one GetCapacity, preceded by Discovery if no master is known.
+    /// The refresh that is due: one GetCapacity, preceded by Discovery if no master is known;
+    /// with the signals of the answers arrived since the last, as `leasing.rs` sends them (lost
+    /// if the call fails). The service must have served up to `now`.
     pub fn ask(&mut self, now: Time) -> Option<Outgoing> {
         let wants = self.wants(now);
-        let request = self.lease.request(now, |_| wants)?;
+        let mut request = self.lease.request(now, |_| wants)?;
+        if let Some(outcomes) = &mut self.outcomes {
+            for r in &mut request.resource {
+                r.signals = Some(outcomes.take(now));
+            }
+        }
         Some(self.link.call(request))
     }
 

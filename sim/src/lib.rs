@@ -8,11 +8,14 @@
 //! - [`clock`]: the event queue; [`network`]: delay and loss;
 //! - [`load`]: offered load; [`client`]: a sidecar; [`server`]: a replicated capacity server,
 //!   a root or one leasing from its parent; [`routing`]: how either reaches a server's master;
-//!   [`protocol`]: the server's handling of each RPC;
-//! - [`sim`]: the run; [`metrics`] and [`fairness`]: what it is judged by;
+//!   [`protocol`]: the server's handling of each RPC; [`service`]: a service that can be
+//!   overloaded, behind the resource;
+//! - [`sim`]: the run; [`metrics`] and [`fairness`]: what it is judged by; [`adaptive`]: what a
+//!   run with a service is judged by;
 //! - [`report`] and [`svg`]: the table, CSV files and plots.
 #![forbid(unsafe_code)]
 
+pub mod adaptive;
 pub mod client;
 pub mod clock;
 pub mod fairness;
@@ -24,6 +27,7 @@ pub mod report;
 pub mod routing;
 pub mod scenario;
 pub mod server;
+pub mod service;
 pub mod sim;
 pub mod svg;
 pub mod topology;

@@ -5,7 +5,9 @@
 use std::{fmt::Write as _, fs, io, path::Path};
 
 use crate::{
+    adaptive::{self, phases},
     metrics::{Cause, Summary},
+    service::Record,
     sim::Outcome,
     svg,
 };
@@ -159,7 +161,29 @@ pub fn shifts_csv(outcome: &Outcome) -> String {
     out
 }
 
-/// Writes `summary.csv`, `table.txt` and per scenario `series.csv`, `shifts.csv`, `plot.svg`.
+/// Second by second of a run with a service: its capacity, the capacity learned (at the start
+/// of the second), and what the calls sent in that second met.
+pub fn service_csv(outcome: &Outcome, record: &Record) -> String {
+    let mut out = String::from("t,service_capacity,learned_capacity,admitted,ok,shed,p99_ms\n");
+    let phases = phases(record);
+    for (t, second) in record.seconds.iter().enumerate() {
+        let capacity = phases.iter().find(|p| (p.start..p.end).contains(&t)).map_or(0.0, |p| p.capacity);
+        let learned = learned(outcome, t as f64);
+        let p99 = adaptive::quantile(second.latencies.clone(), 0.99) * 1000.0;
+        let admitted: u64 = second.admitted.iter().sum();
+        let _ = writeln!(out, "{t},{capacity:.3},{learned:.3},{admitted},{},{},{p99:.3}", second.ok, second.shed);
+    }
+    out
+}
+
+/// The capacity of the last sample at or before `t`.
+pub fn learned(outcome: &Outcome, t: f64) -> f64 {
+    let n = outcome.samples.partition_point(|s| s.t <= t);
+    n.checked_sub(1).map_or(0.0, |i| outcome.samples[i].capacity)
+}
+
+/// Writes `summary.csv`, `table.txt` and per scenario `series.csv`, `shifts.csv`, `plot.svg`,
+/// and for a run with a service `service.csv`.
 pub fn write(outcomes: &[Outcome], dir: &Path) -> io::Result<()> {
     fs::create_dir_all(dir)?;
     fs::write(dir.join("summary.csv"), summary_csv(outcomes))?;
@@ -170,6 +194,9 @@ pub fn write(outcomes: &[Outcome], dir: &Path) -> io::Result<()> {
         fs::write(folder.join("series.csv"), series_csv(outcome))?;
         fs::write(folder.join("shifts.csv"), shifts_csv(outcome))?;
         fs::write(folder.join("plot.svg"), svg::plot(outcome))?;
+        if let Some(record) = &outcome.record {
+            fs::write(folder.join("service.csv"), service_csv(outcome, record))?;
+        }
     }
     Ok(())
 }

@@ -30,6 +30,9 @@ pub struct Scenario {
     #[serde(default)]
     pub topology: TopologySpec,
     pub clients: Vec<ClientGroup>,
+    /// The service the resource protects, if the run models one: what the clients' admitted
+    /// calls meet there is what their sidecars report (`capacity: adaptive` learns from it).
+    pub service: Option<ServiceSpec>,
     #[serde(default)]
     pub events: Vec<EventSpec>,
     pub mishaps: Option<Mishaps>,
@@ -72,6 +75,21 @@ impl Default for TopologySpec {
     fn default() -> Self {
         TopologySpec { replicas: one_replica(), levels: Vec::new() }
     }
+}
+
+/// A service that can be overloaded, as `sluice-upstream --workers` is: `workers` calls served at
+/// once, each taking `service_time` seconds, up to `queue` more waiting for a worker.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSpec {
+    pub workers: u32,
+    pub service_time: f64,
+    #[serde(default = "thousand")]
+    pub queue: usize,
+}
+
+fn thousand() -> usize {
+    1000
 }
 
 /// `count` alike clients.
@@ -155,6 +173,8 @@ pub enum Action {
     /// Messages to and from `server` (every server if absent) are lost with probability `rate`
     /// for `for` seconds.
     Loss(Loss),
+    /// The service's workers or service time change.
+    Service(ServiceChange),
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -187,6 +207,13 @@ pub struct Loss {
     pub rate: f64,
     #[serde(rename = "for")]
     pub lasts: f64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceChange {
+    pub workers: Option<u32>,
+    pub service_time: Option<f64>,
 }
 
 /// A random mishap every `every` seconds from `from` on, of a kind drawn among those given: a
@@ -263,6 +290,10 @@ impl Scenario {
         if self.topology.replicas == 0 || self.topology.levels.contains(&0) {
             return Err("topology: every level needs at least one server, and a server one replica".into());
         }
+        if let Some(service) = &self.service {
+            workers("service.workers", service.workers)?;
+            positive("service.service_time", service.service_time)?;
+        }
         if self.client_count() == 0 {
             return Err("clients: at least one".into());
         }
@@ -309,6 +340,17 @@ impl Scenario {
                     probability(&at("loss.rate"), loss.rate)?;
                     positive(&at("loss.for"), loss.lasts)?;
                 }
+                Action::Service(change) => {
+                    if self.service.is_none() {
+                        return Err(format!("{}: the scenario has no service", at("service")));
+                    }
+                    if let Some(n) = change.workers {
+                        workers(&at("service.workers"), n)?;
+                    }
+                    if let Some(time) = change.service_time {
+                        positive(&at("service.service_time"), time)?;
+                    }
+                }
             }
         }
         if let Some(mishaps) = &self.mishaps {
@@ -320,6 +362,10 @@ impl Scenario {
         }
         Ok(())
     }
+}
+
+fn workers(what: &str, value: u32) -> Result<(), String> {
+    if value > 0 { Ok(()) } else { Err(format!("{what}: at least one")) }
 }
 
 fn probability(what: &str, value: f64) -> Result<(), String> {
@@ -361,6 +407,10 @@ clients:
         assert!(with("events: [{at: 5, spike: {clients: [0], for: 1}}]").contains("exactly one of add and to"));
         assert!(with("network: {loss: 2}").contains("network.loss"));
         assert!(with("colour: red").contains("unknown field"));
+        assert!(
+            with("events: [{at: 5, service: {workers: 4}}]").contains("events[0].service: the scenario has no service")
+        );
+        assert!(with("service: {workers: 0, service_time: 0.01}").contains("service.workers: at least one"));
         let bad_repository = MINIMAL.replace("capacity: 10", "capacity: -1");
         assert!(Scenario::parse(&bad_repository).unwrap_err().starts_with("repository: "));
     }

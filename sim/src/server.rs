@@ -218,6 +218,11 @@ impl Server {
         }
     }
 
+    /// The capacity an adaptive resource's controller has learned, at the root's master.
+    pub fn learned(&self, resource: &str) -> Option<f64> {
+        Some(self.ledger.as_ref()?.resource(resource)?.controller()?.capacity())
+    }
+
     /// Σ capacity of the unexpired leases on `resource`, as the master's ledger records them:
     /// for a root, what it has reserved for its clients (servers or end clients).
     pub fn granted(&self, resource: &str, now: Time) -> f64 {

@@ -4,7 +4,9 @@
 //! Clients ask their leaf server; intermediate servers ask their parent when their ledger says
 //! a request is due (at the refresh interval, or at once when a client's claim brought a new
 //! resource, as `wake_parent_if_due` wakes the binary's parent task). Every message crosses the
-//! simulated network, and a loss window at either end loses it.
+//! simulated network, and a loss window at either end loses it. A service behind the resource
+//! is handed the calls admitted whenever a client is about to report what they met, and when
+//! the service changes.
 
 use sluice_server::{
     core::{Choice, SubtreeWants},
@@ -20,8 +22,9 @@ use crate::{
     network::Network,
     protocol::{Reply, Request},
     routing::Outgoing,
-    scenario::{Action, Crash, Mishaps, Scenario, Spike},
+    scenario::{Action, Crash, Mishaps, Scenario, ServiceChange, Spike},
     server::Server,
+    service::{Call, Record, Service},
     topology::{ClientId, Node, ServerId, Topology},
 };
 
@@ -32,6 +35,8 @@ pub struct Outcome {
     pub clients: usize,
     pub samples: Vec<Sample>,
     pub summary: Summary,
+    /// What the calls met, with a service behind the resource.
+    pub record: Option<Record>,
 }
 
 enum Event {
@@ -88,6 +93,7 @@ enum Event {
         rate: f64,
         lasts: Time,
     },
+    Service(ServiceChange),
 }
 
 struct Simulation {
@@ -96,7 +102,9 @@ struct Simulation {
     servers: Vec<Server>,
     clients: Vec<Client>,
     resource: String,
+    /// The template's: configured, or an adaptive one's initial capacity.
     capacity: f64,
+    service: Option<(Service, Record)>,
     /// The servers pass up one Σ wants per band (`subtree_wants: sum`), not profiles.
     sums_up: bool,
     learning_end: Time,
@@ -126,6 +134,11 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, String> {
         clients: Vec::with_capacity(scenario.client_count()),
         resource: scenario.resource.clone(),
         capacity: template.capacity,
+        service: scenario.service.as_ref().map(|spec| {
+            let service = Service::new(spec);
+            let record = Record::new(&service, scenario.client_count(), scenario.duration);
+            (service, record)
+        }),
         sums_up: SubtreeWants::of(&template.algorithm) == SubtreeWants::Sum,
         learning_end: template.algorithm.learning_seconds() as Time,
         sample_every: scenario.sample_every,
@@ -136,7 +149,9 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, String> {
         for _ in 0..group.count {
             let id = sim.clients.len();
             let server = topology.server_of(id);
-            let client = Client::new(format!("client-{id}"), group, &sim.resource, server, replicas, seeds.u64(..));
+            let calling = sim.service.is_some();
+            let client =
+                Client::new(format!("client-{id}"), group, &sim.resource, server, replicas, calling, seeds.u64(..));
             sim.clock.at(group.join, Event::Join(id));
             if let Some(leave) = group.leave {
                 sim.clock.at(leave, Event::Leave(id));
@@ -158,6 +173,7 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, String> {
     while let Some(event) = sim.clock.next_until(scenario.duration) {
         sim.handle(event);
     }
+    let record = sim.finish();
     let rpcs = sim.servers.iter().map(|s| s.rpcs).sum();
     let refresh = leaf_refresh(template.algorithm.refresh_interval, topology.depth());
     let horizon = template.algorithm.lease_length as Time;
@@ -169,6 +185,7 @@ pub fn run(scenario: &Scenario) -> Result<Outcome, String> {
         clients: sim.clients.len(),
         samples: sim.samples,
         summary,
+        record,
     })
 }
 
@@ -199,6 +216,7 @@ impl Simulation {
                 rate: loss.rate,
                 lasts: loss.lasts,
             },
+            Action::Service(change) => Event::Service(change.clone()),
         })
     }
 
@@ -280,7 +298,13 @@ impl Simulation {
                             return;
                         }
                         client.wake_at = None;
-                        if client.due().is_some_and(|due| due <= now) { client.ask(now) } else { None }
+                        if client.due().is_some_and(|due| due <= now) {
+                            // What it reports has to be served first.
+                            self.serve();
+                            self.clients[c].ask(now)
+                        } else {
+                            None
+                        }
                     }
                     Node::Server(s) => {
                         let server = &mut self.servers[s];
@@ -369,7 +393,44 @@ impl Simulation {
                 self.shifts.push((now, Cause::Failure, format!("{:.0}% loss at {name}", rate * 100.0)));
                 self.shifts.push((now + lasts, Cause::Failure, format!("loss at {name} ends")));
             }
+            Event::Service(ServiceChange { workers, service_time }) => {
+                self.serve();
+                let Some((service, record)) = &mut self.service else { return };
+                service.change(now, workers, service_time);
+                record.capacity.push((now, service.capacity()));
+                let what = format!("the service serves {:.0} calls/s", service.capacity());
+                self.shifts.push((now, Cause::Failure, what));
+            }
         }
+    }
+
+    /// Hands every client's calls admitted up to now to the service, in the order they were
+    /// sent, and its answers to the clients and the record.
+    fn serve(&mut self) {
+        let now = self.now();
+        let Some((service, record)) = &mut self.service else { return };
+        let mut calls = Vec::new();
+        for (client, c) in self.clients.iter_mut().enumerate() {
+            calls.extend(c.take_calls(now).into_iter().map(|at| Call { client, at }));
+        }
+        // Stable: calls sent at the same instant go in the clients' order.
+        calls.sort_by(|a, b| a.at.total_cmp(&b.at));
+        let mut answers = Vec::new();
+        service.serve(&calls, now, &mut answers);
+        for answer in answers {
+            record.add(&answer);
+            self.clients[answer.call.client].expect(answer);
+        }
+    }
+
+    /// The record of what the calls met, every call sent by the end answered.
+    fn finish(&mut self) -> Option<Record> {
+        self.serve();
+        let (mut service, mut record) = self.service.take()?;
+        let mut answers = Vec::new();
+        service.serve(&[], f64::INFINITY, &mut answers);
+        answers.iter().for_each(|answer| record.add(answer));
+        Some(record)
     }
 
     /// Sends a node's RPC to its server (a client's leaf, a server's parent), with a timeout
@@ -426,15 +487,16 @@ impl Simulation {
             }
         }
         let elapsed = self.samples.last().map_or(0.0, |s| now - s.t);
+        let capacity = self.servers[0].learned(&self.resource).unwrap_or(self.capacity);
         let (jain, flat_jain, tree_jain) = if now >= self.learning_end {
             let parents: Vec<Option<ServerId>> = self.servers.iter().map(|s| s.parent).collect();
-            metrics::jain(self.capacity, self.sums_up.then_some(&parents), &states)
+            metrics::jain(capacity, self.sums_up.then_some(&parents), &states)
         } else {
             (None, None, None)
         };
         self.samples.push(Sample {
             t: now,
-            capacity: self.capacity,
+            capacity,
             wants,
             demand: states.iter().map(|s| s.demand).sum(),
             has: states.iter().map(|s| s.has).sum(),

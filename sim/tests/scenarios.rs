@@ -220,7 +220,7 @@ fn scenario_5_with_profiles_hands_out_the_capacity_fairly() {
 fn every_scenario_loads_and_runs() {
     let mut files: Vec<PathBuf> = std::fs::read_dir(path("")).unwrap().map(|entry| entry.unwrap().path()).collect();
     files.sort();
-    assert_eq!(files.len(), 9);
+    assert_eq!(files.len(), 10);
     for file in files {
         let mut scenario = Scenario::load(&file).unwrap();
         // A glimpse of each: just past the first learning mode, when capacity is handed out.
