@@ -276,10 +276,17 @@ pub const ADAPTIVE_DRAIN: f64 = 2.0;
 /// Seconds between two decisions: the least refresh interval, so that every client's signals
 /// reach about every decision.
 pub const ADAPTIVE_INTERVAL: i64 = MIN_REFRESH_INTERVAL;
-/// How much of the latest interval's count of reporting clients goes into the smoothed count
-/// (an exponential moving average): clients' reports fall into intervals unevenly.
-pub const ADAPTIVE_REPORTERS_SMOOTHING: f64 = 0.3;
-/// Fewest answers a decision is made on: below it the capacity is held.
+/// Seconds a client's latest signals count for the fleet's rates: past it, a client that stopped
+/// reporting (gone, or no longer calling) counts for nothing. Clients of an adaptive resource
+/// report every second or two.
+pub const ADAPTIVE_REPORT_HORIZON: i64 = 3;
+/// Decisions just below the measured ceiling without an overload before the capacity is
+/// probed past it.
+pub const ADAPTIVE_HOLD_DECISIONS: u32 = 3;
+/// Most doublings of that hold after probes that found no more room: 3 × 2³ = 24 decisions
+/// between probes of a service that stays at its capacity.
+pub const ADAPTIVE_PROBE_BACKOFFS: u32 = 3;
+/// Fewest answers a decision is made on: fewer are added to the next interval's.
 pub const ADAPTIVE_MIN_SAMPLES: f64 = 20.0;
 /// Decisions whose intervals' mean latencies the unloaded latency is the lowest of: a minute at
 /// the default interval, so that a service that got faster is believed within a minute.

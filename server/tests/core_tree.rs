@@ -644,8 +644,9 @@ fn signals_pass_up_through_a_leaf_to_the_root_that_learns_the_capacity() {
     let controller = root.resource("r").and_then(|r| r.controller()).expect("the root learns");
     let last = controller.history().back().unwrap();
     assert_eq!(last.reason, sluice_server::core::Reason::Overload, "{:?}", controller.history());
-    // 400 a second were served with 100 ms queued: 400 × 0.95 − 40 / 2.
-    assert!((controller.capacity() - 360.0).abs() < 1.0, "{}", controller.capacity());
+    // 400 a second got through while the clients, wanting 1,200, held 1,000: all the service
+    // can do. The fastest call did not wait, so no queue is left to drain: 400 × 0.95.
+    assert!((controller.capacity() - 380.0).abs() < 1.0, "{}", controller.capacity());
     let lease = root.resource("r").unwrap().capacity(5).unwrap();
     assert_eq!(lease, controller.capacity(), "what the root shares");
 }

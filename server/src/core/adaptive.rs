@@ -16,13 +16,13 @@
 //! mean shows the unloaded latency anew: one coordinated probe instead of each client probing
 //! alone.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use super::store::UnixSeconds;
 use crate::defaults::{
     ADAPTIVE_BASELINE_DECISIONS, ADAPTIVE_DRAIN, ADAPTIVE_ERROR_SHARE, ADAPTIVE_GROWTH, ADAPTIVE_HEADROOM,
-    ADAPTIVE_HISTORY, ADAPTIVE_INTERVAL, ADAPTIVE_MIN_SAMPLES, ADAPTIVE_PROBE_SHARE, ADAPTIVE_REPORTERS_SMOOTHING,
-    ADAPTIVE_STALE_DECISIONS, ADAPTIVE_TOLERANCE,
+    ADAPTIVE_HISTORY, ADAPTIVE_HOLD_DECISIONS, ADAPTIVE_INTERVAL, ADAPTIVE_MIN_SAMPLES, ADAPTIVE_PROBE_BACKOFFS,
+    ADAPTIVE_PROBE_SHARE, ADAPTIVE_REPORT_HORIZON, ADAPTIVE_STALE_DECISIONS, ADAPTIVE_TOLERANCE,
 };
 
 /// A template's bounds and its controller's settings.
@@ -75,24 +75,12 @@ pub struct Report {
 }
 
 impl Report {
-    /// When the first interval of signals starts, if this report is its first: at the start of
-    /// what the report spans, so that the interval holds what it counts.
-    pub fn start(&self, now: UnixSeconds) -> UnixSeconds {
-        now.saturating_sub(self.seconds.ceil() as UnixSeconds)
+    fn ok(&self) -> f64 {
+        (self.completed - self.errors).max(0.0)
     }
 }
 
-/// The reports of one interval, summed.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Window {
-    completed: f64,
-    errors: f64,
-    latency_sum: f64,
-    min_latency: Option<f64>,
-    seconds: f64,
-}
-
-/// What a window says of the whole fleet, per second.
+/// What the clients' latest reports say of the whole fleet, per second.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rates {
     /// Answers that were not errors.
@@ -101,77 +89,60 @@ pub struct Rates {
     /// Their mean latency; `None` without one.
     pub latency: Option<f64>,
     pub min_latency: Option<f64>,
-    /// Answers the window holds.
-    pub samples: f64,
 }
 
-impl Window {
-    pub fn add(&mut self, report: &Report) {
-        self.completed += report.completed;
-        self.errors += report.errors;
-        self.latency_sum += report.latency_sum;
-        self.seconds += report.seconds;
-        self.min_latency = match (self.min_latency, report.min_latency) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.seconds <= 0.0
-    }
-
-    /// The fleet's rates, `clients` each answered at the mean rate of the reports.
-    fn rates(&self, clients: f64) -> Option<Rates> {
-        if self.is_empty() {
-            return None;
-        }
-        let ok = (self.completed - self.errors).max(0.0);
-        let scale = clients / self.seconds;
-        Some(Rates {
-            goodput: ok * scale,
-            errors: self.errors * scale,
-            latency: (ok > 0.0).then(|| self.latency_sum / ok),
-            min_latency: self.min_latency,
-            samples: self.completed,
-        })
-    }
-}
-
-/// Reports as they come, closed interval by interval into the fleet's rates.
+/// Each client's latest report, for the fleet's rates: the sum of each client's own rate.
+/// Clients report at times of their own, so a decision's interval may hold two reports of one
+/// client and none of another; the latest of each does not swing with that, as a sum over the
+/// interval would. A client that sends no signals — Doorman's — counts for nothing.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Collector {
-    window: Window,
-    /// How many clients report, smoothed over intervals.
-    reporters: Option<f64>,
+pub struct Fleet {
+    /// Ordered, so that the sums come out the same in every run (simulations replay them).
+    latest: BTreeMap<Box<str>, (Report, UnixSeconds)>,
+    /// Answers reported since the last [`Fleet::fresh`] reset.
+    fresh: f64,
 }
 
-impl Collector {
-    pub fn add(&mut self, report: &Report) {
-        self.window.add(report);
+impl Fleet {
+    pub fn add(&mut self, client: &str, report: Report, now: UnixSeconds) {
+        self.fresh += report.completed;
+        match self.latest.get_mut(client) {
+            Some(latest) => *latest = (report, now),
+            None => {
+                self.latest.insert(client.into(), (report, now));
+            }
+        }
     }
 
-    /// Closes an interval of `seconds`: the fleet's rates over it, starting the next. Clients
-    /// report at times of their own, so an interval may hold two reports of one client and none
-    /// of another: a plain sum over the interval would swing with that. Instead the mean rate
-    /// per reported second is multiplied by the clients that report, counted by the seconds
-    /// their reports span (each client's add up to about every interval) and smoothed over
-    /// intervals. Clients that send no signals — Doorman's — are not counted.
-    pub fn close(&mut self, seconds: f64) -> Option<Rates> {
-        let window = std::mem::take(&mut self.window);
-        if seconds <= 0.0 {
-            return None;
+    /// Answers reported since the last [`Fleet::rates`].
+    pub fn fresh(&self) -> f64 {
+        self.fresh
+    }
+
+    /// The fleet's rates from the clients that reported within [`ADAPTIVE_REPORT_HORIZON`]
+    /// seconds of `now`; the others are forgotten.
+    pub fn rates(&mut self, now: UnixSeconds) -> Option<Rates> {
+        self.fresh = 0.0;
+        self.latest.retain(|_, (_, at)| now.saturating_sub(*at) <= ADAPTIVE_REPORT_HORIZON);
+        let reports = self.latest.values().map(|(r, _)| r).filter(|r| r.seconds > 0.0);
+        let (mut goodput, mut errors, mut latency, mut min_latency, mut any) = (0.0, 0.0, 0.0, None::<f64>, false);
+        for r in reports {
+            any = true;
+            goodput += r.ok() / r.seconds;
+            errors += r.errors / r.seconds;
+            latency += r.latency_sum / r.seconds;
+            min_latency = match (min_latency, r.min_latency) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
         }
-        let seen = window.seconds / seconds;
-        let reporters = self.reporters.map_or(seen, |n| n + ADAPTIVE_REPORTERS_SMOOTHING * (seen - n));
-        self.reporters = Some(reporters);
-        window.rates(reporters)
+        any.then(|| Rates { goodput, errors, latency: (goodput > 0.0).then(|| latency / goodput), min_latency })
     }
 
     /// What an intermediate server passes up for the `seconds` since its last report: its
     /// subtree's rates as one client's report.
-    pub fn report(&mut self, seconds: f64) -> Option<Report> {
-        let rates = self.close(seconds)?;
+    pub fn report(&mut self, now: UnixSeconds, seconds: f64) -> Option<Report> {
+        let rates = self.rates(now)?;
         let ok = rates.goodput * seconds;
         Some(Report {
             completed: ok + rates.errors * seconds,
@@ -192,6 +163,8 @@ pub enum Reason {
     Overload,
     /// Back to just below the ceiling last measured.
     Recover,
+    /// Just below the ceiling, before probing past it.
+    Hold,
     /// Past the ceiling, the clients wanting more.
     Grow,
     /// The clients want no more than the capacity: held.
@@ -201,14 +174,15 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 6] =
-        [Reason::Quiet, Reason::Overload, Reason::Recover, Reason::Grow, Reason::Sated, Reason::Probe];
+    pub const ALL: [Reason; 7] =
+        [Reason::Quiet, Reason::Overload, Reason::Recover, Reason::Hold, Reason::Grow, Reason::Sated, Reason::Probe];
 
     pub fn name(self) -> &'static str {
         match self {
             Reason::Quiet => "quiet",
             Reason::Overload => "overload",
             Reason::Recover => "recover",
+            Reason::Hold => "hold",
             Reason::Grow => "grow",
             Reason::Sated => "sated",
             Reason::Probe => "probe",
@@ -233,7 +207,7 @@ pub struct Decision {
 pub struct Controller {
     settings: Adaptive,
     capacity: f64,
-    signals: Collector,
+    signals: Fleet,
     since: Option<UnixSeconds>,
     /// The mean latencies of the latest intervals, for the baseline.
     means: VecDeque<f64>,
@@ -241,6 +215,12 @@ pub struct Controller {
     ceiling: Option<f64>,
     /// Growth steps in a row past the ceiling.
     streak: u32,
+    /// Decisions without an overload since the capacity came back below the ceiling.
+    held: u32,
+    /// Probes past the ceiling in a row that found it where it was: each doubles the decisions
+    /// held before the next, so that a service at its capacity is not overloaded every few
+    /// seconds to find out.
+    futile: u32,
     /// Decisions in a row in which no answer came as fast as the baseline allows.
     stale: u32,
     probing: bool,
@@ -254,12 +234,14 @@ impl Controller {
         Controller {
             capacity: settings.initial,
             settings,
-            signals: Collector::default(),
+            signals: Fleet::default(),
             since: None,
             means: VecDeque::new(),
             baseline: None,
             ceiling: None,
             streak: 0,
+            held: 0,
+            futile: 0,
             stale: 0,
             probing: false,
             history: VecDeque::new(),
@@ -292,9 +274,9 @@ impl Controller {
     }
 
     /// Takes a client's report, which came at `now`.
-    pub fn observe(&mut self, report: &Report, now: UnixSeconds) {
-        self.since.get_or_insert_with(|| report.start(now));
-        self.signals.add(report);
+    /// Takes `client`'s report, which came at `now`.
+    pub fn observe(&mut self, client: &str, report: Report, now: UnixSeconds) {
+        self.signals.add(client, report, now);
     }
 
     /// Decides once an interval has passed since the last decision, on what came meanwhile, the
@@ -305,7 +287,12 @@ impl Controller {
             return None;
         }
         self.since = Some(now);
-        let rates = self.signals.close((now - since) as f64).filter(|r| r.samples >= ADAPTIVE_MIN_SAMPLES);
+        // Too few new answers wait for more rather than being judged alone, so that a capacity
+        // at a small `min` still gets decisions.
+        let rates = match self.signals.fresh() >= ADAPTIVE_MIN_SAMPLES {
+            true => self.signals.rates(now),
+            false => None,
+        };
         let reason = match rates {
             None => Reason::Quiet,
             Some(rates) => self.decide(&rates, wants),
@@ -338,33 +325,63 @@ impl Controller {
             self.means.push_back(latency);
             self.baseline = self.means.iter().copied().reduce(f64::min);
         }
-        if let (Some(min), Some(baseline)) = (rates.min_latency, self.baseline) {
-            self.stale = if min > baseline * (1.0 + s.tolerance) { self.stale + 1 } else { 0 };
-        }
         let error_share = rates.errors / (rates.errors + rates.goodput).max(f64::MIN_POSITIVE);
+        // A service shedding load is overloaded, not slower: its queue is no unloaded latency.
+        if let (Some(min), Some(baseline)) = (rates.min_latency, self.baseline) {
+            let slower = min > baseline * (1.0 + s.tolerance) && error_share <= s.error_share;
+            self.stale = if slower { self.stale + 1 } else { 0 };
+        }
         let slow = match (rates.latency, self.baseline) {
             (Some(latency), Some(baseline)) => latency > baseline * (1.0 + s.tolerance),
             _ => false,
         };
+        let overloaded = error_share > s.error_share || slow;
         let (capacity, reason) = if self.stale >= ADAPTIVE_STALE_DECISIONS {
             // Checked first: a service slower for good looks overloaded at every decision.
             self.stale = 0;
             self.probing = true;
             (self.capacity * ADAPTIVE_PROBE_SHARE, Reason::Probe)
-        } else if error_share > s.error_share || slow {
-            let queued = match (rates.latency, self.baseline) {
-                (Some(latency), Some(baseline)) => rates.goodput * (latency - baseline).max(0.0),
+        } else if overloaded {
+            // What still waits: the fastest call's wait, not the mean's, which is mostly of
+            // calls that queued while the queue was longer.
+            let queued = match (rates.min_latency, self.baseline) {
+                (Some(min), Some(baseline)) => rates.goodput * (min - baseline).max(0.0),
                 _ => 0.0,
             };
-            self.ceiling = Some(rates.goodput);
-            self.streak = 0;
-            (rates.goodput * (1.0 - s.headroom) - queued / s.drain, Reason::Overload)
+            // Where even the fastest call waited, calls were shed, or the clients, wanting more
+            // than the capacity, got well under it through, the service was busy all the
+            // interval: its goodput is what it can do. Otherwise it idled some of the time (the
+            // queue built up or drained within the interval) and did at least that much.
+            let saturated = error_share > s.error_share
+                || matches!((rates.min_latency, self.baseline), (Some(m), Some(b)) if m > b * (1.0 + s.tolerance))
+                || (wants > self.capacity && rates.goodput < self.capacity * (1.0 - s.headroom));
+            let ceiling = match self.ceiling {
+                Some(c) if !saturated => c.max(rates.goodput),
+                _ => rates.goodput,
+            };
+            // After growing past the ceiling: did the probe find more room?
+            if self.streak > 0 {
+                let same = self.ceiling.is_some_and(|c| ceiling <= c * (1.0 + s.headroom));
+                self.futile = if same { self.futile.saturating_add(1) } else { 0 };
+            } else if self.ceiling.is_some_and(|c| ceiling < c * (1.0 - s.headroom)) {
+                // The service lost capacity: probe again soon, it may get it back.
+                self.futile = 0;
+            }
+            self.ceiling = Some(ceiling);
+            (self.streak, self.held) = (0, 0);
+            (ceiling * (1.0 - s.headroom) - queued / s.drain, Reason::Overload)
         } else if wants <= self.capacity {
             self.streak = 0;
             (self.capacity, Reason::Sated)
         } else {
+            self.held = self.held.saturating_add(1);
             match self.ceiling.map(|c| c * (1.0 - s.headroom)) {
                 Some(below) if self.capacity < below => (below, Reason::Recover),
+                // Just below the ceiling, the service is given a few decisions to show it keeps
+                // up before it is probed past it: each probe may cost an overload.
+                Some(_) if self.held <= ADAPTIVE_HOLD_DECISIONS << self.futile.min(ADAPTIVE_PROBE_BACKOFFS) => {
+                    (self.capacity, Reason::Hold)
+                }
                 _ => {
                     let step = (s.growth * f64::from(1u32 << self.streak.min(16))).min(1.0);
                     self.streak = self.streak.saturating_add(1);
@@ -391,27 +408,31 @@ mod tests {
     }
 
     #[test]
-    fn rates_do_not_swing_with_how_reports_fall_into_intervals() {
-        let mut c = Collector::default();
-        // Three clients at 100/s, reporting every second: one interval holds four reports,
-        // the next two, and so on.
-        let mut goodputs = vec![];
-        for reports in [3, 4, 2, 3, 4, 2, 3, 3, 4, 2] {
-            (0..reports).for_each(|_| c.add(&report(100.0, 0.0, 0.01, 0.01)));
-            goodputs.push(c.close(1.0).unwrap().goodput);
-        }
-        let last = goodputs.last().unwrap();
-        assert!((last - 300.0).abs() < 30.0, "{goodputs:?}");
-        assert_eq!(c.close(1.0), None, "nothing reported");
+    fn the_fleet_is_the_sum_of_each_clients_latest_rates() {
+        let mut f = Fleet::default();
+        // Three clients at 100/s; "a" reported twice, the latest counts.
+        f.add("a", report(50.0, 0.0, 0.01, 0.01), 0);
+        f.add("a", report(100.0, 0.0, 0.01, 0.01), 1);
+        f.add("b", Report { seconds: 2.0, ..report(200.0, 0.0, 0.03, 0.02) }, 1);
+        f.add("c", report(100.0, 10.0, 0.02, 0.005), 1);
+        assert_eq!(f.fresh(), 460.0);
+        let rates = f.rates(2).unwrap();
+        assert_eq!((rates.goodput, rates.errors), (300.0, 10.0));
+        assert!((rates.latency.unwrap() - 0.02).abs() < 1e-12, "{rates:?}");
+        assert_eq!(rates.min_latency, Some(0.005));
+        assert_eq!(f.fresh(), 0.0, "counted anew");
+        // A client that stopped reporting counts for nothing once its report is old.
+        f.add("a", report(100.0, 0.0, 0.01, 0.01), 1 + ADAPTIVE_REPORT_HORIZON + 1);
+        assert_eq!(f.rates(1 + ADAPTIVE_REPORT_HORIZON + 1).unwrap().goodput, 100.0);
+        assert_eq!(Fleet::default().rates(0), None);
     }
 
     #[test]
     fn a_subtree_passes_its_rates_up_as_one_report() {
-        let mut c = Collector::default();
-        // Two clients reporting a second each, over the two seconds since the last report.
-        c.add(&Report { seconds: 2.0, ..report(180.0, 20.0, 0.02, 0.01) });
-        c.add(&Report { seconds: 2.0, ..report(180.0, 20.0, 0.04, 0.005) });
-        let up = c.report(2.0).unwrap();
+        let mut f = Fleet::default();
+        f.add("a", report(90.0, 10.0, 0.02, 0.01), 0);
+        f.add("b", report(90.0, 10.0, 0.04, 0.005), 0);
+        let up = f.report(0, 2.0).unwrap();
         // Two clients at 90 ok + 10 errors a second, over two seconds.
         assert_eq!(up.completed, 400.0);
         assert_eq!(up.errors, 40.0);
@@ -427,22 +448,36 @@ mod tests {
         c
     }
 
-    /// The decision at `t` on the fleet's traffic of the second before, as one report.
+    /// The decision at `t` on the fleet's traffic of the second before, as one client's report.
     fn decide(c: &mut Controller, t: UnixSeconds, r: Report, wants: f64) -> Decision {
-        c.observe(&r, t);
+        c.observe("fleet", r, t);
         c.tick(t, wants).expect("an interval passed")
     }
 
     #[test]
-    fn overload_cuts_to_the_goodput_less_headroom_and_the_queue_to_drain() {
+    fn overload_cuts_to_the_ceiling_less_headroom_and_the_queue_to_drain() {
         let mut c = controller(settings());
-        // Unloaded: 10 ms. Then 1000 ok/s at a mean of 110 ms: 100 calls queued on average.
         let d = decide(&mut c, 1, report(1000.0, 0.0, 0.010, 0.010), 1800.0);
         assert_eq!((d.reason, d.capacity), (Reason::Sated, 5000.0), "wants below the capacity");
-        let d = decide(&mut c, 2, report(1000.0, 0.0, 0.110, 0.012), 1800.0);
+        // 1,000 ok/s, even the fastest call waiting 100 ms: 100 calls still queued.
+        let d = decide(&mut c, 2, report(1000.0, 0.0, 0.150, 0.110), 6000.0);
         assert_eq!(d.reason, Reason::Overload);
         assert!((d.capacity - (950.0 - 100.0 / 2.0)).abs() < 1e-9, "{}", d.capacity);
         assert_eq!(d.ceiling, Some(1000.0));
+    }
+
+    #[test]
+    fn a_ceiling_is_measured_only_where_the_service_was_busy_all_the_interval() {
+        let mut c = controller(Adaptive { initial: 950.0, ..settings() });
+        decide(&mut c, 1, report(950.0, 0.0, 0.010, 0.010), 1800.0);
+        decide(&mut c, 2, report(1000.0, 0.0, 0.030, 0.020), 1800.0);
+        // The queue drains within the interval (the fastest call did not wait): the goodput
+        // is what the service did, not all it can do.
+        let d = decide(&mut c, 3, report(940.0, 0.0, 0.030, 0.010), 1800.0);
+        assert_eq!((d.reason, d.ceiling), (Reason::Overload, Some(1000.0)));
+        // The service slowed down: the clients, wanting more than their 950, got 400 through.
+        let d = decide(&mut c, 4, report(400.0, 0.0, 0.030, 0.010), 1800.0);
+        assert_eq!((d.reason, d.ceiling, d.capacity), (Reason::Overload, Some(400.0), 380.0));
     }
 
     #[test]
@@ -464,21 +499,26 @@ mod tests {
     }
 
     #[test]
-    fn recovery_goes_back_below_the_ceiling_then_grows_by_doubling_steps() {
+    fn recovery_goes_back_below_the_ceiling_holds_then_probes_less_often_when_futile() {
         let mut c = controller(settings());
         decide(&mut c, 1, report(1000.0, 0.0, 0.010, 0.010), 1800.0);
-        let d = decide(&mut c, 2, report(400.0, 0.0, 0.5, 0.3), 1800.0);
+        let d = decide(&mut c, 2, report(400.0, 100.0, 0.5, 0.3), 1800.0);
+        assert_eq!(d.ceiling, Some(400.0));
         assert!(d.capacity < 380.0);
-        let d = decide(&mut c, 3, report(200.0, 0.0, 0.011, 0.010), 1800.0);
+        let steady = report(380.0, 0.0, 0.010, 0.010);
+        let d = decide(&mut c, 3, steady, 1800.0);
         assert_eq!((d.reason, d.capacity), (Reason::Recover, 380.0));
-        let mut capacities = vec![];
-        for t in [4, 5, 6] {
-            capacities.push(decide(&mut c, t, report(380.0, 0.0, 0.010, 0.010), 1800.0).capacity);
-        }
-        assert_eq!(capacities, [475.0, 712.5, 1425.0]);
-        // Bounded by max, and held where the clients want no more.
-        let d = decide(&mut c, 7, report(1000.0, 0.0, 0.010, 0.010), 900.0);
-        assert_eq!((d.reason, d.capacity), (Reason::Sated, 1425.0));
+        let reasons: Vec<Reason> = (4..8).map(|t| decide(&mut c, t, steady, 1800.0).reason).collect();
+        assert_eq!(reasons, [Reason::Hold, Reason::Hold, Reason::Grow, Reason::Grow]);
+        assert_eq!(c.capacity(), 380.0 * 1.25 * 1.5, "doubling steps");
+        // The probe finds the same ceiling: cut, recovered, then held twice as long.
+        decide(&mut c, 8, report(400.0, 50.0, 0.2, 0.1), 1800.0);
+        let reasons: Vec<Reason> = (9..17).map(|t| decide(&mut c, t, steady, 1800.0).reason).collect();
+        // Six decisions below the ceiling, the recovery's included, where there were three.
+        assert_eq!(reasons.iter().filter(|r| **r == Reason::Hold).count(), 5, "{reasons:?}");
+        // Held where the clients want no more.
+        let d = decide(&mut c, 17, steady, 300.0);
+        assert_eq!(d.reason, Reason::Sated);
     }
 
     #[test]
@@ -491,11 +531,13 @@ mod tests {
     }
 
     #[test]
-    fn too_few_answers_hold_the_capacity() {
+    fn too_few_answers_wait_for_more() {
         let mut c = controller(settings());
         let d = decide(&mut c, 1, report(5.0, 5.0, 1.0, 1.0), 1800.0);
         assert_eq!((d.reason, d.capacity), (Reason::Quiet, 5000.0));
         assert_eq!(c.tick(1, 1800.0), None, "one decision an interval");
+        let d = decide(&mut c, 2, report(5.0, 5.0, 1.0, 1.0), 1800.0);
+        assert_eq!(d.reason, Reason::Overload, "20 answers over two intervals");
     }
 
     #[test]

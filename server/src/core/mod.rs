@@ -27,7 +27,7 @@ pub mod resource;
 pub mod store;
 pub mod template;
 
-pub use adaptive::{Adaptive, Collector, Controller, Decision, Reason, Report};
+pub use adaptive::{Adaptive, Controller, Decision, Fleet, Reason, Report};
 pub use algorithm::{Algorithm, Choice, Kind, Parameter};
 pub use band::{Band, Demand, Sums};
 pub use ledger::{Full, Ledger, Owner};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::{
-    adaptive::{Collector, Controller, Decision, Report},
+    adaptive::{Controller, Decision, Fleet, Report},
     algorithm::{Algorithm, Choice, Kind},
     band::Demand,
     priority::{self, Bands, PriorityMode, SubtreeWants, Wants},
@@ -98,7 +98,7 @@ pub struct Resource {
     /// A root's learned capacity, for an adaptive template.
     controller: Option<Box<Controller>>,
     /// An intermediate server's clients' signals since it last passed them up, and when that was.
-    upward: Option<Box<(Collector, UnixSeconds)>>,
+    upward: Option<Box<(Fleet, UnixSeconds)>>,
 }
 
 /// What an intermediate server told its parent of one resource.
@@ -149,11 +149,13 @@ impl Resource {
     }
 
     /// Takes a claimant's signals: into the controller at a root, else kept to pass up.
-    fn observe(&mut self, report: &Report, now: UnixSeconds) {
+    fn observe(&mut self, client: &str, report: Report, now: UnixSeconds) {
         match (&mut self.controller, &self.supply) {
-            (Some(c), _) => c.observe(report, now),
+            (Some(c), _) => c.observe(client, report, now),
             (None, Supply::Parent(_)) => {
-                self.upward.get_or_insert_with(|| Box::new((Collector::default(), report.start(now)))).0.add(report)
+                // The first report up spans what the first report in does.
+                let start = now.saturating_sub(report.seconds.ceil() as UnixSeconds);
+                self.upward.get_or_insert_with(|| Box::new((Fleet::default(), start))).0.add(client, report, now)
             }
             (None, Supply::Template) => {}
         }
@@ -174,7 +176,7 @@ impl Resource {
             return None;
         }
         *since = now;
-        signals.report(seconds as f64)
+        signals.report(now, seconds as f64)
     }
 
     pub fn leases(&self) -> &LeaseStore {
@@ -282,8 +284,8 @@ impl Resource {
     /// algorithms that share one capacity, by what the other leases leave free ([`room`]). An
     /// intermediate server without a valid lease from its parent hands out safe capacity.
     pub fn claim(&mut self, client: &str, claim: &Claim, now: UnixSeconds, learning: bool) -> Grant {
-        if let Some(report) = &claim.signals {
-            self.observe(report, now);
+        if let Some(report) = claim.signals {
+            self.observe(client, report, now);
         }
         self.tick(now);
         let reported = claim.has.unwrap_or(0.0);
