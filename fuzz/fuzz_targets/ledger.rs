@@ -2,7 +2,9 @@
 //! and clock steps read from the input: no panic, every grant finite and within what was wanted
 //! (but for a child server that keeps its last lease); the sharing algorithms never lease out
 //! more than the capacity in all to end clients (Σ granted ≤ capacity), and STATIC never more
-//! than the capacity to one client.
+//! than the capacity to one client. An adaptive resource, fed any signals, keeps its learned
+//! capacity finite and within its bounds (its leases may exceed a capacity that just fell, until
+//! they refresh, as for a lowered configured one).
 #![no_main]
 #![forbid(unsafe_code)]
 
@@ -11,18 +13,19 @@ use std::sync::{Arc, LazyLock};
 use libfuzzer_sys::fuzz_target;
 use sluice_server::{
     config,
-    core::{Claim, Holds, Kind, Ledger, Repository, Wants},
+    core::{Claim, Holds, Kind, Ledger, Report, Repository, Wants},
 };
 
 const REPOSITORY: &str = "
 resources:
   - {identifier_glob: fair, capacity: 100, algorithm: {kind: FAIR_SHARE, lease_length: 20, refresh_interval: 5, learning_mode_duration: 0}}
   - {identifier_glob: prop, capacity: 0.5, algorithm: {kind: PROPORTIONAL_SHARE, lease_length: 20, refresh_interval: 5, learning_mode_duration: 0}}
+  - {identifier_glob: adaptive, capacity: adaptive, adaptive: {min: 5, max: 500}, algorithm: {kind: FAIR_SHARE, lease_length: 20, refresh_interval: 1, learning_mode_duration: 0}}
   - {identifier_glob: static, capacity: 7, algorithm: {kind: STATIC, lease_length: 20, refresh_interval: 5, learning_mode_duration: 0}}
   - {identifier_glob: '*', capacity: 1000, algorithm: {kind: NO_ALGORITHM, lease_length: 20, refresh_interval: 5, learning_mode_duration: 0}}
 ";
 
-const RESOURCES: [&str; 4] = ["fair", "prop", "static", "none"];
+const RESOURCES: [&str; 5] = ["fair", "prop", "static", "none", "adaptive"];
 const CLIENTS: [&str; 6] = ["a", "b", "c", "d", "child-1", "child-2"];
 
 /// With FUZZ_TRACE set (replaying one input), prints each step.
@@ -55,6 +58,23 @@ impl Input<'_> {
     }
 }
 
+impl Input<'_> {
+    /// Signals within what validation lets through (`validate.rs`): counts up to 1e15, errors
+    /// no more than them, latencies and spans up to an hour.
+    fn report(&mut self) -> Report {
+        let completed = self.amount().min(1e15).floor();
+        let errors = (completed * f64::from(self.byte()) / 255.0).floor();
+        let seconds = |input: &mut Self| (input.amount() / 64.0).min(3600.0);
+        Report {
+            completed,
+            errors,
+            latency_sum: (seconds(self) * (completed - errors)).min(3600.0 * (completed - errors)),
+            min_latency: self.byte().is_multiple_of(2).then(|| seconds(self)),
+            seconds: seconds(self),
+        }
+    }
+}
+
 /// Parsed once: parsing and compiling the globs would cost more than a run.
 static REPOSITORY_PARSED: LazyLock<Arc<Repository>> =
     LazyLock::new(|| Arc::new(config::parse(REPOSITORY, std::path::Path::new("")).expect("valid")));
@@ -76,7 +96,10 @@ fuzz_target!(|data: &[u8]| {
             0 | 1 => {
                 let wants = input.amount();
                 let has = (op & 8 != 0).then(|| input.amount().min(1e12));
-                let claim = Claim::single(i64::from(input.byte() % 3), wants, has);
+                let mut claim = Claim::single(i64::from(input.byte() % 3), wants, has);
+                if op & 16 != 0 {
+                    claim.signals = Some(input.report());
+                }
                 let grant = ledger.claim(now, client, resource, &claim);
                 trace(|| format!("t={now} {client} claims {resource}: {claim:?} -> {grant:?}"));
                 assert!(grant.capacity.is_finite() && (0.0..=wants).contains(&grant.capacity), "{grant:?} for {wants}");
@@ -92,7 +115,8 @@ fuzz_target!(|data: &[u8]| {
                     })
                     .collect();
                 let has = (op & 8 != 0).then(|| input.amount().min(1e12));
-                let claim = Claim { wants: bands, has, holds: has.map_or(Holds::Unknown, Holds::Reported) };
+                let signals = (op & 16 != 0).then(|| input.report());
+                let claim = Claim { wants: bands, has, holds: has.map_or(Holds::Unknown, Holds::Reported), signals };
                 served_server[resource_index] = true;
                 let grant = ledger.claim(now, client, resource, &claim);
                 trace(|| format!("t={now} {client} claims {resource}: {claim:?} -> {grant:?}"));
@@ -120,6 +144,11 @@ fuzz_target!(|data: &[u8]| {
             let mut live = r.leases().iter().filter(|l| l.expiry > now);
             trace(|| format!("  {id}: {:?}", r.leases().iter().collect::<Vec<_>>()));
             let slack = 1e-9 * capacity.max(1.0);
+            if let Some(c) = r.controller() {
+                assert!(capacity.is_finite() && (5.0..=500.0).contains(&capacity), "{id}: learned {capacity}");
+                trace(|| format!("  {id}: {:?}", c.history().back()));
+                continue;
+            }
             match r.algorithm().kind {
                 Kind::FairShare | Kind::ProportionalShare if !served_server[i] => {
                     let held: f64 = live.map(|l| l.demand.has).sum();
