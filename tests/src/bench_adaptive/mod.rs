@@ -73,8 +73,10 @@ pub struct Args {
     /// How long a worker takes over each request.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10ms")]
     pub service_time: Duration,
-    /// Requests waiting for a worker at most; the service answers one more 503 at once.
-    #[arg(long, default_value_t = 1000)]
+    /// Requests waiting for a worker at most; the service answers one more 503 at once. 100:
+    /// 100 ms of work at 1,000/s, as a service with a bounded backlog keeps (the simulator's
+    /// scenario 9 has the same).
+    #[arg(long, default_value_t = 100)]
     pub queue: usize,
     /// When the service drops to --drop-workers (whole seconds from the start of the load).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
@@ -311,21 +313,13 @@ fn server_config(system: System, args: &Args) -> String {
     if system == System::SluiceBands {
         algorithm = algorithm.parameter(Parameter::PriorityMode(PriorityMode::Strict));
     }
-    let capacity = f64::from(args.workers) / args.service_time.as_secs_f64();
-    let config = ServerConfig::new()
-        .template(Template::new(RESOURCE, capacity, algorithm.clone()))
-        .template(Template::catch_all(0.0, algorithm))
-        .yaml();
-    if system == System::Fixed {
-        return config;
-    }
-    // `capacity: adaptive` is not in the typed configuration of `crate::config` yet.
-    let mut tree: yaml_serde::Value = yaml_serde::from_str(&config).expect("the typed configuration is YAML");
-    let template = &mut tree["resources"][0];
-    template["capacity"] = "adaptive".into();
-    template["adaptive"] =
-        yaml_serde::from_str(&format!("{{min: {ADAPTIVE_MIN}, max: {ADAPTIVE_MAX}}}")).expect("YAML");
-    yaml_serde::to_string(&tree).expect("a YAML tree is text")
+    let work = match system {
+        System::Fixed => {
+            Template::new(RESOURCE, f64::from(args.workers) / args.service_time.as_secs_f64(), algorithm.clone())
+        }
+        _ => Template::adaptive(RESOURCE, ADAPTIVE_MIN, ADAPTIVE_MAX, algorithm.clone()),
+    };
+    ServerConfig::new().template(work).template(Template::catch_all(0.0, algorithm)).yaml()
 }
 
 /// `sluice-server check` of `config`: a template this server does not know is reported as the
