@@ -13,7 +13,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let doorman = protox::compile(["doorman.proto"], ["."])?;
     // The reflection service serves this descriptor set.
     std::fs::write(out.join("doorman_descriptor.bin"), prost::Message::encode_to_vec(&doorman))?;
-    tonic_prost_build::configure().compile_fds(doorman)?;
+    // Boxed: most requests carry none, and a request of many resources holds one per resource.
+    tonic_prost_build::configure()
+        .boxed(".doorman.ResourceRequest.signals")
+        .boxed(".doorman.ServerCapacityResourceRequest.signals")
+        .compile_fds(doorman)?;
     // One set, so that the package both share (`envoy.type.v3`) is generated once, whole.
     let envoy = protox::compile([ENVOY_RLS, ENVOY_RLQS], ["."])?;
     std::fs::write(out.join("envoy_rls_descriptor.bin"), prost::Message::encode_to_vec(&envoy))?;

@@ -98,7 +98,7 @@ fuzz_target!(|data: &[u8]| {
                 let has = (op & 8 != 0).then(|| input.amount().min(1e12));
                 let mut claim = Claim::single(i64::from(input.byte() % 3), wants, has);
                 if op & 16 != 0 {
-                    claim.signals = Some(input.report());
+                    claim.signals = Some(Box::new(input.report()));
                 }
                 let grant = ledger.claim(now, client, resource, &claim);
                 trace(|| format!("t={now} {client} claims {resource}: {claim:?} -> {grant:?}"));
@@ -115,7 +115,7 @@ fuzz_target!(|data: &[u8]| {
                     })
                     .collect();
                 let has = (op & 8 != 0).then(|| input.amount().min(1e12));
-                let signals = (op & 16 != 0).then(|| input.report());
+                let signals = (op & 16 != 0).then(|| Box::new(input.report()));
                 let claim = Claim { wants: bands, has, holds: has.map_or(Holds::Unknown, Holds::Reported), signals };
                 served_server[resource_index] = true;
                 let grant = ledger.claim(now, client, resource, &claim);

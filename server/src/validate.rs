@@ -29,7 +29,7 @@ pub fn get_capacity(req: &GetCapacityRequest) -> Result<Vec<ResourceClaim<'_>>, 
         |i, r| {
             amount(&format!("resource[{i}].wants"), r.wants)?;
             let has = reported(&format!("resource[{i}].has"), r.has.as_ref())?;
-            let signals = signals(&format!("resource[{i}].signals"), r.signals.as_ref())?;
+            let signals = signals(&format!("resource[{i}].signals"), r.signals.as_deref())?;
             Ok(Claim { signals, ..Claim::single(r.priority, r.wants, has) })
         },
     )
@@ -66,7 +66,7 @@ pub fn get_server_capacity(req: &GetServerCapacityRequest) -> Result<Vec<Resourc
             let has = reported(&format!("resource[{i}].has"), r.has.as_ref())?;
             // A server that leaves out `has` does not know what its clients hold (a new master,
             // still learning).
-            let signals = signals(&format!("resource[{i}].signals"), r.signals.as_ref())?;
+            let signals = signals(&format!("resource[{i}].signals"), r.signals.as_deref())?;
             let claim = Claim { wants: bands, has, holds: has.map_or(Holds::Unknown, Holds::Reported), signals };
             amount(&format!("resource[{i}].wants"), claim.total_wants())?;
             if claim.wants.is_empty() {
@@ -197,7 +197,7 @@ fn reported(field: &str, has: Option<&Lease>) -> Result<Option<f64>, Status> {
 
 /// A client's signals (proto `Signals`): counts within what a client can have seen, latencies
 /// and span within [`MAX_SIGNAL_SECONDS`], the span given.
-fn signals(field: &str, signals: Option<&Signals>) -> Result<Option<Report>, Status> {
+fn signals(field: &str, signals: Option<&Signals>) -> Result<Option<Box<Report>>, Status> {
     let Some(s) = signals else { return Ok(None) };
     let (completed, errors) = (s.completed.unwrap_or(0), s.errors.unwrap_or(0));
     let count = |name: &str, value: i64| match (0..=MAX_AMOUNT as i64).contains(&value) {
@@ -215,13 +215,13 @@ fn signals(field: &str, signals: Option<&Signals>) -> Result<Option<Report>, Sta
     let ok = completed - errors;
     let Some(span) = s.seconds else { return Err(invalid(format!("{field}.seconds: required"))) };
     let span = seconds("seconds", span, MAX_SIGNAL_SECONDS)?;
-    Ok(Some(Report {
+    Ok(Some(Box::new(Report {
         completed,
         errors,
         latency_sum: seconds("latency_sum", s.latency_sum.unwrap_or(0.0), ok * MAX_SIGNAL_SECONDS)?,
         min_latency: s.min_latency.map(|m| seconds("min_latency", m, MAX_SIGNAL_SECONDS)).transpose()?,
         seconds: span,
-    }))
+    })))
 }
 
 fn invalid(message: String) -> Status {
@@ -261,8 +261,8 @@ mod tests {
     fn signals_are_bounded_and_need_their_span() {
         let with = |signals: Signals| {
             let mut req = request(&[("r", 1.0)]);
-            req.resource[0].signals = Some(signals);
-            get_capacity(&req).map(|claims| claims[0].1.signals)
+            req.resource[0].signals = Some(Box::new(signals));
+            get_capacity(&req).map(|claims| claims[0].1.signals.clone())
         };
         let good = Signals {
             completed: Some(10),

@@ -618,7 +618,7 @@ fn ask_with_signals(ledger: &mut Ledger, now: UnixSeconds, client: &str, ok: i64
             priority: 0,
             has: None,
             wants: 600.0,
-            signals: Some(signals),
+            signals: Some(Box::new(signals)),
         }],
     };
     service::get_capacity(ledger, now, &req, None, MAX_RESOURCES).unwrap().response.remove(0).gets.capacity

@@ -211,7 +211,7 @@ impl Client {
         let mut request = self.lease.request(now, |_| wants)?;
         if let Some(outcomes) = &mut self.outcomes {
             for r in &mut request.resource {
-                r.signals = Some(outcomes.take(now));
+                r.signals = Some(Box::new(outcomes.take(now)));
             }
         }
         Some(self.link.call(request))

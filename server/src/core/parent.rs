@@ -95,12 +95,14 @@ impl Parent {
             let wants = aggregates(r);
             let total = wants.iter().map(|w| w.wants).sum();
             r.set_reported(Some(Reported { wants: total, has: has.as_ref().map_or(0.0, |h| h.capacity) }));
-            let signals = r.take_signals(now).map(|s| proto::Signals {
-                completed: Some(s.completed.round() as i64),
-                errors: Some(s.errors.round() as i64),
-                latency_sum: Some(s.latency_sum),
-                min_latency: s.min_latency,
-                seconds: Some(s.seconds),
+            let signals = r.take_signals(now).map(|s| {
+                Box::new(proto::Signals {
+                    completed: Some(s.completed.round() as i64),
+                    errors: Some(s.errors.round() as i64),
+                    latency_sum: Some(s.latency_sum),
+                    min_latency: s.min_latency,
+                    seconds: Some(s.seconds),
+                })
             });
             resource.push(ServerCapacityResourceRequest { resource_id: id.to_owned(), has, wants, signals });
         }

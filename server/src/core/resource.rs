@@ -25,8 +25,9 @@ pub struct Claim {
     pub has: Option<f64>,
     /// What the claimant's own clients hold: nothing beyond its lease for an end client.
     pub holds: Holds,
-    /// What the claimant's calls met at the service since its last claim, if it says.
-    pub signals: Option<Report>,
+    /// What the claimant's calls met at the service since its last claim, if it says: boxed,
+    /// as most claims have none and a request of many resources holds a claim each.
+    pub signals: Option<Box<Report>>,
 }
 
 impl Claim {
@@ -284,8 +285,8 @@ impl Resource {
     /// algorithms that share one capacity, by what the other leases leave free ([`room`]). An
     /// intermediate server without a valid lease from its parent hands out safe capacity.
     pub fn claim(&mut self, client: &str, claim: &Claim, now: UnixSeconds, learning: bool) -> Grant {
-        if let Some(report) = claim.signals {
-            self.observe(client, report, now);
+        if let Some(report) = claim.signals.as_deref() {
+            self.observe(client, *report, now);
         }
         self.tick(now);
         let reported = claim.has.unwrap_or(0.0);

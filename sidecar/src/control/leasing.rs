@@ -186,7 +186,7 @@ impl Leasing {
             if let Some(mut request) = request {
                 // Lost if the call fails: the next request's span starts after this one.
                 for r in &mut request.resource {
-                    r.signals = plan.lease_gate(&r.resource_id).and_then(|g| g.take_signals());
+                    r.signals = plan.lease_gate(&r.resource_id).and_then(|g| g.take_signals()).map(Box::new);
                 }
                 for r in &request.resource {
                     tracing::debug!(resource = %r.resource_id, wants = r.wants, "asking");
