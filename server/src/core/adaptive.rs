@@ -99,7 +99,7 @@ pub struct Rates {
 pub struct Fleet {
     /// Ordered, so that the sums come out the same in every run (simulations replay them).
     latest: BTreeMap<Box<str>, (Report, UnixSeconds)>,
-    /// Answers reported since the last [`Fleet::fresh`] reset.
+    /// Answers reported since the last [`Fleet::rates`].
     fresh: f64,
 }
 
@@ -123,7 +123,7 @@ impl Fleet {
     /// seconds of `now`; the others are forgotten.
     pub fn rates(&mut self, now: UnixSeconds) -> Option<Rates> {
         self.fresh = 0.0;
-        self.latest.retain(|_, (_, at)| now.saturating_sub(*at) <= ADAPTIVE_REPORT_HORIZON);
+        self.forget(now);
         let reports = self.latest.values().map(|(r, _)| r).filter(|r| r.seconds > 0.0);
         let (mut goodput, mut errors, mut latency, mut min_latency, mut any) = (0.0, 0.0, 0.0, None::<f64>, false);
         for r in reports {
@@ -137,6 +137,13 @@ impl Fleet {
             };
         }
         any.then(|| Rates { goodput, errors, latency: (goodput > 0.0).then(|| latency / goodput), min_latency })
+    }
+
+    /// Forgets the clients that last reported more than [`ADAPTIVE_REPORT_HORIZON`] seconds
+    /// before `now`: at every decision, quiet or not, so that clients come and gone (or ids made
+    /// up by one client) are not kept.
+    pub fn forget(&mut self, now: UnixSeconds) {
+        self.latest.retain(|_, (_, at)| now.saturating_sub(*at) <= ADAPTIVE_REPORT_HORIZON);
     }
 
     /// What an intermediate server passes up for the `seconds` since its last report: its
@@ -291,7 +298,10 @@ impl Controller {
         // at a small `min` still gets decisions.
         let rates = match self.signals.fresh() >= ADAPTIVE_MIN_SAMPLES {
             true => self.signals.rates(now),
-            false => None,
+            false => {
+                self.signals.forget(now);
+                None
+            }
         };
         let reason = match rates {
             None => Reason::Quiet,
@@ -425,6 +435,8 @@ mod tests {
         f.add("a", report(100.0, 0.0, 0.01, 0.01), 1 + ADAPTIVE_REPORT_HORIZON + 1);
         assert_eq!(f.rates(1 + ADAPTIVE_REPORT_HORIZON + 1).unwrap().goodput, 100.0);
         assert_eq!(Fleet::default().rates(0), None);
+        f.forget(100);
+        assert_eq!(f.rates(100), None, "all forgotten");
     }
 
     #[test]
