@@ -1,7 +1,7 @@
 //! `sluice-upstream`: the upstream the sidecar's tests, benchmark and demo proxy to. One listener
 //! serves HTTP/1.1 and HTTP/2 (h2c prior knowledge, or ALPN over TLS), plain endpoints that make
 //! proxying observable, and the gRPC service `sluice.test.Echo` from `tests/proto/echo.proto`.
-//! With `--workers`, `/work` is a service that can be overloaded (see [`Model`]).
+//! With `--workers`, `/job` is a service that can be overloaded (see [`Model`]).
 
 use std::{
     cmp::Reverse,
@@ -77,13 +77,13 @@ pub struct Args {
     /// Protocols offered by ALPN with --tls-cert, in order of preference ("": none, ALPN ignored).
     #[arg(long, value_delimiter = ',', default_value = "h2,http/1.1", requires = "tls_cert")]
     pub tls_alpn: Vec<String>,
-    /// Serve `/work` with this many workers (the capacity model; without it `/work` is 404).
+    /// Serve `/job` with this many workers (the capacity model; without it `/job` is 404).
     #[arg(long, value_parser = parse_workers)]
     pub workers: Option<u32>,
-    /// How long a worker takes over each `/work` request.
+    /// How long a worker takes over each `/job` request.
     #[arg(long, value_parser = parse_service_time, default_value = "10ms", requires = "workers")]
     pub service_time: Duration,
-    /// Most `/work` requests waiting for a worker; one more is answered 503 at once.
+    /// Most `/job` requests waiting for a worker; one more is answered 503 at once.
     #[arg(long, default_value_t = 1000, requires = "workers")]
     pub queue: usize,
 }
@@ -127,7 +127,7 @@ pub async fn serve(listener: TcpListener, tls: Option<Arc<ServerConfig>>) {
     serve_modelled(listener, tls, None).await;
 }
 
-/// [`serve`], with `/work` and `/model` served by `model` if any.
+/// [`serve`], with `/job` and `/model` served by `model` if any.
 pub async fn serve_modelled(listener: TcpListener, tls: Option<Arc<ServerConfig>>, model: Option<Arc<Model>>) {
     let tls = tls.map(TlsAcceptor::from);
     let grpc = EchoServer::new(Echo);
@@ -184,7 +184,7 @@ async fn handle(
     }
     let path = request.uri().path();
     if let Some(model) = model {
-        if path == "/work" || path.starts_with("/work/") {
+        if path == "/job" || path.starts_with("/job/") {
             return Ok(model.work().await);
         }
         if path == "/model" {
@@ -271,7 +271,7 @@ fn query(request: &Request<Incoming>, name: &str) -> Option<u64> {
     form_urlencoded::parse(request.uri().query()?.as_bytes()).find(|(key, _)| key == name)?.1.parse().ok()
 }
 
-/// Header on the 503 of a `/work` request the full queue turned away, which tells it apart from a
+/// Header on the 503 of a `/job` request the full queue turned away, which tells it apart from a
 /// proxy's or limiter's 503.
 pub const SHED_HEADER: &str = "x-upstream-shed";
 
@@ -325,7 +325,7 @@ impl Model {
         self.settings.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// One `/work` request: a place in the queue, then a worker for the service time.
+    /// One `/job` request: a place in the queue, then a worker for the service time.
     async fn work(&self) -> Response<Body> {
         let arrived = Instant::now();
         let Some(waiting) = Counted::enter(&self.waiting, self.queue) else {

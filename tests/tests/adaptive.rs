@@ -77,7 +77,7 @@ async fn the_capacity_learned_follows_the_service() {
     let stop = Arc::new(AtomicBool::new(false));
     let load: Vec<_> = sidecars
         .iter()
-        .map(|s| offer(&format!("http://{}/work", s.listen()), OFFERED_PER_SIDECAR, stop.clone()))
+        .map(|s| offer(&format!("http://{}/job", s.listen()), OFFERED_PER_SIDECAR, stop.clone()))
         .collect();
 
     // It starts at its most; the service takes 200 of the 300 a second offered.

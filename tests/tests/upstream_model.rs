@@ -1,4 +1,4 @@
-//! The capacity model of `sluice-upstream` (`--workers`): `/work` served by a bounded number of
+//! The capacity model of `sluice-upstream` (`--workers`): `/job` served by a bounded number of
 //! workers behind a bounded queue, changed while it runs by `PUT /model`. Only orderings and lower
 //! bounds of time are asserted: upper bounds fail on a loaded machine.
 
@@ -20,14 +20,14 @@ fn start(args: &[&str]) -> UpstreamProcess {
     UpstreamProcess::launch(&binary("sluice-upstream"), args).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Sends `n` `GET /work` at once; each answer's status and how long it took.
+/// Sends `n` `GET /job` at once; each answer's status and how long it took.
 fn work(client: &HttpClient, addr: SocketAddr, n: usize) -> Vec<tokio::task::JoinHandle<(u16, Duration)>> {
     (0..n)
         .map(|_| {
             let client = client.clone();
             tokio::spawn(async move {
                 let sent = Instant::now();
-                let answer = get(&client, &format!("http://{addr}/work")).await;
+                let answer = get(&client, &format!("http://{addr}/job")).await;
                 (answer.status.as_u16(), sent.elapsed())
             })
         })
@@ -111,7 +111,7 @@ async fn a_full_queue_answers_503_at_once() {
     let queued = work(&client, addr, 3);
     wait_for(&client, addr, 1, 2).await;
 
-    let answer = get(&client, &format!("http://{addr}/work")).await;
+    let answer = get(&client, &format!("http://{addr}/job")).await;
     assert_eq!(answer.status, 503, "{}", answer.body);
     assert_eq!(answer.headers.get(SHED_HEADER).map(|v| v.as_bytes()), Some(&b"queue"[..]));
     // Answered while the worker was still busy with the first of the others.
@@ -145,7 +145,7 @@ async fn a_bad_put_answers_400_and_changes_nothing() {
 async fn without_workers_there_is_no_model() {
     let upstream = start(&[] as &[&str]);
     let client = http1();
-    for path in ["/work", "/model"] {
+    for path in ["/job", "/model"] {
         assert_eq!(get(&client, &format!("http://{}{path}", upstream.addr())).await.status, 404, "{path}");
     }
 }

@@ -1,4 +1,4 @@
-//! Open-loop load for the adaptive capacity benchmark: one pod's `GET /work`, evenly paced, each
+//! Open-loop load for the adaptive capacity benchmark: one pod's `GET /job`, evenly paced, each
 //! sent when it is due whatever is still outstanding, over a keep-alive HTTP/1.1 pool of the pod's
 //! own, and what became of them, second by second.
 

@@ -350,7 +350,7 @@ async fn load(targets: &[SocketAddr], rate: f64, start: Instant, seconds: u64, a
         .enumerate()
         .map(|(pod, target)| {
             tokio::spawn(load::offer(Offer {
-                uri: format!("http://{target}/work").parse().expect("a valid URI"),
+                uri: format!("http://{target}/job").parse().expect("a valid URI"),
                 rate,
                 start: start + Duration::from_secs_f64(pod as f64 / pods / rate),
                 seconds,
